@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from scenarios.base import Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
+from scenarios.base import Cancelled, Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
 
-__all__ = ["Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
+__all__ = ["Cancelled", "Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
            "available", "create"]
 
 

@@ -36,7 +36,7 @@ class CommandScenario(Scenario):
         if _is_checkout_relative(argv[0]) and candidate.exists():
             argv[0] = str(candidate)
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env)
+            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)
