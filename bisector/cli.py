@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from bisector import __version__, report
+from bisector import __version__, executor, report
 from bisector.engine import EndpointError, Handler, RunConfig, Step, UsageError, run_bisection
 from scenarios import ScenarioAbort, ScenarioError, create
 from scenarios.command import CommandScenario
@@ -92,9 +92,18 @@ def _sigterm(signum, frame):
               help="Runs per commit; any fault makes it bad.")
 @click.option("--python", "python", default=sys.executable, show_default="this interpreter",
               help="Python environment scenarios run in.")
+@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
+@click.option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")
+@click.option("--gpus-per-run", type=click.IntRange(min=0),
+              help="GPUs each step gets (default: the scenario's need; 0 = CPU slots).")
+@click.option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a "
+                                    "local one).")
+@click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, command):
+        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, executor_kind, gpus,
+        gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         fail("give exactly one of --scenario NAME or -- CMD [ARGS...]")
@@ -103,9 +112,15 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
             else CommandScenario(list(command))
     except ScenarioError as exc:
         fail(str(exc))
+    try:
+        slots, step_executor = executor.plan(executor_kind, jobs, gpus, gpus_per_run, scenario.gpus_per_run,
+                                             str(Path(repo).resolve()), ray_address, remote)
+    except ValueError as exc:
+        fail(str(exc))
     cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
-                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python)
+                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
+                    slots=slots, executor=step_executor)
     try:
         result = run_bisection(cfg, ProgressHandler())
     except UsageError as exc:
@@ -113,6 +128,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     except EndpointError as exc:
         fail(str(exc), EXIT_ENDPOINT)
     except ScenarioAbort as exc:
+        fail(f"aborted: {exc}", EXIT_ABORTED)
+    except executor.ExecutorError as exc:
         fail(f"aborted: {exc}", EXIT_ABORTED)
     except KeyboardInterrupt:
         click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",

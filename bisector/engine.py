@@ -44,6 +44,7 @@ class RunConfig:
     repeat: int = 1
     python: str = "python3"
     slots: list[Mapping[str, str]] | None = None  # per-slot environment; default: jobs CPU slots
+    executor: object | None = None  # default: LocalExecutor(slots); else e.g. executor.RayExecutor
     builder: object = field(default_factory=NoBuild)
 
 
@@ -116,17 +117,65 @@ class RepoLock:
         self.fh.close()
 
 
+def decide(runs: list[Execution], repeat: int) -> Execution | None:
+    """The verdict runs already decide: any bad or skip at once, good after `repeat` clean runs."""
+    for run in runs:
+        if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
+            return run
+    if len(runs) >= repeat:
+        return Execution(runs[-1].sha, Verdict.GOOD.value,
+                         runs[-1].reason if repeat == 1 else f"{len(runs)} clean runs",
+                         runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
+    return None
+
+
+@dataclass(frozen=True)
+class Tester:
+    """How one checked-out commit is tested; picklable, so a remote worker can run it too."""
+
+    scenario: Scenario
+    builder: object
+    timeout: float | None
+    python: str
+    repeat: int
+    key: str
+
+    def test(self, worktree: Path, sha: str, done: list[Execution], logs: Path,
+             slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
+        """Build, then run the scenario until sha's verdict is decided; new executions only."""
+        fresh: list[Execution] = []
+        build = self.builder.prepare(worktree, sha, logs) if self.scenario.needs_build \
+            else BuildResult("none", True, "scenario needs no build")
+        while decide(done + fresh, self.repeat) is None:
+            attempt = len(done) + len(fresh)
+            log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+            start = time.monotonic()
+            if not build.ok:
+                outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
+                    build.log_path
+                details = {}
+            else:
+                ctx = StepContext(checkout=worktree, log_path=log_path, timeout=self.timeout,
+                                  env={**build.env, **slot_env}, python=self.python, cancel=cancel)
+                outcome = self.scenario.run(ctx)
+                outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
+                details = outcome.details
+            fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
+                                   build.strategy, details))
+        return fresh
+
+
 class Judge:
     """Turns a commit into a verdict: cache first, else worktree, build, scenario; records all."""
 
     def __init__(self, store: Store, pool: WorktreePool, scenario: Scenario, builder, state_dir: Path,
                  timeout: float | None, python: str, repeat: int = 1, extra_key: str = ""):
-        self.store, self.pool, self.scenario, self.builder = store, pool, scenario, builder
+        self.store, self.pool = store, pool
         self.logs = state_dir / "logs"
-        self.timeout, self.python, self.repeat = timeout, python, repeat
+        self.repeat = repeat
         self.key = f"{scenario.name}/{scenario.version}/{scenario.fingerprint()}{extra_key}"
+        self.tester = Tester(scenario, builder, timeout, python, repeat, self.key)
         self.executions = 0
-        self.cancel = threading.Event()
 
     def history(self, sha: str) -> list[Execution]:
         return self.store.executions(sha, self.key)
@@ -136,42 +185,13 @@ class Judge:
         return self.decide(self.history(sha))
 
     def decide(self, runs: list[Execution]) -> Execution | None:
-        for run in runs:
-            if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
-                return run
-        if len(runs) >= self.repeat:
-            return Execution(runs[-1].sha, Verdict.GOOD.value,
-                             runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
-                             runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
-        return None
+        return decide(runs, self.repeat)
 
-    def execute(self, sha: str, done: list[Execution], slot_env: Mapping[str, str]) -> list[Execution]:
-        """Run the scenario on sha (on this slot) until its verdict is decided; new executions only.
-
-        Runs on a worker thread: touches no store (done holds the executions already recorded).
-        """
-        fresh: list[Execution] = []
+    def execute(self, sha: str, done: list[Execution], slot_env: Mapping[str, str],
+                cancel: threading.Event | None = None) -> list[Execution]:
+        """Test sha in a local worktree on this slot. Runs on a worker thread: touches no store."""
         with self.pool.checkout(sha) as worktree:
-            build = self.builder.prepare(worktree, sha, self.logs) if self.scenario.needs_build \
-                else BuildResult("none", True, "scenario needs no build")
-            while self.decide(done + fresh) is None:
-                attempt = len(done) + len(fresh)
-                log_path = self.logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
-                start = time.monotonic()
-                if not build.ok:
-                    outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
-                        build.log_path
-                    details = {}
-                else:
-                    ctx = StepContext(checkout=worktree, log_path=log_path, timeout=self.timeout,
-                                      env={**build.env, **slot_env}, python=self.python,
-                                      cancel=self.cancel)
-                    outcome = self.scenario.run(ctx)
-                    outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
-                    details = outcome.details
-                fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                       build.strategy, details))
-        return fresh
+            return self.tester.test(worktree, sha, done, self.logs, slot_env, cancel)
 
     def record(self, fresh: list[Execution]) -> None:
         for execution in fresh:
@@ -223,7 +243,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         handler.started(run_id, len(commits), resumed)
         steps: list[Step] = []
         slots = cfg.slots or [{} for _ in range(max(1, cfg.jobs))]
-        executor = LocalExecutor(slots)
+        executor = cfg.executor or LocalExecutor(slots)
         status = "failed"
         try:
             if cfg.verify_endpoints:
@@ -262,7 +282,6 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
             status = "interrupted"
             raise
         finally:
-            judge.cancel.set()
             executor.shutdown()
             store.finish_run(run_id, status, result if status == "finished" else None)
             store.close()
@@ -274,7 +293,7 @@ def _term_mapping(find_fix: bool) -> dict[str, Term]:
     return {"good": Term.OLD, "bad": Term.NEW, "skip": Term.SKIP}
 
 
-def _run_round(judge: Judge, executor: LocalExecutor, wanted: list[tuple[str, str]], round_no: int,
+def _run_round(judge: Judge, executor, wanted: list[tuple[str, str]], round_no: int,
                store: Store, run_id: int, steps: list[Step], handler: Handler, search: Bisection,
                deciding: Bisection | None, to_term: dict[str, Term]) -> list[Step]:
     """Judge commits concurrently; record each as it lands; stop early once `deciding` is done."""
@@ -299,8 +318,8 @@ def _run_round(judge: Judge, executor: LocalExecutor, wanted: list[tuple[str, st
             add(sha, role, hit, True)
             continue
         handler.testing(sha, role)
-        futures[executor.submit(lambda env, sha=sha, done=done: judge.execute(sha, done, env))] = (sha, role)
-    round_cancel = False
+        futures[executor.run_step(judge, sha, done)] = (sha, role)
+    cancelled = set()
     while futures:
         finished, _ = wait(futures, return_when=FIRST_COMPLETED)
         for future in finished:
@@ -311,10 +330,9 @@ def _run_round(judge: Judge, executor: LocalExecutor, wanted: list[tuple[str, st
                 continue
             judge.record(fresh)
             add(sha, role, judge.cached(sha), False)
-        if deciding is not None and deciding.done and futures and not round_cancel:
-            round_cancel = True
-            for future in futures:
-                future.cancel()
-            judge.cancel.set()
-    judge.cancel.clear()
+        if deciding is not None:
+            for future, (sha, role) in futures.items():
+                if future not in cancelled and not deciding.is_open(sha):
+                    cancelled.add(future)
+                    executor.cancel(future)
     return results

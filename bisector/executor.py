@@ -1,23 +1,81 @@
-"""Where steps run: a pool of local slots (CPU jobs or GPU groups), each with its own environment."""
+"""Where steps run: a pool of local slots (CPU jobs or GPU groups), or Ray tasks across a cluster.
+
+An executor offers `size` (steps per round), `run_step(judge, sha, done) -> Future` of the new
+executions, `cancel(future)` (kills a running step's processes) and `shutdown()`.
+"""
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import os
 import queue
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Mapping
+import tempfile
+import threading
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from pathlib import Path
+from typing import Mapping, Sequence
 
 GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+
+
+class ExecutorError(Exception):
+    """A step could not be run to a verdict (e.g. its Ray worker kept dying): no verdict recorded."""
+
+
+def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
+    """Environment that makes just these GPUs visible to a step's processes."""
+    return {name: ",".join(map(str, gpus)) for name in GPU_VARIABLES}
 
 
 def gpu_slots(gpus: list[int], per_run: int) -> list[dict[str, str]]:
     """Split GPU ids into groups of per_run; each group's environment selects just those GPUs."""
     if per_run <= 0:
         raise ValueError("gpus per run must be positive")
-    groups = [gpus[i:i + per_run] for i in range(0, len(gpus) - per_run + 1, per_run)]
-    return [{name: ",".join(map(str, group)) for name in GPU_VARIABLES} for group in groups]
+    return [gpu_env(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
+
+
+def parse_gpus(text: str) -> list[int]:
+    """GPU ids from '0-7', '0,2,4' or a mix ('0-3,6'); raises ValueError on anything else."""
+    ids: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"bad GPU list {text!r} (want e.g. 0-7 or 0,2,4)")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise ValueError(f"bad GPU range {part.strip()!r} in {text!r}")
+        ids.extend(i for i in range(first, last + 1) if i not in ids)
+    return ids
+
+
+def visible_gpus(environ: Mapping[str, str] = os.environ, kfd_nodes: Path = KFD_NODES) -> list[int]:
+    """GPUs this process may use: HIP_VISIBLE_DEVICES if set, else the KFD topology's GPU nodes."""
+    if "HIP_VISIBLE_DEVICES" in environ:
+        text = environ["HIP_VISIBLE_DEVICES"].strip()
+        return parse_gpus(text) if text else []
+    count = 0
+    for props in sorted(kfd_nodes.glob("*/properties")):
+        for line in props.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "simd_count" and value.strip().isdigit() and int(value) > 0:
+                count += 1
+    return list(range(count))
+
+
+def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]]:
+    """jobs slots: GPU groups of per_run when there are GPUs and the step wants some, else CPU slots."""
+    if not gpus or per_run == 0:
+        return [{} for _ in range(jobs)]
+    slots = gpu_slots(gpus, per_run)
+    if jobs > len(slots):
+        raise ValueError(f"--jobs {jobs} needs {jobs * per_run} GPUs ({per_run} per run); "
+                         f"{len(gpus)} available ({','.join(map(str, gpus))})")
+    return slots[:jobs]
 
 
 class LocalExecutor:
-    """Runs step functions on a fixed set of slots; a slot's env goes to the step it hosts."""
+    """Runs steps on worker threads over a fixed set of slots; a slot's env goes to the step it hosts."""
 
     def __init__(self, slots: list[Mapping[str, str]]):
         if not slots:
@@ -27,16 +85,182 @@ class LocalExecutor:
             self.slots.put(dict(slot))
         self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="step")
         self.size = len(slots)
+        self.cancels: dict[Future, threading.Event] = {}
 
-    def submit(self, step: Callable[[dict[str, str]], object]) -> Future:
-        return self.pool.submit(self._on_slot, step)
+    def run_step(self, judge, sha: str, done: list) -> Future:
+        """Test sha in a local worktree on the next free slot."""
+        cancel = threading.Event()
+        future = self.pool.submit(self._on_slot, judge, sha, done, cancel)
+        self.cancels[future] = cancel
+        future.add_done_callback(lambda f: self.cancels.pop(f, None))
+        return future
 
-    def _on_slot(self, step: Callable[[dict[str, str]], object]) -> object:
+    def _on_slot(self, judge, sha: str, done: list, cancel: threading.Event) -> list:
         slot = self.slots.get()
         try:
-            return step(slot)
+            return judge.execute(sha, done, slot, cancel)
         finally:
             self.slots.put(slot)
 
+    def cancel(self, future: Future) -> None:
+        """Drop a queued step, or kill a running step's process group."""
+        future.cancel()
+        event = self.cancels.get(future)
+        if event is not None:
+            event.set()
+
     def shutdown(self) -> None:
+        for event in list(self.cancels.values()):
+            event.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayExecutor:
+    """Steps as Ray tasks: each checks out, builds and tests its commit on the node Ray picks.
+
+    The repository comes from `source` (a URL or a path every node sees) into a per-node clone
+    under `cache_dir`; logs come back to the driver, which alone writes the record. A task whose
+    worker or node dies is retried by Ray up to `retries` times and never yields a verdict.
+    """
+
+    def __init__(self, source: str, jobs: int, gpus_per_run: int, address: str | None = None,
+                 cache_dir: str | None = None, retries: int = 3, gpus_optional: bool = False):
+        self.source, self.size, self.gpus_per_run = source, jobs, gpus_per_run
+        self.gpus_optional = gpus_optional  # a cluster without GPUs runs the steps on CPUs
+        self.address, self.retries = address, retries
+        self.cache_dir = cache_dir or str(Path.home() / ".cache" / "bisector" / "repos")
+        self.refs: dict[Future, object] = {}
+        self.ray = None
+        self.owns_ray = False
+
+    def _start(self):
+        if self.ray is None:
+            import ray  # optional extra: pip install 'bisector[ray]'
+            if not ray.is_initialized():
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                         runtime_env=ray_runtime_env())
+                self.owns_ray = True
+            self.ray = ray
+            cluster_gpus = ray.cluster_resources().get("GPU", 0)
+            if cluster_gpus < self.gpus_per_run:
+                if not self.gpus_optional:
+                    raise ExecutorError(f"steps need {self.gpus_per_run} GPUs each; the Ray cluster "
+                                        f"has {cluster_gpus:g}")
+                self.gpus_per_run = 0
+            self.task = ray.remote(_test_on_node).options(
+                num_cpus=1, num_gpus=self.gpus_per_run, max_retries=self.retries, retry_exceptions=False)
+        return self.ray
+
+    def run_step(self, judge, sha: str, done: list) -> Future:
+        ray = self._start()
+        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge.tester)
+        future: Future = Future()
+        self.refs[future] = ref
+        ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, judge.logs))
+        return future
+
+    def _land(self, landed: Future, future: Future, sha: str, logs: Path) -> None:
+        """Copy the task's logs under the driver's state dir and hand its executions over."""
+        self.refs.pop(future, None)
+        errors = self.ray.exceptions
+        try:
+            results = landed.result()
+        except errors.TaskCancelledError:
+            _drop(future)
+            return
+        except errors.RayTaskError as exc:  # the step itself raised (e.g. ScenarioAbort): pass it on
+            _settle(future, exc)
+            return
+        except Exception as exc:  # worker or node lost beyond the retries
+            _settle(future, ExecutorError(f"step on {sha[:12]} lost after {self.retries} retries: "
+                                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+            return
+        logs.mkdir(parents=True, exist_ok=True)
+        fresh = []
+        for execution, log_text in results:
+            if log_text is not None:
+                local = logs / Path(execution.log_path).name
+                local.write_text(log_text)
+                execution = dataclasses.replace(execution, log_path=str(local))
+            fresh.append(execution)
+        _settle(future, result=fresh)
+
+    def cancel(self, future: Future) -> None:
+        """Forget the step and interrupt its task (its scenario's process group is killed)."""
+        _drop(future)
+        ref = self.refs.get(future)
+        if ref is not None:
+            self.ray.cancel(ref)
+
+    def shutdown(self) -> None:
+        for future in list(self.refs):
+            self.cancel(future)
+        if self.owns_ray:
+            self.ray.shutdown()
+            self.owns_ray = False
+
+
+def ray_runtime_env() -> dict:
+    """Ray job environment shipping this bisector's code to every worker (pass it to ray.init)."""
+    import bisector
+    import scenarios
+    return {"py_modules": [str(Path(module.__file__).parent) for module in (bisector, scenarios)]}
+
+
+_DROP_LOCK = threading.Lock()
+
+
+def _drop(future: Future) -> None:
+    """Cancel a future nobody runs, so that wait() counts it done."""
+    with _DROP_LOCK:
+        if not future.cancelled() and future.cancel():
+            future.set_running_or_notify_cancel()
+
+
+def _settle(future: Future, exc: BaseException | None = None, result: object = None) -> None:
+    try:
+        future.set_exception(exc) if exc is not None else future.set_result(result)
+    except InvalidStateError:  # cancelled meanwhile
+        pass
+
+
+def _test_on_node(source: str, cache_dir: str, sha: str, done: list, tester) -> list:
+    """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs."""
+    import ray
+
+    from bisector.gitrepo import GitError, WorktreePool, node_clone
+    gpus = ray.get_gpu_ids()
+    env = gpu_env(gpus) if gpus else {}
+    with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
+        try:
+            repo = node_clone(source, Path(cache_dir), sha)
+        except GitError as exc:
+            raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
+        with WorktreePool(repo, Path(tmp)) as pool, pool.checkout(sha) as worktree:
+            # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
+            fresh = tester.test(worktree, sha, done, Path(tmp) / "logs", env, threading.Event())
+        return [(execution, _read(execution.log_path)) for execution in fresh]
+
+
+def _read(path: str | None) -> str | None:
+    if path and Path(path).is_file():
+        return Path(path).read_text(errors="replace")
+    return None
+
+
+def plan(kind: str, jobs: int, gpus: str | None, gpus_per_run: int | None, scenario_gpus: int,
+         source: str, ray_address: str | None, remote: str | None):
+    """(local slots, None) or (None, RayExecutor) for the run options; ValueError on bad ones."""
+    if kind == "local":
+        if ray_address or remote:
+            raise ValueError("--ray-address and --remote need --executor ray")
+        ids = parse_gpus(gpus) if gpus is not None else visible_gpus()
+        if gpus_per_run and not ids:
+            raise ValueError(f"--gpus-per-run {gpus_per_run}: no GPUs visible (give --gpus)")
+        return local_slots(jobs, ids, scenario_gpus if gpus_per_run is None else gpus_per_run), None
+    if gpus is not None:
+        raise ValueError("--gpus is for --executor local (Ray assigns GPUs on each node)")
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("--executor ray needs Ray: pip install 'bisector[ray]'")
+    per_run = scenario_gpus if gpus_per_run is None else gpus_per_run
+    return None, RayExecutor(remote or source, jobs, per_run, ray_address, gpus_optional=gpus_per_run is None)

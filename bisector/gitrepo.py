@@ -4,6 +4,8 @@ GitPython with argument lists only: no ref, branch or message ever passes throug
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import re
 import shutil
 from dataclasses import dataclass
@@ -184,3 +186,34 @@ class _Lease:
 
     def __exit__(self, *exc) -> None:
         self.pool.release(self.path)
+
+
+def node_clone(source: str, cache_root: Path, sha: str) -> GitRepo:
+    """This node's clone of source (a URL or shared path) holding sha: cloned once, fetched when sha is new.
+
+    Steps on one node share the clone; a file lock serializes cloning and fetching.
+    """
+    cache_root = Path(cache_root)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    path = cache_root / hashlib.sha256(source.encode()).hexdigest()[:16]
+    with open(cache_root / f"{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (path / ".git").exists():
+                git.Repo.clone_from(source, path, no_checkout=True, multi_options=["--quiet"])
+            clone = git.Repo(path)
+            if not _has_commit(clone, sha):
+                clone.git.fetch("--quiet", "--force", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*")
+            if not _has_commit(clone, sha):
+                clone.git.fetch("--quiet", "origin", sha)
+        except git.GitCommandError as exc:
+            raise GitError(f"cannot get {sha[:12]} from {source}: {exc.stderr.strip() or exc}") from None
+    return GitRepo(path)
+
+
+def _has_commit(repo: git.Repo, sha: str) -> bool:
+    try:
+        repo.git.cat_file("-e", f"{sha}^{{commit}}")
+        return True
+    except git.GitCommandError:
+        return False

@@ -78,6 +78,10 @@ class Bisection:
     def done(self) -> bool:
         return self.testable_mask == 0
 
+    def is_open(self, sha: str) -> bool:
+        """Whether a verdict on sha could still narrow the candidates."""
+        return not self.done and bool(self.testable_mask >> self.index[sha] & 1)
+
     def answer(self) -> Answer:
         candidates = tuple(self.candidates())
         if self.candidate_mask == 1 << self.new:

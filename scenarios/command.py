@@ -26,6 +26,11 @@ class CommandScenario(Scenario):
             raise ScenarioError(f"command not found: {argv[0]}")
         self.argv = list(argv)
 
+    @property
+    def gpus_per_run(self) -> int:
+        """A command may drive a GPU: it gets one where there are GPUs, a CPU slot elsewhere."""
+        return 1
+
     def fingerprint(self) -> str:
         blob = json.dumps({"name": self.name, "version": self.version, "argv": self.argv})
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
