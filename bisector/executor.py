@@ -128,7 +128,7 @@ class RayExecutor:
         self.source, self.size, self.gpus_per_run = source, jobs, gpus_per_run
         self.gpus_optional = gpus_optional  # a cluster without GPUs runs the steps on CPUs
         self.address, self.retries = address, retries
-        self.cache_dir = cache_dir or str(Path.home() / ".cache" / "bisector" / "repos")
+        self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()
         self.refs: dict[Future, object] = {}
         self.ray = None
         self.owns_ray = False
@@ -224,7 +224,12 @@ def _settle(future: Future, exc: BaseException | None = None, result: object = N
         pass
 
 
-def _test_on_node(source: str, cache_dir: str, sha: str, done: list, tester) -> list:
+def node_cache_dir() -> Path:
+    """Where this node keeps its clones: $XDG_CACHE_HOME/bisector/repos (default ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bisector" / "repos"
+
+
+def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, tester) -> list:
     """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs."""
     import ray
 
@@ -233,7 +238,7 @@ def _test_on_node(source: str, cache_dir: str, sha: str, done: list, tester) -> 
     env = gpu_env(gpus) if gpus else {}
     with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
         try:
-            repo = node_clone(source, Path(cache_dir), sha)
+            repo = node_clone(source, Path(cache_dir) if cache_dir else node_cache_dir(), sha)
         except GitError as exc:
             raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
         with WorktreePool(repo, Path(tmp)) as pool, pool.checkout(sha) as worktree:

@@ -1,0 +1,125 @@
+"""Bisecting through a real local Ray cluster (CPU-only machine, two declared GPUs)."""
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import STATE_IS_GOOD, bisector
+from test_parallel import DECIDING_ANSWER_KILLS_THE_REST, _alive, _script
+
+from bisector.engine import RunConfig, run_bisection
+from bisector.executor import RayExecutor, ray_runtime_env
+from bisector.store import Store
+from scenarios.command import CommandScenario
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One small cluster for the module; workers keep their repo clones in a temp cache."""
+    cache = tmp_path_factory.mktemp("node-cache")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env=ray_runtime_env())
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
+
+def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(30, bad_from=17)
+    seen = tmp_path / "seen"
+    scenario = CommandScenario(["sh", "-c", f'echo "$HIP_VISIBLE_DEVICES|$ROCR_VISIBLE_DEVICES|'
+                                            f'$CUDA_VISIBLE_DEVICES" >> {seen}; echo checked $(cat counter.txt); '
+                                + " ".join(STATE_IS_GOOD)])
+    executor = RayExecutor("file://" + str(repo.path), jobs=2, gpus_per_run=scenario.gpus_per_run)
+    result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=2, scenario=scenario,
+                                     state_dir=tmp_path / "state", executor=executor))
+    assert result["culprit"]["sha"] == shas[17]
+    assert set(seen.read_text().splitlines()) <= {"0|0|0", "1|1|1"}
+    for step in result["steps"]:
+        log = (tmp_path / "state" / "logs" / os.path.basename(step["log"]))
+        assert step["log"] == str(log)
+        assert log.read_text() == f"checked {shas.index(step['sha'])}\n"
+
+
+def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=1)
+    start = time.monotonic()
+    result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[3], jobs=2,
+                                     scenario=_script(tmp_path, DECIDING_ANSWER_KILLS_THE_REST),
+                                     state_dir=tmp_path / "state",
+                                     executor=RayExecutor(str(repo.path), jobs=2, gpus_per_run=0)))
+    assert time.monotonic() - start < 30
+    assert result["culprit"]["sha"] == shas[1]
+    sleeper = int((tmp_path / "sleeper").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(sleeper)
+
+
+# The first attempt on commit 3 records its Ray worker's pid and sleeps until the test kills the worker.
+FIRST_ATTEMPT_LOSES_ITS_WORKER = """
+if [ "$n" = 3 ] && [ ! -f $PIDS/killed ]; then echo $$ > $PIDS/sleeper; echo $PPID > $PIDS/worker; exec sleep 60; fi
+grep -q good state
+"""
+
+
+def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(10, bad_from=5)
+    state = tmp_path / "state"
+    outcome = {}
+
+    def bisect():
+        try:
+            outcome["result"] = run_bisection(RunConfig(
+                repo=repo.path, good=shas[0], bad=shas[9], jobs=2, state_dir=state,
+                scenario=_script(tmp_path, FIRST_ATTEMPT_LOSES_ITS_WORKER),
+                executor=RayExecutor(str(repo.path), jobs=2, gpus_per_run=0)))
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=bisect)
+    runner.start()
+    worker = tmp_path / "worker"
+    deadline = time.monotonic() + 60
+    while not worker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.exists(), outcome
+    time.sleep(0.1)
+    (tmp_path / "killed").touch()
+    os.kill(int(worker.read_text()), signal.SIGKILL)
+    os.kill(int((tmp_path / "sleeper").read_text()), signal.SIGKILL)
+    runner.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    result = outcome["result"]
+    assert result["culprit"]["sha"] == shas[5]
+    assert [(s["round"], s["verdict"]) for s in result["steps"] if s["sha"] == shas[3]] == [(1, "good")]
+    store = Store(state / "bisector.sqlite")
+    assert [e.verdict for e in store.executions(shas[3], result["scenario"])] == ["good"]
+    store.close()
+
+
+def test_cli_runs_on_an_existing_ray_cluster(cluster, make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(12, bad_from=8)
+    before = repo.snapshot()
+    out = tmp_path / "r.json"
+    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--jobs", "3",
+                    "--executor", "ray", "--ray-address", cluster, "--json", str(out), "--", *STATE_IS_GOOD)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["culprit"]["sha"] == shas[8]
+    assert result["rounds"] <= 3
+    assert repo.snapshot() == before
