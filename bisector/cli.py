@@ -92,9 +92,19 @@ def _sigterm(signum, frame):
               help="Runs per commit; any fault makes it bad.")
 @click.option("--python", "python", default=sys.executable, show_default="this interpreter",
               help="Python environment scenarios run in.")
+@click.option("--fix", "fix", metavar="REF",
+              help="A known fix: test first the commit its lines blame to (and that commit's parent).")
+@click.option("--flaky", is_flag=True, help="Intermittent fault: probabilistic search to --confidence.")
+@click.option("--confidence", type=click.FloatRange(0.5, 1, max_open=True), default=0.95,
+              show_default=True, help="--flaky: stop once one commit is this likely the culprit.")
+@click.option("--fault-rate", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="--flaky: probability a faulty commit faults per run (default: estimated).")
+@click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="--flaky: runs on one commit at most.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, command):
+        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, flaky, confidence,
+        fault_rate, max_runs_per_commit, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         fail("give exactly one of --scenario NAME or -- CMD [ARGS...]")
@@ -105,7 +115,9 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         fail(str(exc))
     cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
-                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python)
+                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
+                    fix=fix, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
+                    max_runs_per_commit=max_runs_per_commit)
     try:
         result = run_bisection(cfg, ProgressHandler())
     except UsageError as exc:

@@ -14,8 +14,9 @@ from typing import Callable, Mapping, Sequence
 
 from bisector.build import BuildResult, NoBuild
 from bisector.executor import LocalExecutor
-from bisector.gitrepo import GitError, GitRepo, WorktreePool
-from bisector.search import Bisection, Term
+from bisector.gitrepo import GitError, GitRepo, WorktreePool, blame_fix
+from bisector.search import Bisection, InconsistentVerdicts, Term
+from bisector.seeding import SeedPlan, plan_seeds
 from bisector.store import Execution, Store
 from scenarios.base import Cancelled, Scenario, StepContext, Verdict
 
@@ -45,6 +46,11 @@ class RunConfig:
     python: str = "python3"
     slots: list[Mapping[str, str]] | None = None  # per-slot environment; default: jobs CPU slots
     builder: object = field(default_factory=NoBuild)
+    fix: str | None = None             # seed the search with the commits the fix's lines blame to
+    flaky: bool = False                # probabilistic search over intermittent faults
+    confidence: float = 0.95
+    fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
+    max_runs_per_commit: int = 20
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,8 @@ class Judge:
 
 def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
-                       list(cfg.paths), cfg.find_fix, cfg.repeat])
+                       list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
+                       cfg.fault_rate, cfg.max_runs_per_commit])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -206,27 +213,41 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         raise UsageError(f"empty range: no commit in {cfg.good}..{cfg.bad} touches {' '.join(cfg.paths)}")
     if not commits:
         raise UsageError(f"empty range: no commits between {cfg.good} and {cfg.bad}")
+    seeds = _plan_seeds(repo, cfg, commits, old) if cfg.fix else None
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
     to_term = _term_mapping(cfg.find_fix)
 
     with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
-                      cfg.repeat)
+                      1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
         params = {"repo": str(repo.root), "good": good, "bad": bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
-                  "repeat": cfg.repeat}
+                  "repeat": cfg.repeat, "fix": seeds.fix if seeds else None, "flaky": cfg.flaky}
         run_id, resumed = store.start_run("bisect", run_key(cfg, old, new, judge.key), params,
                                           os.getpid())
-        search = Bisection(commits, new)
+        search = Bisection(commits, new, priors=seeds.priors if seeds else None)
         handler.started(run_id, len(commits), resumed)
         steps: list[Step] = []
         slots = cfg.slots or [{} for _ in range(max(1, cfg.jobs))]
         executor = LocalExecutor(slots)
         status = "failed"
+        extra: dict = {}
         try:
-            if cfg.verify_endpoints:
+            confirmed = False
+            if seeds and seeds.pair and not cfg.flaky:
+                confirmed = _test_seed_pair(seeds, judge, executor, store, run_id, steps, handler, search,
+                                            old, to_term)
+            if seeds:
+                extra["seeded"] = seeds.as_dict(confirmed)
+            if cfg.flaky:
+                from bisector.flaky import run_flaky
+                answer, round_no, flaky_extra = run_flaky(cfg, judge, store, run_id, steps, handler,
+                                                          commits, old, new,
+                                                          seeds.priors if seeds else None)
+                extra.update(flaky_extra)
+            if cfg.verify_endpoints and not confirmed and not cfg.flaky:
                 for step in _run_round(judge, executor, [(old, "endpoint"), (new, "endpoint")], 0,
                                        store, run_id, steps, handler, search, None, to_term):
                     expected = Term.OLD if step.sha == old else Term.NEW
@@ -236,12 +257,12 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                         raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) "
                                             f"tested {step.verdict}, not {name}: {step.reason}")
             round_no = 0
-            while not search.done:
+            while not search.done and not cfg.flaky:
                 round_no += 1
                 probes = search.next_probes(executor.size)
                 _run_round(judge, executor, [(sha, "probe") for sha in probes], round_no, store,
                            run_id, steps, handler, search, search, to_term)
-            answer = search.answer()
+            answer = answer if cfg.flaky else search.answer()
             culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
             result = {
                 "run_id": run_id,
@@ -255,6 +276,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 "rounds": round_no,
                 "scenario": judge.key,
                 "resumed_from": resumed,
+                **extra,
             }
             status = "finished"
             return result
@@ -266,6 +288,33 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
             executor.shutdown()
             store.finish_run(run_id, status, result if status == "finished" else None)
             store.close()
+
+
+def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str) -> SeedPlan:
+    """Blame the fix's lines (SZZ) and keep what falls inside the range."""
+    try:
+        fix = repo.resolve(cfg.fix)
+        return plan_seeds(commits, old, fix, blame_fix(repo, fix))
+    except GitError as exc:
+        raise UsageError(f"--fix: {exc}") from None
+
+
+def _test_seed_pair(seeds: SeedPlan, judge: Judge, executor: LocalExecutor, store: Store, run_id: int,
+                    steps: list, handler: Handler, search: Bisection, old: str,
+                    to_term: dict[str, Term]) -> bool:
+    """Judge the best candidate and its parent; True when that pair alone settles the answer."""
+    candidate, parent = seeds.pair
+    judged = {step.sha: to_term[step.verdict] for step in
+              _run_round(judge, executor, [(candidate, "seed"), (parent, "seed")], 0, store, run_id,
+                         steps, handler, search, None, to_term)}
+    for sha in (parent, candidate):
+        if sha != old:
+            try:
+                search.record(sha, judged[sha])
+            except InconsistentVerdicts:
+                pass  # the pair contradicts itself: ordinary bisection will decide
+    return (judged[parent] is Term.OLD and judged[candidate] is Term.NEW and search.done
+            and search.answer().first_new == candidate)
 
 
 def _term_mapping(find_fix: bool) -> dict[str, Term]:

@@ -14,6 +14,8 @@ from typing import Sequence
 import git
 
 PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? ")
+PORCELAIN_HEADER = re.compile(r"^([0-9a-f]{40}) \d+ \d+")
 
 
 class GitError(Exception):
@@ -117,6 +119,74 @@ class GitRepo:
             meta, _, name = line.partition("\t")
             ids[name] = meta.split()[2]
         return ids
+
+
+@dataclass(frozen=True)
+class BlamedCommit:
+    """A commit that wrote lines a fix changes (changed) or sits beside (context)."""
+
+    sha: str
+    changed: int
+    context: int
+
+    @property
+    def score(self) -> int:
+        """Changed lines count twice: they are what the fix had to correct."""
+        return 2 * self.changed + self.context
+
+    def as_dict(self) -> dict:
+        return {"sha": self.sha, "changed_lines": self.changed, "context_lines": self.context}
+
+
+def blame_fix(repo: GitRepo, fix: str, context: int = 3) -> list[BlamedCommit]:
+    """SZZ: blame, in the fix's first parent, the lines the fix changes and `context` lines around.
+
+    Whitespace-only changes and moved or copied lines are looked through (-w -M -C); blank lines are
+    not counted. Best-scored first.
+    """
+    commit = repo.repo.commit(fix)
+    if not commit.parents:
+        raise GitError(f"fix {fix[:12]} has no parent to blame")
+    parent = commit.parents[0].hexsha
+    diff = repo.git.diff("-U0", "-w", "--no-renames", "--no-color", "--no-ext-diff", parent, fix)
+    counts: dict[str, list[int]] = {}
+    for path, hunks in _old_hunks(diff).items():
+        length = len(repo.git.show(f"{parent}:{path}").splitlines())
+        changed, spans = set(), []
+        for start, count in hunks:
+            changed.update(range(start, start + count))
+            low, high = (start - context, start + count - 1 + context) if count else \
+                (start - context + 1, start + context)
+            low, high = max(1, low), min(length, high)
+            if low <= high:
+                spans += ["-L", f"{low},{high}"]
+        if not spans:
+            continue
+        out = repo.git.blame("--porcelain", "-w", "-M", "-C", *spans, parent, "--", path)
+        sha, line_no = None, 0
+        for line in out.splitlines():
+            header = PORCELAIN_HEADER.match(line)
+            if header:
+                sha, line_no = header.group(1), int(line.split()[2])
+            elif line.startswith("\t") and sha and line[1:].strip():
+                tally = counts.setdefault(sha, [0, 0])
+                tally[0 if line_no in changed else 1] += 1
+    blamed = [BlamedCommit(sha, changed_lines, context_lines)
+              for sha, (changed_lines, context_lines) in counts.items()]
+    return sorted(blamed, key=lambda b: (-b.score, b.sha))
+
+
+def _old_hunks(diff: str) -> dict[str, list[tuple[int, int]]]:
+    """Per pre-existing file, the (start, count) old-side hunks of a -U0 diff (count 0: insertion after start)."""
+    hunks: dict[str, list[tuple[int, int]]] = {}
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            path = line[6:].rstrip("\t") if line.startswith("--- a/") else None
+        elif path and (match := HUNK.match(line)):
+            count = 1 if match.group(2) is None else int(match.group(2))
+            hunks.setdefault(path, []).append((int(match.group(1)), count))
+    return hunks
 
 
 class WorktreePool:
