@@ -250,6 +250,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 "culprit": culprit,
                 ("first_good" if cfg.find_fix else "first_bad"): culprit,
                 "candidates": list(answer.candidates),
+                "range": [old] + [sha for sha, _ in commits],
                 "steps": [s.as_dict() for s in steps],
                 "executions": judge.executions,
                 "rounds": round_no,
