@@ -41,6 +41,9 @@ class ProgressHandler(Handler):
         self.start = time.monotonic()
         self.count = 0
 
+    def waiting(self, holder: str) -> None:
+        console.print(f"waiting for another bisector run on this repository ({holder}) …")
+
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None:
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")

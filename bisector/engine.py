@@ -68,6 +68,7 @@ class Step:
 class Handler:
     """Receives engine events; the CLI's progress display overrides what it shows."""
 
+    def waiting(self, holder: str) -> None: ...
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None: ...
     def testing(self, sha: str, role: str) -> None: ...
     def tested(self, step: Step, left: int, steps_left: int) -> None: ...
@@ -209,7 +210,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
     to_term = _term_mapping(cfg.find_fix)
 
-    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+    with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
                       cfg.repeat)
