@@ -288,3 +288,28 @@ def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_pa
     assert len(lines) == 1 and lines[0].startswith("bisector: error: "), proc.stderr
     assert repo.snapshot() == before
     assert not (repo.path / ".git" / "bisector").exists()
+
+
+def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(100, bad_from=40)
+    started = tmp_path / "started"
+    script = tmp_path / "slow.py"
+    script.write_text(f"import time, pathlib\npathlib.Path({str(started)!r}).write_text('x')\n"
+                      "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path),
+                             "--good", shas[0], "--bad", shas[-1], "--", sys.executable, str(script)],
+                            env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert git(repo.path, "worktree", "list").count("\n") == 0
+    assert not list((repo.path / ".git" / "bisector" / "worktrees").iterdir())
+    status = sqlite3.connect(repo.path / ".git" / "bisector" / "bisector.sqlite").execute(
+        "SELECT status FROM runs").fetchone()[0]
+    assert status == "interrupted"
