@@ -146,7 +146,7 @@ position:relative}.c.tested{cursor:pointer;height:46px}.c.good{background:#2e7d3
 border-radius:2px;margin-right:4px;vertical-align:-1px}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:5px 8px;
 text-align:left;vertical-align:top}tr.pick{cursor:pointer}tr.pick:hover{background:#f0f4f8}
-.v{font-weight:600;border-radius:3px;padding:1px 6px;color:#fff}.v.good{background:#2e7d32}
+.v{font-weight:600;border-radius:3px;padding:1px 6px;color:#fff;white-space:nowrap}.v.good{background:#2e7d32}
 .v.bad{background:#c62828}.v.skip{background:#f9a825;color:#222}.v.other{background:#607d8b}
 pre.log{background:#14171c;color:#e6e6e6;padding:10px;border-radius:4px;max-height:420px;overflow:auto;
 white-space:pre-wrap}
@@ -167,7 +167,15 @@ def _tone(verdict: object) -> str:
 
 
 def _badge(verdict: object) -> str:
+    if verdict is None:
+        return "—"
     return f'<span class="v {_tone(verdict)}">{html.escape(str(verdict))}</span>'
+
+
+def _short(value: object) -> str:
+    """A 40-hex sha shortened to 12; anything else as text (None as empty)."""
+    text = "" if value is None else str(value)
+    return text[:12] if len(text) == 40 and all(c in "0123456789abcdef" for c in text) else text
 
 
 def _page(title: str, body: str) -> str:
@@ -256,11 +264,12 @@ def backport_html(result: dict) -> str:
         target = f"b-{n}"
         conflicts = branch.get("conflicts") or []
         rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(branch["branch"])}</b></td>'
-                    f'<td><code>{e(str(branch.get("tip") or "")[:12])}</code></td>'
-                    f'<td>{e(str(branch.get("pick") or ""))}</td>'
+                    f'<td><code>{e(_short(branch.get("tip")))}</code></td>'
+                    f'<td><code>{e(_short(branch.get("pick")))}</code></td>'
                     f'<td>{_badge(branch.get("before"))}</td><td>{_badge(branch.get("after"))}</td>'
                     f'<td>{_badge(branch.get("verdict"))}</td>'
-                    f'<td>{e(str(branch.get("equivalent", "")))}</td><td>{len(conflicts)}</td></tr>')
+                    f'<td>{ {True: "yes", False: "no"}.get(branch.get("equivalent"), "—")}</td>'
+                    f'<td>{len(conflicts)}</td></tr>')
         listed = "".join(f"<li><code>{e(str(c))}</code></li>" for c in conflicts) or "<li>none</li>"
         details.append(f'<div class="card detail" id="{target}" hidden><b>{e(branch["branch"])}</b> '
                        f'at <code>{e(str(branch.get("tip") or ""))}</code><p>conflicts:</p>'
