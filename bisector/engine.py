@@ -137,6 +137,11 @@ class Judge:
         return self.decide(self.history(sha))
 
     def decide(self, runs: list[Execution]) -> Execution | None:
+        """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
+
+        A skip for a timeout counts only while the timeout is not larger than the one it hit.
+        """
+        runs = [run for run in runs if not self._outgrown_timeout(run)]
         for run in runs:
             if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
                 return run
@@ -145,6 +150,10 @@ class Judge:
                              runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
                              runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
         return None
+
+    def _outgrown_timeout(self, run: Execution) -> bool:
+        hit = run.details.get("timed_out_after")
+        return hit is not None and (self.timeout is None or self.timeout > hit)
 
     def execute(self, sha: str, done: list[Execution], slot_env: Mapping[str, str]) -> list[Execution]:
         """Run the scenario on sha (on this slot) until its verdict is decided; new executions only.
@@ -169,7 +178,9 @@ class Judge:
                                       cancel=self.cancel)
                     outcome = self.scenario.run(ctx)
                     outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
-                    details = outcome.details
+                    details = dict(outcome.details)
+                    if details.pop("timed_out", False):
+                        details["timed_out_after"] = self.timeout
                 fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                        build.strategy, details))
         return fresh

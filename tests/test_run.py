@@ -313,3 +313,26 @@ def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path):
     status = sqlite3.connect(repo.path / ".git" / "bisector" / "bisector.sqlite").execute(
         "SELECT status FROM runs").fetchone()[0]
     assert status == "interrupted"
+
+
+def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=2)
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(1.5)\n")
+    short = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                     "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "a.json"),
+                     "--", sys.executable, str(script))
+    assert short.returncode == 1, short.stderr
+    first = json.loads((tmp_path / "a.json").read_text())
+    assert [s["reason"] for s in first["steps"]] == ["timed out after 0.5s"]
+    again = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                     "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "b.json"),
+                     "--", sys.executable, str(script))
+    assert json.loads((tmp_path / "b.json").read_text())["executions"] == 0
+    longer = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                      "--no-verify-endpoints", "--timeout", "30", "--json", str(tmp_path / "c.json"),
+                      "--", sys.executable, str(script))
+    assert longer.returncode == 0, longer.stderr
+    third = json.loads((tmp_path / "c.json").read_text())
+    assert third["executions"] == 1 and third["first_bad"]["sha"] == shas[2]
