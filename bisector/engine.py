@@ -305,6 +305,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
 
 def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str) -> SeedPlan:
     """Blame the fix's lines (SZZ) and keep what falls inside the range."""
+    if cfg.find_fix:
+        raise UsageError("--fix seeds a regression hunt; with --find-fix the fix is what is sought")
     try:
         fix = repo.resolve(cfg.fix)
         return plan_seeds(commits, old, fix, blame_fix(repo, fix))

@@ -119,3 +119,13 @@ def test_unknown_fix_is_a_usage_error(make_repo):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "bisector: error: --fix: unknown ref: no-such-fix"
     assert repo.snapshot() == before
+
+
+def test_fix_with_find_fix_is_a_usage_error(make_repo):
+    repo = make_repo()
+    shas = grow(repo, culprit_at=3, count=6)
+    add_fix(repo, "q_dtype  =  out_dtype\n", "q_dtype = fp8\n", "fix")
+    proc = bisector("run", "--repo", str(repo.path), "--good", shas[-1], "--bad", shas[0], "--find-fix",
+                    "--fix", "fix", "--", *STATE_IS_GOOD)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("bisector: error: --fix seeds a regression hunt")
