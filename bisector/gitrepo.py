@@ -203,8 +203,8 @@ class GitRepo:
                            "--grep=(cherry picked from commit ", *since)
         for record in out.split("\x1e"):
             sha, _, body = record.strip().partition("\0")
-            if any(name.startswith(quoted) or quoted.startswith(name)
-                   for quoted in CHERRY_PICKED_FROM.findall(body) for name in names):
+            if any(name.startswith(quoted) for quoted in CHERRY_PICKED_FROM.findall(body)
+                   for name in names):
                 return sha, "cherry-picked"
         wanted = self.patch_id(fix)
         files = self.commit_info(fix).files
