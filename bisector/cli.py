@@ -1,6 +1,7 @@
 """Command line: parse options, call one function, render the result."""
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -11,8 +12,9 @@ from rich.console import Console
 
 from bisector import __version__, report
 from bisector.backport import SETTLED, BackportConfig, run_backport
-from bisector.engine import EndpointError, Handler, RunConfig, Step, UsageError, run_bisection
-from scenarios import ScenarioAbort, ScenarioError, create
+from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, judge_one,
+                             run_bisection)
+from scenarios import ScenarioAbort, ScenarioError, available, create
 from scenarios.command import CommandScenario
 
 EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_ENDPOINT, EXIT_ABORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -41,6 +43,9 @@ class ProgressHandler(Handler):
     def __init__(self):
         self.start = time.monotonic()
         self.count = 0
+
+    def waiting(self, holder: str) -> None:
+        console.print(f"waiting for another bisector run on this repository ({holder}) …")
 
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None:
         again = f", resuming run {resumed_from}" if resumed_from else ""
@@ -187,6 +192,47 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
             path.write_text(render(result))
     click.echo(report.backport_text(result))
     sys.exit(0 if result["ok"] else 1)
+
+
+@main.group()
+def scenario() -> None:
+    """List scenarios, or run one on a single commit."""
+
+
+@scenario.command("list")
+def scenario_list() -> None:
+    """Scenarios by name, with version and what they need."""
+    for name, cls in sorted(available().items()):
+        needs = "build" if cls.needs_build else "no build"
+        defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
+        click.echo(f"{name} (v{cls.version}, {needs}): {cls.description}")
+        if defaults:
+            click.echo(f"    options: {defaults}")
+
+
+@scenario.command("run")
+@click.argument("name")
+@click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
+@click.option("--ref", default="HEAD", show_default=True, help="Commit to judge.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--timeout", type=click.FloatRange(min=0.001), help="Timeout in seconds (skip).")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="Default: <git dir>/bisector.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment the scenario runs in.")
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
+    """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    try:
+        outcome = judge_one(Path(repo), ref, create(name, parse_options(options)), state_dir, timeout,
+                            python)
+    except (ScenarioError, UsageError) as exc:
+        fail(str(exc))
+    if json_file:
+        json_file.write_text(json.dumps(outcome, indent=2) + "\n")
+    click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
+    if outcome["log"]:
+        click.echo(f"log: {outcome['log']}")
+    sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class Step:
 class Handler:
     """Receives engine events; the CLI's progress display overrides what it shows."""
 
+    def waiting(self, holder: str) -> None: ...
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None: ...
     def testing(self, sha: str, role: str) -> None: ...
     def tested(self, step: Step, left: int, steps_left: int) -> None: ...
@@ -209,7 +210,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
     to_term = _term_mapping(cfg.find_fix)
 
-    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+    with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
                       cfg.repeat)
@@ -266,6 +267,31 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
             executor.shutdown()
             store.finish_run(run_id, status, result if status == "finished" else None)
             store.close()
+
+
+def judge_one(repo_path: Path, ref: str, scenario: Scenario, state_dir: Path | None = None,
+              timeout: float | None = None, python: str = "python3", builder=None) -> dict:
+    """Judge a single commit with a scenario (through the verdict cache); returns the outcome."""
+    try:
+        repo = GitRepo(repo_path)
+        sha = repo.resolve(ref)
+    except GitError as exc:
+        raise UsageError(str(exc)) from None
+    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
+    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        try:
+            judge = Judge(store, pool, scenario, builder or NoBuild(), state_dir, timeout, python)
+            done = judge.history(sha)
+            cached = judge.decide(done) is not None
+            if not cached:
+                judge.record(judge.execute(sha, done, {}))
+            execution = judge.cached(sha)
+        finally:
+            store.close()
+    return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
+            "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
+            "scenario": judge.key, "details": execution.details}
 
 
 def _term_mapping(find_fix: bool) -> dict[str, Term]:
