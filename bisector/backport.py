@@ -219,11 +219,8 @@ class _BranchChecker:
 
     def _judge(self, sha: str, role: str) -> Execution:
         """The scenario's verdict on sha: from the cache, else run (and recorded) now."""
-        cached = self.judge.cached(sha)
-        if cached is None:
-            self.judge.record(self.judge.execute(sha, self.judge.history(sha), {}))
-        execution = cached or self.judge.cached(sha)
-        self.store.add_step(self.run_id, self.seq, 0, role, execution, cached is not None)
+        execution, cached = self.judge.verdict(sha)
+        self.store.add_step(self.run_id, self.seq, 0, role, execution, cached)
         self.seq += 1
         return execution
 
