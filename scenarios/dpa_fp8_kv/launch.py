@@ -42,7 +42,7 @@ def run_ranks(launches: list[Launch], cwd: Path, log_dir: Path) -> list[ProcessR
 def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float) -> bool:
     """Wait until all exit or GRACE after _settled; True if the deadline came first."""
     stop_at = None
-    while any(proc.poll() is None for proc in procs):
+    while [proc.poll() for proc in procs].count(None):  # poll every one: it sets returncode
         now = time.monotonic()
         if now >= deadline:
             return True
