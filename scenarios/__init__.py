@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from scenarios.base import Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
+from scenarios.base import Cancelled, Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
 from scenarios.dpa_fp8_kv import DpaFp8KvScenario
 
-__all__ = ["Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
+__all__ = ["Cancelled", "Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
            "available", "create"]
 
 

@@ -36,12 +36,12 @@ class CommandScenario(Scenario):
         if _is_checkout_relative(argv[0]) and candidate.exists():
             argv[0] = str(candidate)
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env)
+            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)
         if result.timed_out:
-            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log)
+            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
         code = result.returncode
         faults = fault_lines(result.output)
         if result.signal_name:

@@ -1,0 +1,176 @@
+"""Command line: parse options, call one function, render the result."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from bisector import __version__, report
+from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, judge_one,
+                             run_bisection)
+from scenarios import ScenarioAbort, ScenarioError, available, create
+from scenarios.command import CommandScenario
+
+EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_ENDPOINT, EXIT_ABORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+console = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    click.echo(f"bisector: error: {message}", err=True)
+    sys.exit(code)
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--option takes KEY=VALUE, got {pair!r}")
+        options[key] = value
+    return options
+
+
+class ProgressHandler(Handler):
+    """One line per step on stderr: step n of about m, commits left, commit, elapsed, ETA."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.count = 0
+
+    def waiting(self, holder: str) -> None:
+        console.print(f"waiting for another bisector run on this repository ({holder}) …")
+
+    def started(self, run_id: int, total: int, resumed_from: int | None) -> None:
+        again = f", resuming run {resumed_from}" if resumed_from else ""
+        console.print(f"run {run_id}: {total} commits in range{again}")
+
+    def testing(self, sha: str, role: str) -> None:
+        console.print(f"  testing {sha[:12]} ({role}) …", style="dim")
+
+    def tested(self, step: Step, left: int, steps_left: int) -> None:
+        self.count += 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.count * steps_left
+        colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
+        cached = " cached" if step.cached else ""
+        console.print(f"step {self.count} of ~{self.count + steps_left}: {step.sha[:12]} "
+                      f"[{colour}]{step.verdict}[/{colour}]{cached} ({step.reason}) | {left} left | "
+                      f"elapsed {elapsed:.0f}s ETA {eta:.0f}s")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bisector")
+def main() -> None:
+    """Find the vLLM commit behind a ROCm GPU fault, and prove its fix backports."""
+    signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("--repo", default=".", show_default=True, help="Repository to bisect (never modified).")
+@click.option("--good", required=True, help="A commit without the fault (with --find-fix: the fixed one).")
+@click.option("--bad", required=True, help="A commit with the fault.")
+@click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--first-parent", is_flag=True, help="Follow first parents only (a merge is one unit).")
+@click.option("--path", "paths", multiple=True, metavar="PATHSPEC",
+              help="Only commits touching these paths are candidates.")
+@click.option("--find-fix", is_flag=True, help="Find the first commit where the fault disappears.")
+@click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-step timeout in seconds (skip).")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="Default: <git dir>/bisector.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
+@click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
+              help="Write the result as Markdown (PR comment).")
+@click.option("--no-verify-endpoints", is_flag=True, help="Trust --good/--bad without testing them.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Commits tested per round.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per commit; any fault makes it bad.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment scenarios run in.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
+        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, command):
+    """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
+    if bool(scenario_name) == bool(command):
+        fail("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    try:
+        scenario = create(scenario_name, parse_options(options)) if scenario_name \
+            else CommandScenario(list(command))
+    except ScenarioError as exc:
+        fail(str(exc))
+    cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
+                    paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
+                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python)
+    try:
+        result = run_bisection(cfg, ProgressHandler())
+    except UsageError as exc:
+        fail(str(exc))
+    except EndpointError as exc:
+        fail(str(exc), EXIT_ENDPOINT)
+    except ScenarioAbort as exc:
+        fail(f"aborted: {exc}", EXIT_ABORTED)
+    except KeyboardInterrupt:
+        click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if json_file:
+        json_file.write_text(report.bisect_json(result))
+    if markdown_file:
+        markdown_file.write_text(report.bisect_markdown(result))
+    click.echo(report.bisect_text(result))
+    sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
+
+
+@main.group()
+def scenario() -> None:
+    """List scenarios, or run one on a single commit."""
+
+
+@scenario.command("list")
+def scenario_list() -> None:
+    """Scenarios by name, with version and what they need."""
+    for name, cls in sorted(available().items()):
+        needs = "build" if cls.needs_build else "no build"
+        defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
+        click.echo(f"{name} (v{cls.version}, {needs}): {cls.description}")
+        if defaults:
+            click.echo(f"    options: {defaults}")
+
+
+@scenario.command("run")
+@click.argument("name")
+@click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
+@click.option("--ref", default="HEAD", show_default=True, help="Commit to judge.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--timeout", type=click.FloatRange(min=0.001), help="Timeout in seconds (skip).")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="Default: <git dir>/bisector.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment the scenario runs in.")
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
+    """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    try:
+        outcome = judge_one(Path(repo), ref, create(name, parse_options(options)), state_dir, timeout,
+                            python)
+    except (ScenarioError, UsageError) as exc:
+        fail(str(exc))
+    if json_file:
+        json_file.write_text(json.dumps(outcome, indent=2) + "\n")
+    click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
+    if outcome["log"]:
+        click.echo(f"log: {outcome['log']}")
+    sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
+
+
+if __name__ == "__main__":
+    main()

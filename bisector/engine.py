@@ -1,0 +1,357 @@
+"""The bisection loop: search -> worktree -> build -> scenario -> store -> search."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from bisector.build import BuildResult, NoBuild
+from bisector.executor import LocalExecutor
+from bisector.gitrepo import GitError, GitRepo, WorktreePool
+from bisector.search import Bisection, Term
+from bisector.store import Execution, Store
+from scenarios.base import Cancelled, Scenario, StepContext, Verdict
+
+
+class UsageError(Exception):
+    """Bad input: one line for the user, exit 2, repository untouched."""
+
+
+class EndpointError(Exception):
+    """An endpoint did not test as the user said it would: exit 3."""
+
+
+@dataclass
+class RunConfig:
+    repo: Path
+    good: str
+    bad: str
+    scenario: Scenario
+    first_parent: bool = False
+    paths: Sequence[str] = ()
+    find_fix: bool = False
+    timeout: float | None = None
+    state_dir: Path | None = None
+    verify_endpoints: bool = True
+    jobs: int = 1
+    repeat: int = 1
+    python: str = "python3"
+    slots: list[Mapping[str, str]] | None = None  # per-slot environment; default: jobs CPU slots
+    builder: object = field(default_factory=NoBuild)
+
+
+@dataclass(frozen=True)
+class Step:
+    sha: str
+    role: str  # endpoint | probe
+    round: int
+    verdict: str
+    reason: str
+    cached: bool
+    seconds: float
+    log_path: str | None
+    build: str | None
+
+    def as_dict(self) -> dict:
+        return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
+                "reason": self.reason, "cached": self.cached, "seconds": round(self.seconds, 3),
+                "log": self.log_path, "build": self.build}
+
+
+class Handler:
+    """Receives engine events; the CLI's progress display overrides what it shows."""
+
+    def waiting(self, holder: str) -> None: ...
+    def started(self, run_id: int, total: int, resumed_from: int | None) -> None: ...
+    def testing(self, sha: str, role: str) -> None: ...
+    def tested(self, step: Step, left: int, steps_left: int) -> None: ...
+
+
+def default_state_dir(repo: GitRepo) -> Path:
+    return repo.common_dir / "bisector"
+
+
+def prepare_state_dir(path: Path) -> Path:
+    """Create the state dir and prove it writable, or raise UsageError."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"state dir not writable: {path} ({exc.strerror})") from None
+    return path
+
+
+class RepoLock:
+    """Serializes runs on one state dir: a second run waits for the first."""
+
+    def __init__(self, state_dir: Path, on_wait: Callable[[str], None] = lambda holder: None):
+        self.path = state_dir / "lock"
+        self.on_wait = on_wait
+
+    def __enter__(self) -> "RepoLock":
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.seek(0)
+            self.on_wait(self.fh.read().strip() or "another process")
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(f"pid {os.getpid()}")
+        self.fh.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.fh.truncate(0)
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+class Judge:
+    """Turns a commit into a verdict: cache first, else worktree, build, scenario; records all."""
+
+    def __init__(self, store: Store, pool: WorktreePool, scenario: Scenario, builder, state_dir: Path,
+                 timeout: float | None, python: str, repeat: int = 1, extra_key: str = ""):
+        self.store, self.pool, self.scenario, self.builder = store, pool, scenario, builder
+        self.logs = state_dir / "logs"
+        self.timeout, self.python, self.repeat = timeout, python, repeat
+        self.key = f"{scenario.name}/{scenario.version}/{scenario.fingerprint()}{extra_key}"
+        self.executions = 0
+        self.cancel = threading.Event()
+
+    def history(self, sha: str) -> list[Execution]:
+        return self.store.executions(sha, self.key)
+
+    def cached(self, sha: str) -> Execution | None:
+        """The verdict the cache already decides for sha, if it does."""
+        return self.decide(self.history(sha))
+
+    def decide(self, runs: list[Execution]) -> Execution | None:
+        """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
+
+        A skip for a timeout counts only while the timeout is not larger than the one it hit.
+        """
+        runs = [run for run in runs if not self._outgrown_timeout(run)]
+        for run in runs:
+            if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
+                return run
+        if len(runs) >= self.repeat:
+            return Execution(runs[-1].sha, Verdict.GOOD.value,
+                             runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
+                             runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
+        return None
+
+    def _outgrown_timeout(self, run: Execution) -> bool:
+        hit = run.details.get("timed_out_after")
+        return hit is not None and (self.timeout is None or self.timeout > hit)
+
+    def execute(self, sha: str, done: list[Execution], slot_env: Mapping[str, str]) -> list[Execution]:
+        """Run the scenario on sha (on this slot) until its verdict is decided; new executions only.
+
+        Runs on a worker thread: touches no store (done holds the executions already recorded).
+        """
+        fresh: list[Execution] = []
+        with self.pool.checkout(sha) as worktree:
+            build = self.builder.prepare(worktree, sha, self.logs) if self.scenario.needs_build \
+                else BuildResult("none", True, "scenario needs no build")
+            while self.decide(done + fresh) is None:
+                attempt = len(done) + len(fresh)
+                log_path = self.logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+                start = time.monotonic()
+                if not build.ok:
+                    outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
+                        build.log_path
+                    details = {}
+                else:
+                    ctx = StepContext(checkout=worktree, log_path=log_path, timeout=self.timeout,
+                                      env={**build.env, **slot_env}, python=self.python,
+                                      cancel=self.cancel)
+                    outcome = self.scenario.run(ctx)
+                    outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
+                    details = dict(outcome.details)
+                    if details.pop("timed_out", False):
+                        details["timed_out_after"] = self.timeout
+                fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
+                                       build.strategy, details))
+        return fresh
+
+    def record(self, fresh: list[Execution]) -> None:
+        for execution in fresh:
+            self.store.add_execution(self.key, execution)
+            self.executions += 1
+
+
+def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
+    blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
+                       list(cfg.paths), cfg.find_fix, cfg.repeat])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
+    """Validate, then bisect; returns the stored result record (also in the run's row)."""
+    handler = handler or Handler()
+    try:
+        repo = GitRepo(cfg.repo)
+        good, bad = repo.resolve(cfg.good), repo.resolve(cfg.bad)
+    except GitError as exc:
+        raise UsageError(str(exc)) from None
+    old, new = (bad, good) if cfg.find_fix else (good, bad)
+    old_name, new_name = ("bad", "good") if cfg.find_fix else ("good", "bad")
+    if old == new:
+        raise UsageError(f"good and bad are the same commit ({new[:12]})")
+    if not repo.is_ancestor(old, new):
+        raise UsageError(f"{old_name} {getattr(cfg, old_name)} is not an ancestor of "
+                         f"{new_name} {getattr(cfg, new_name)}"
+                         + (" (with --find-fix, --bad is the older end)" if cfg.find_fix else ""))
+    commits = repo.range_commits([old], new, cfg.first_parent, cfg.paths)
+    if len(commits) <= 1 and cfg.paths:
+        raise UsageError(f"empty range: no commit in {cfg.good}..{cfg.bad} touches {' '.join(cfg.paths)}")
+    if not commits:
+        raise UsageError(f"empty range: no commits between {cfg.good} and {cfg.bad}")
+    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
+    to_term = _term_mapping(cfg.find_fix)
+
+    with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
+                      cfg.repeat)
+        params = {"repo": str(repo.root), "good": good, "bad": bad, "good_ref": cfg.good,
+                  "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
+                  "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
+                  "repeat": cfg.repeat}
+        run_id, resumed = store.start_run("bisect", run_key(cfg, old, new, judge.key), params,
+                                          os.getpid())
+        search = Bisection(commits, new)
+        handler.started(run_id, len(commits), resumed)
+        steps: list[Step] = []
+        slots = cfg.slots or [{} for _ in range(max(1, cfg.jobs))]
+        executor = LocalExecutor(slots)
+        status = "failed"
+        try:
+            if cfg.verify_endpoints:
+                for step in _run_round(judge, executor, [(old, "endpoint"), (new, "endpoint")], 0,
+                                       store, run_id, steps, handler, search, None, to_term):
+                    expected = Term.OLD if step.sha == old else Term.NEW
+                    if to_term[step.verdict] is not expected:
+                        name = old_name if step.sha == old else new_name
+                        ref = getattr(cfg, name)
+                        raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) "
+                                            f"tested {step.verdict}, not {name}: {step.reason}")
+            round_no = 0
+            while not search.done:
+                round_no += 1
+                probes = search.next_probes(executor.size)
+                _run_round(judge, executor, [(sha, "probe") for sha in probes], round_no, store,
+                           run_id, steps, handler, search, search, to_term)
+            answer = search.answer()
+            culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
+            result = {
+                "run_id": run_id,
+                "mode": "find-fix" if cfg.find_fix else "regression",
+                "good": good, "bad": bad,
+                "culprit": culprit,
+                ("first_good" if cfg.find_fix else "first_bad"): culprit,
+                "candidates": list(answer.candidates),
+                "steps": [s.as_dict() for s in steps],
+                "executions": judge.executions,
+                "rounds": round_no,
+                "scenario": judge.key,
+                "resumed_from": resumed,
+            }
+            status = "finished"
+            return result
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            judge.cancel.set()
+            executor.shutdown()
+            store.finish_run(run_id, status, result if status == "finished" else None)
+            store.close()
+
+
+def judge_one(repo_path: Path, ref: str, scenario: Scenario, state_dir: Path | None = None,
+              timeout: float | None = None, python: str = "python3", builder=None) -> dict:
+    """Judge a single commit with a scenario (through the verdict cache); returns the outcome."""
+    try:
+        repo = GitRepo(repo_path)
+        sha = repo.resolve(ref)
+    except GitError as exc:
+        raise UsageError(str(exc)) from None
+    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
+    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        try:
+            judge = Judge(store, pool, scenario, builder or NoBuild(), state_dir, timeout, python)
+            done = judge.history(sha)
+            cached = judge.decide(done) is not None
+            if not cached:
+                judge.record(judge.execute(sha, done, {}))
+            execution = judge.cached(sha)
+        finally:
+            store.close()
+    return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
+            "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
+            "scenario": judge.key, "details": execution.details}
+
+
+def _term_mapping(find_fix: bool) -> dict[str, Term]:
+    if find_fix:
+        return {"bad": Term.OLD, "good": Term.NEW, "skip": Term.SKIP}
+    return {"good": Term.OLD, "bad": Term.NEW, "skip": Term.SKIP}
+
+
+def _run_round(judge: Judge, executor: LocalExecutor, wanted: list[tuple[str, str]], round_no: int,
+               store: Store, run_id: int, steps: list[Step], handler: Handler, search: Bisection,
+               deciding: Bisection | None, to_term: dict[str, Term]) -> list[Step]:
+    """Judge commits concurrently; record each as it lands; stop early once `deciding` is done."""
+    results: list[Step] = []
+
+    def add(sha: str, role: str, execution: Execution, cached: bool) -> Step:
+        step = Step(sha, role, round_no, execution.verdict, execution.reason, cached,
+                    execution.seconds, execution.log_path, execution.build)
+        store.add_step(run_id, len(steps), round_no, role, execution, cached)
+        steps.append(step)
+        results.append(step)
+        if role == "probe":
+            search.record(sha, to_term[step.verdict])
+        handler.tested(step, search.testable_mask.bit_count(), search.steps_left())
+        return step
+
+    futures = {}
+    for sha, role in wanted:
+        done = judge.history(sha)
+        hit = judge.decide(done)
+        if hit is not None:
+            add(sha, role, hit, True)
+            continue
+        handler.testing(sha, role)
+        futures[executor.submit(lambda env, sha=sha, done=done: judge.execute(sha, done, env))] = (sha, role)
+    round_cancel = False
+    while futures:
+        finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+        for future in finished:
+            sha, role = futures.pop(future)
+            try:
+                fresh = future.result()
+            except (Cancelled, CancelledError):
+                continue
+            judge.record(fresh)
+            add(sha, role, judge.cached(sha), False)
+        if deciding is not None and deciding.done and futures and not round_cancel:
+            round_cancel = True
+            for future in futures:
+                future.cancel()
+            judge.cancel.set()
+    judge.cancel.clear()
+    return results

@@ -1,0 +1,127 @@
+"""SQLite record of runs, steps and every scenario execution (the verdict cache)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,               -- bisect | backport
+    key TEXT NOT NULL,                -- fingerprint of what was asked: same command, same key
+    status TEXT NOT NULL,             -- running | finished | failed | interrupted
+    pid INTEGER,
+    created REAL NOT NULL,
+    finished REAL,
+    params TEXT NOT NULL,             -- JSON
+    result TEXT                       -- JSON, when finished
+);
+CREATE TABLE IF NOT EXISTS executions (
+    id INTEGER PRIMARY KEY,
+    sha TEXT NOT NULL,
+    scenario_key TEXT NOT NULL,       -- name/version/options fingerprint
+    verdict TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    log_path TEXT,
+    seconds REAL NOT NULL,
+    build TEXT,
+    details TEXT,
+    recorded REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS executions_by_commit ON executions (sha, scenario_key);
+CREATE TABLE IF NOT EXISTS steps (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    sha TEXT NOT NULL,
+    role TEXT NOT NULL,               -- endpoint | probe | ...
+    verdict TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    log_path TEXT,
+    seconds REAL NOT NULL,
+    cached INTEGER NOT NULL,
+    build TEXT,
+    recorded REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS steps_by_run ON steps (run_id, seq);
+"""
+
+
+@dataclass(frozen=True)
+class Execution:
+    sha: str
+    verdict: str
+    reason: str
+    log_path: str | None
+    seconds: float
+    build: str | None
+    details: dict
+
+
+class Store:
+    """One SQLite file per state dir. Every write commits at once: a kill -9 loses nothing."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- runs ------------------------------------------------------------------------------------
+    def start_run(self, kind: str, key: str, params: dict, pid: int) -> tuple[int, int | None]:
+        """A new run row; returns (run id, id of the unfinished run with the same key it resumes)."""
+        row = self.db.execute("SELECT id FROM runs WHERE key = ? AND status = 'running' "
+                              "ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+        resumed = row["id"] if row else None
+        if resumed is not None:
+            self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?", (resumed,))
+        cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params) "
+                              "VALUES (?, ?, 'running', ?, ?, ?)",
+                              (kind, key, pid, time.time(), json.dumps(params)))
+        return cur.lastrowid, resumed
+
+    def finish_run(self, run_id: int, status: str, result: dict | None) -> None:
+        self.db.execute("UPDATE runs SET status = ?, finished = ?, result = ? WHERE id = ?",
+                        (status, time.time(), json.dumps(result) if result is not None else None, run_id))
+
+    def run(self, run_id: int | str) -> sqlite3.Row | None:
+        if run_id == "latest":
+            return self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        return self.db.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+
+    def runs(self) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM runs ORDER BY id").fetchall()
+
+    # -- executions (the verdict cache) ----------------------------------------------------------
+    def executions(self, sha: str, scenario_key: str) -> list[Execution]:
+        rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? ORDER BY id",
+                               (sha, scenario_key)).fetchall()
+        return [Execution(r["sha"], r["verdict"], r["reason"], r["log_path"], r["seconds"], r["build"],
+                          json.loads(r["details"] or "{}")) for r in rows]
+
+    def add_execution(self, scenario_key: str, execution: Execution) -> None:
+        self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
+                        "build, details, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (execution.sha, scenario_key, execution.verdict, execution.reason,
+                         execution.log_path, execution.seconds, execution.build,
+                         json.dumps(execution.details), time.time()))
+
+    # -- steps -----------------------------------------------------------------------------------
+    def add_step(self, run_id: int, seq: int, round_no: int, role: str, execution: Execution,
+                 cached: bool) -> None:
+        self.db.execute("INSERT INTO steps (run_id, seq, round, sha, role, verdict, reason, log_path, "
+                        "seconds, cached, build, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run_id, seq, round_no, execution.sha, role, execution.verdict, execution.reason,
+                         execution.log_path, execution.seconds, int(cached), execution.build, time.time()))
+
+    def steps(self, run_id: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
