@@ -117,6 +117,13 @@ def test_dp2_plan_gives_each_rank_its_own_devices_and_dp_env():
     assert launches[0].argv == launches[1].argv
 
 
+def test_rocr_visible_devices_is_dropped_for_physical_hip_ids():
+    slot = {name: "4,5" for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
+    launches = plan(options(dp=2), devices=step_devices(slot, 8), base_env=slot)
+    assert [launch.env["HIP_VISIBLE_DEVICES"] for launch in launches] == ["4", "5"]
+    assert not any("ROCR_VISIBLE_DEVICES" in launch.env for launch in launches)
+
+
 def test_plan_refuses_too_few_devices():
     with pytest.raises(ValueError):
         plan(options(dp=2), devices=["0"])
@@ -125,7 +132,9 @@ def test_plan_refuses_too_few_devices():
 @pytest.mark.parametrize("env, detected, expected", [
     ({"HIP_VISIBLE_DEVICES": "2,3"}, 8, ["2", "3"]),
     ({"CUDA_VISIBLE_DEVICES": "5"}, 8, ["5"]),
-    ({"ROCR_VISIBLE_DEVICES": "6,7"}, 8, ["0", "1"]),
+    ({"ROCR_VISIBLE_DEVICES": "6,7"}, 8, ["6", "7"]),
+    ({name: "4,5" for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}, 8,
+     ["4", "5"]),
     ({}, 3, ["0", "1", "2"]),
 ])
 def test_step_devices(env, detected, expected):

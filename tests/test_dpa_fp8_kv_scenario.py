@@ -4,13 +4,14 @@ import json
 import os
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from dpa_fp8_kv_records import FAULT, RECORDS
-from scenarios import StepContext, Verdict, create
+from scenarios import Cancelled, StepContext, Verdict, create
 from scenarios.dpa_fp8_kv import launch
 
 NAME = "dpa-fp8-kv-graph-capture"
@@ -156,6 +157,7 @@ def test_hang_times_out_as_skip_and_leaves_no_process(tmp_path, gpu_root, fake_p
     assert outcome.verdict is Verdict.SKIP
     assert outcome.reason == "timed out after 2s during engine start-up/graph capture"
     assert outcome.details["ranks"][0]["timed_out"] is True
+    assert outcome.details["timed_out"] is True  # the engine caches it only for this timeout
     assert _gone_soon(int((records / "core0.pid").read_text()))
 
 
@@ -204,6 +206,21 @@ def test_dp2_fault_on_one_rank_stops_the_other(tmp_path, gpu_root, fake_python, 
     assert outcome.verdict is Verdict.BAD
     assert outcome.reason == f"DP rank 1: GPU memory fault during engine start-up/graph capture: {FAULT}"
     assert [rank["returncode"] for rank in outcome.details["ranks"]] == [None, -6]
+
+
+def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records):
+    cancel = threading.Event()
+    threading.Timer(1.5, cancel.set).start()
+    scenario = create(NAME, {"dp": "2"})
+    scenario.system_root = gpu_root
+    ctx = StepContext(checkout=tmp_path, log_path=tmp_path / "step.log", timeout=60, python=str(fake_python),
+                      env=replay(records, r0=("loading", "hang"), r1=("loading", "hang")), cancel=cancel)
+    start = time.monotonic()
+    with pytest.raises(Cancelled):
+        scenario.run(ctx)
+    assert time.monotonic() - start < 10
+    for rank in (0, 1):
+        assert _gone_soon(int((records / f"core{rank}.pid").read_text()))
 
 
 def test_missing_python_is_skip(tmp_path, gpu_root):

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
 
-from scenarios.base import ProcessResult, _kill_group
+from scenarios.base import Cancelled, ProcessResult, _kill_group
 from scenarios.dpa_fp8_kv.child import OK_MARKER
 from scenarios.dpa_fp8_kv.plan import Launch
 
@@ -13,8 +14,10 @@ GRACE = 30.0  # how long ranks may go on once one failed, or linger after all pr
 POLL = 0.5
 
 
-def run_ranks(launches: list[Launch], cwd: Path, log_dir: Path) -> list[ProcessResult]:
-    """Start all launches; stop them all on timeout, GRACE after a rank failed or all succeeded.
+def run_ranks(launches: list[Launch], cwd: Path, log_dir: Path,
+              cancel: threading.Event | None = None) -> list[ProcessResult]:
+    """Start all launches; stop them all on timeout, GRACE after a rank failed or all succeeded,
+    or at once when cancel is set (raising Cancelled).
 
     A rank that faults leaves its peers blocked in data-parallel collectives, and vLLM's teardown can
     hang after the work is done; neither should cost the whole timeout.
@@ -28,7 +31,7 @@ def run_ranks(launches: list[Launch], cwd: Path, log_dir: Path) -> list[ProcessR
                 procs.append(subprocess.Popen(launch.argv, cwd=cwd, env=launch.env, stdout=out,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True))
-        timed_out = _wait(procs, logs, start + max(launch.timeout for launch in launches))
+        timed_out = _wait(procs, logs, start + max(launch.timeout for launch in launches), cancel)
         running = [proc.poll() is None for proc in procs]
     finally:
         for proc in procs:
@@ -39,10 +42,13 @@ def run_ranks(launches: list[Launch], cwd: Path, log_dir: Path) -> list[ProcessR
             for proc, log, was_running in zip(procs, logs, running)]
 
 
-def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float) -> bool:
+def _wait(procs: list[subprocess.Popen], logs: list[Path], deadline: float,
+          cancel: threading.Event | None) -> bool:
     """Wait until all exit or GRACE after _settled; True if the deadline came first."""
     stop_at = None
     while [proc.poll() for proc in procs].count(None):  # poll every one: it sets returncode
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
         now = time.monotonic()
         if now >= deadline:
             return True

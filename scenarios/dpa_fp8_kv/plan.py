@@ -24,12 +24,11 @@ class Launch:
 
 
 def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
-    """GPU ids the step may use: its HIP/CUDA_VISIBLE_DEVICES, else all detected GPUs."""
-    for var in DEVICE_VARS:
+    """Physical GPU ids the step may use: its *_VISIBLE_DEVICES (bisector's slots set all three to
+    the same physical ids), else every detected GPU."""
+    for var in (*DEVICE_VARS, "ROCR_VISIBLE_DEVICES"):
         if env.get(var):
             return env[var].split(",")
-    if env.get("ROCR_VISIBLE_DEVICES"):  # the runtime renumbers what it exposes from 0
-        return [str(i) for i in range(len(env["ROCR_VISIBLE_DEVICES"].split(",")))]
     return [str(i) for i in range(detected)]
 
 
@@ -50,13 +49,16 @@ def build_plan(options: Options, *, python: str, child_script: Path, model_dir: 
     """One launch per DP rank; rank r sees devices[r*tp:(r+1)*tp] and nothing else.
 
     Each rank sees only its own GPUs, so VLLM_DP_RANK_LOCAL is 0 everywhere: vLLM offsets device
-    indices by local rank * world size, which must stay inside the rank's own subset.
+    indices by local rank * world size, which must stay inside the rank's own subset. The subset is
+    given as physical ids in HIP_ and CUDA_VISIBLE_DEVICES (vLLM maps CUDA_VISIBLE_DEVICES to amdsmi's
+    physical devices); ROCR_VISIBLE_DEVICES is dropped, since HIP would index into what it leaves.
     """
     if len(devices) < options.gpus:
         raise ValueError(f"{options.gpus} GPUs needed, {len(devices)} given")
     argv = child_argv(python, child_script, model_dir, options)
     pythonpath = os.pathsep.join(filter(None, [str(checkout), base_env.get("PYTHONPATH")]))
-    common = {key: value for key, value in base_env.items() if key not in DP_VARS}
+    common = {key: value for key, value in base_env.items()
+              if key not in DP_VARS and key != "ROCR_VISIBLE_DEVICES"}
     common.update(AITER_ENV, PYTHONPATH=pythonpath)
     launches = []
     for rank in range(options.dp):

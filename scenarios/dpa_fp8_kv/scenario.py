@@ -57,7 +57,7 @@ class DpaFp8KvScenario(Scenario):
                                   model_dir=work / "model", checkout=ctx.checkout, devices=devices,
                                   base_env=env, master_port=_free_port(), timeout=ctx.timeout)
             try:
-                results = run_ranks(launches, ctx.checkout, work)
+                results = run_ranks(launches, ctx.checkout, work, ctx.cancel)
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}")
         _write_log(ctx.log_path, _merged_log(launches, results))
@@ -67,9 +67,10 @@ class DpaFp8KvScenario(Scenario):
                   "verdict": rank_verdict.value, "returncode": result.returncode,
                   "timed_out": result.timed_out}
                  for launch, result, (rank_verdict, _) in zip(launches, results, judged)]
+        timed_out = verdict is Verdict.SKIP and any(result.timed_out for result in results)
         return Outcome(verdict, reason, str(ctx.log_path),
                        {"gpu_targets": list(probe.targets), "heads_per_rank": self.settings.heads_per_rank,
-                        "seconds": round(results[0].seconds, 1), "ranks": ranks})
+                        "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out})
 
     def _unrun(self, ctx: StepContext, reason: str) -> Outcome:
         """Skip without running anything; the log says why in one line."""
