@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 
 def _culprit_label(result: dict) -> str:
@@ -27,8 +28,9 @@ def bisect_text(result: dict) -> str:
                  f"rounds: {result['rounds']}")
     for step in result["steps"]:
         cached = " (cached)" if step["cached"] else ""
+        build = f"  [build {step['build']}]" if step.get("build") else ""
         lines.append(f"  {step['sha'][:12]} {step['role']:<8} {step['verdict']:<4} "
-                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}")
+                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}{build}")
     return "\n".join(lines)
 
 
@@ -57,3 +59,14 @@ def bisect_markdown(result: dict) -> str:
 
 def bisect_json(result: dict) -> str:
     return json.dumps(result, indent=2) + "\n"
+
+
+def plan_text(plan: dict) -> str:
+    """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
+    lines = [f"plan: {plan['commits']} commits in range, --build {plan['builder']}"]
+    for probe in plan["probes"]:
+        lines.append(f"  {probe['sha'][:12]}  {probe['role']:<28} {probe['build']:<13} {probe['reason']}")
+        for command in probe["commands"]:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command["env"].items())
+            lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command['argv'])}")
+    return "\n".join(lines)
