@@ -10,11 +10,13 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from bisector import __version__, report
+from bisector import __version__, doctor, report
 from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
-from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, plan_bisection,
-                             run_bisection)
-from scenarios import ScenarioAbort, ScenarioError, create
+from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, default_state_dir,
+                             judge_one, plan_bisection, run_bisection)
+from bisector.gitrepo import GitError, GitRepo
+from bisector.store import Store
+from scenarios import ScenarioAbort, ScenarioError, available, create
 from scenarios.command import CommandScenario
 
 EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_ENDPOINT, EXIT_ABORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -43,6 +45,9 @@ class ProgressHandler(Handler):
     def __init__(self):
         self.start = time.monotonic()
         self.count = 0
+
+    def waiting(self, holder: str) -> None:
+        console.print(f"waiting for another bisector run on this repository ({holder}) …")
 
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None:
         again = f", resuming run {resumed_from}" if resumed_from else ""
@@ -85,7 +90,8 @@ def _sigterm(signum, frame):
               help="Only commits touching these paths are candidates.")
 @click.option("--find-fix", is_flag=True, help="Find the first commit where the fault disappears.")
 @click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-step timeout in seconds (skip).")
-@click.option("--state-dir", type=click.Path(path_type=Path), help="Default: <git dir>/bisector.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
@@ -151,6 +157,102 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         markdown_file.write_text(report.bisect_markdown(result))
     click.echo(report.bisect_text(result))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
+
+
+@main.group()
+def scenario() -> None:
+    """List scenarios, or run one on a single commit."""
+
+
+@scenario.command("list")
+def scenario_list() -> None:
+    """Scenarios by name, with version and what they need."""
+    for name, cls in sorted(available().items()):
+        needs = "build" if cls.needs_build else "no build"
+        defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
+        click.echo(f"{name} (v{cls.version}, {needs}): {cls.description}")
+        if defaults:
+            click.echo(f"    options: {defaults}")
+
+
+@scenario.command("run")
+@click.argument("name")
+@click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
+@click.option("--ref", default="HEAD", show_default=True, help="Commit to judge.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--timeout", type=click.FloatRange(min=0.001), help="Timeout in seconds (skip).")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment the scenario runs in.")
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
+    """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    try:
+        outcome = judge_one(Path(repo), ref, create(name, parse_options(options)), state_dir, timeout,
+                            python)
+    except (ScenarioError, UsageError) as exc:
+        fail(str(exc))
+    if json_file:
+        json_file.write_text(json.dumps(outcome, indent=2) + "\n")
+    click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
+    if outcome["log"]:
+        click.echo(f"log: {outcome['log']}")
+    sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
+
+
+def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
+    """--state-dir as given, else the repository's default; None when repo is no git repository."""
+    if state_dir:
+        return state_dir
+    try:
+        return default_state_dir(GitRepo(Path(repo)))
+    except GitError:
+        return None
+
+
+@main.command("report")
+@click.argument("run_id", metavar="RUN_ID|latest")
+@click.option("--repo", default=".", show_default=True, help="Repository whose record to read.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
+def report_command(run_id, repo, state_dir, fmt, output):
+    """Regenerate a run's report from the stored record (bisection or backport)."""
+    if run_id != "latest" and not run_id.isdigit():
+        fail(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    directory = resolve_state_dir(repo, state_dir)
+    if directory is None:
+        fail(f"not a git repository: {repo} (give --repo or --state-dir)")
+    database = directory / "bisector.sqlite"
+    if not database.is_file():
+        fail(f"no bisector record in {directory}")
+    store = Store(database)
+    try:
+        row = store.run(run_id)
+        if row is None:
+            fail(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
+        text = report.render(row, fmt)
+    except report.ReportError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command("doctor")
+@click.option("--repo", default=".", show_default=True, help="Repository whose state dir to size.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment scenarios run in.")
+def doctor_command(repo, state_dir, python):
+    """Versions, GPUs and disk use, for support requests (changes nothing)."""
+    click.echo(doctor.report(python, resolve_state_dir(repo, state_dir)))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class Step:
 class Handler:
     """Receives engine events; the CLI's progress display overrides what it shows."""
 
+    def waiting(self, holder: str) -> None: ...
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None: ...
     def testing(self, sha: str, role: str) -> None: ...
     def tested(self, step: Step, left: int, steps_left: int) -> None: ...
@@ -136,6 +137,11 @@ class Judge:
         return self.decide(self.history(sha))
 
     def decide(self, runs: list[Execution]) -> Execution | None:
+        """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
+
+        A skip for a timeout counts only while the timeout is not larger than the one it hit.
+        """
+        runs = [run for run in runs if not self._outgrown_timeout(run)]
         for run in runs:
             if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
                 return run
@@ -144,6 +150,10 @@ class Judge:
                              runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
                              runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
         return None
+
+    def _outgrown_timeout(self, run: Execution) -> bool:
+        hit = run.details.get("timed_out_after")
+        return hit is not None and (self.timeout is None or self.timeout > hit)
 
     def execute(self, sha: str, done: list[Execution], slot_env: Mapping[str, str]) -> list[Execution]:
         """Run the scenario on sha (on this slot) until its verdict is decided; new executions only.
@@ -168,7 +178,9 @@ class Judge:
                                       cancel=self.cancel)
                     outcome = self.scenario.run(ctx)
                     outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
-                    details = outcome.details
+                    details = dict(outcome.details)
+                    if details.pop("timed_out", False):
+                        details["timed_out_after"] = self.timeout
                 fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                        build.summary, details))
         return fresh
@@ -262,7 +274,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
     to_term = _term_mapping(cfg.find_fix)
 
-    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+    with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         builder = _open_builder(cfg, repo, state_dir)
         judge = Judge(store, pool, cfg.scenario, builder, state_dir, cfg.timeout, cfg.python,
@@ -304,6 +316,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 "culprit": culprit,
                 ("first_good" if cfg.find_fix else "first_bad"): culprit,
                 "candidates": list(answer.candidates),
+                "range": [old] + [sha for sha, _ in commits],
                 "steps": [s.as_dict() for s in steps],
                 "executions": judge.executions,
                 "rounds": round_no,
@@ -320,6 +333,32 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
             executor.shutdown()
             store.finish_run(run_id, status, result if status == "finished" else None)
             store.close()
+
+
+def judge_one(repo_path: Path, ref: str, scenario: Scenario, state_dir: Path | None = None,
+              timeout: float | None = None, python: str = "python3", builder=None) -> dict:
+    """Judge a single commit with a scenario (through the verdict cache); returns the outcome."""
+    try:
+        repo = GitRepo(repo_path)
+        sha = repo.resolve(ref)
+    except GitError as exc:
+        raise UsageError(str(exc)) from None
+    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
+    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        try:
+            judge = Judge(store, pool, scenario, (builder or NoBuild()).open(repo, state_dir), state_dir,
+                          timeout, python)
+            done = judge.history(sha)
+            cached = judge.decide(done) is not None
+            if not cached:
+                judge.record(judge.execute(sha, done, {}))
+            execution = judge.cached(sha)
+        finally:
+            store.close()
+    return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
+            "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
+            "scenario": judge.key, "details": execution.details}
 
 
 def _term_mapping(find_fix: bool) -> dict[str, Term]:
