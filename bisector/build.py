@@ -108,7 +108,8 @@ def detect_toolchain(python: str, arch: str | None) -> Toolchain:
         raise ValueError(f"cannot run the build's Python: {python}") from None
     py_version, torch_version, hip_version = (out + ["none"] * 3)[:3]
     return Toolchain(rocm=installed_rocm_version() or hip_version, torch=torch_version,
-                     python=py_version, arch=arch or gpu_arch() or DEFAULT_ARCH)
+                     python=py_version,
+                     arch=arch or os.environ.get("PYTORCH_ROCM_ARCH") or gpu_arch() or DEFAULT_ARCH)
 
 
 def installed_rocm_version() -> str | None:
