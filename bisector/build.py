@@ -400,7 +400,7 @@ class Builder:
                                 native, tuple(precompiled_plan(python, wheel)))
             if wanted == "precompiled":
                 return Decision("unavailable", f"no wheel for {sha[:12]} (--build precompiled)", native, ())
-        requirements = next(iter(self.repo.tree_ids(sha, BUILD_REQUIREMENTS)), None)
+        requirements = next((path for path in BUILD_REQUIREMENTS if path in self.native_trees(sha)), None)
         why = "--build source" if self.settings.strategy == "source" else \
             f"native {short} not built" + (", no wheel" if self.wheels else "")
         return Decision("source", why, native,
