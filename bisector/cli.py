@@ -12,6 +12,7 @@ from rich.console import Console
 
 from bisector import __version__, doctor, report
 from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
+from bisector.backport import SETTLED, BackportConfig, run_backport
 from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, default_state_dir,
                              judge_one, plan_bisection, run_bisection)
 from bisector.gitrepo import GitError, GitRepo
@@ -157,6 +158,68 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         markdown_file.write_text(report.bisect_markdown(result))
     click.echo(report.bisect_text(result))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
+
+
+class BackportProgress:
+    """One line per branch on stderr as its verdict lands."""
+
+    def checking(self, branch: str, tip: str) -> None:
+        console.print(f"  checking {branch} ({tip[:12]}) …", style="dim")
+
+    def checked(self, entry: dict) -> None:
+        colour = "green" if entry["verdict"] in SETTLED else "red"
+        console.print(f"{entry['branch']}: [{colour}]{entry['verdict']}[/{colour}] ({entry['reason']})")
+
+
+@main.command()
+@click.option("--repo", default=".", show_default=True, help="Repository holding the fix and branches.")
+@click.option("--fix", required=True, help="The fix: sha, tag or branch.")
+@click.option("--branches", "globs", multiple=True, required=True, metavar="GLOB",
+              help="Branches to check (local or remote-tracking, e.g. 'origin/releases/v0.2*').")
+@click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--create-branches", is_flag=True,
+              help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
+@click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-run timeout in seconds (skip).")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="Default: <git dir>/bisector.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
+@click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
+              help="Write the result as Markdown (PR comment).")
+@click.option("--junit", "junit_file", type=click.Path(path_type=Path),
+              help="Write JUnit XML: one test case per branch.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment scenarios run in.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
+             markdown_file, junit_file, python, command):
+    """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
+    if scenario_name and command:
+        fail("give at most one of --scenario NAME or -- CMD [ARGS...]")
+    if options and not scenario_name:
+        fail("--option needs --scenario")
+    try:
+        scenario = create(scenario_name, parse_options(options)) if scenario_name \
+            else CommandScenario(list(command)) if command else None
+    except ScenarioError as exc:
+        fail(str(exc))
+    cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
+                         create_branches=create_branches, timeout=timeout, state_dir=state_dir,
+                         python=python)
+    try:
+        result = run_backport(cfg, BackportProgress())
+    except UsageError as exc:
+        fail(str(exc))
+    except ScenarioAbort as exc:
+        fail(f"aborted: {exc}", EXIT_ABORTED)
+    except KeyboardInterrupt:
+        click.echo("bisector: interrupted; scenario verdicts so far are kept", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    for path, render in ((json_file, report.backport_json), (markdown_file, report.backport_markdown),
+                         (junit_file, report.backport_junit)):
+        if path:
+            path.write_text(render(result))
+    click.echo(report.backport_text(result))
+    sys.exit(0 if result["ok"] else 1)
 
 
 @main.group()

@@ -185,6 +185,15 @@ class Judge:
                                        build.summary, details))
         return fresh
 
+    def verdict(self, sha: str) -> tuple[Execution, bool]:
+        """sha's decided verdict, from the cache or run (and recorded) now; and whether cached."""
+        done = self.history(sha)
+        hit = self.decide(done)
+        if hit is not None:
+            return hit, True
+        self.record(self.execute(sha, done, {}))
+        return self.cached(sha), False
+
     def record(self, fresh: list[Execution]) -> None:
         for execution in fresh:
             self.store.add_execution(self.key, execution)
@@ -349,11 +358,7 @@ def judge_one(repo_path: Path, ref: str, scenario: Scenario, state_dir: Path | N
         try:
             judge = Judge(store, pool, scenario, (builder or NoBuild()).open(repo, state_dir), state_dir,
                           timeout, python)
-            done = judge.history(sha)
-            cached = judge.decide(done) is not None
-            if not cached:
-                judge.record(judge.execute(sha, done, {}))
-            execution = judge.cached(sha)
+            execution, cached = judge.verdict(sha)
         finally:
             store.close()
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
