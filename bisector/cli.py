@@ -11,9 +11,10 @@ import click
 from rich.console import Console
 
 from bisector import __version__, doctor, report
+from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
 from bisector.backport import SETTLED, BackportConfig, run_backport
 from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, default_state_dir,
-                             judge_one, run_bisection)
+                             judge_one, plan_bisection, run_bisection)
 from bisector.gitrepo import GitError, GitRepo
 from bisector.store import Store
 from scenarios import ScenarioAbort, ScenarioError, available, create
@@ -62,9 +63,10 @@ class ProgressHandler(Handler):
         eta = elapsed / self.count * steps_left
         colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
         cached = " cached" if step.cached else ""
+        build = f" [build {step.build}]" if step.build else ""
         console.print(f"step {self.count} of ~{self.count + steps_left}: {step.sha[:12]} "
-                      f"[{colour}]{step.verdict}[/{colour}]{cached} ({step.reason}) | {left} left | "
-                      f"elapsed {elapsed:.0f}s ETA {eta:.0f}s")
+                      f"[{colour}]{step.verdict}[/{colour}]{cached} ({step.reason}){build} | {left} left | "
+                      f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -110,10 +112,18 @@ def _sigterm(signum, frame):
               help="--flaky: probability a faulty commit faults per run (default: estimated).")
 @click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
               help="--flaky: runs on one commit at most.")
+@click.option("--build", "build", type=click.Choice(STRATEGIES), default="auto", show_default=True,
+              help="How each commit is built: cheapest valid (auto), or one strategy.")
+@click.option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942.")
+@click.option("--wheels", metavar="DIR|URL-TEMPLATE",
+              help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}.")
+@click.option("--cache-size", default=DEFAULT_CACHE_SIZE, show_default=True,
+              help="Cap on stored compiled artifacts (least recently used evicted).")
+@click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, flaky, confidence,
-        fault_rate, max_runs_per_commit, command):
+        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, plan, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         fail("give exactly one of --scenario NAME or -- CMD [ARGS...]")
@@ -122,11 +132,24 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
             else CommandScenario(list(command))
     except ScenarioError as exc:
         fail(str(exc))
+    try:
+        builder = BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
+    except ValueError as exc:
+        fail(f"--cache-size: {exc}")
     cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
-                    max_runs_per_commit=max_runs_per_commit)
+                    max_runs_per_commit=max_runs_per_commit, builder=builder)
+    if plan:
+        try:
+            planned = plan_bisection(cfg)
+        except UsageError as exc:
+            fail(str(exc))
+        if json_file:
+            json_file.write_text(json.dumps(planned, indent=2) + "\n")
+        click.echo(report.plan_text(planned))
+        sys.exit(0)
     try:
         result = run_bisection(cfg, ProgressHandler())
     except UsageError as exc:

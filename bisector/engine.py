@@ -188,7 +188,7 @@ class Judge:
                     if details.pop("timed_out", False):
                         details["timed_out_after"] = self.timeout
                 fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                       build.strategy, details))
+                                       build.summary, details))
         return fresh
 
     def verdict(self, sha: str) -> tuple[Execution, bool]:
@@ -213,9 +213,8 @@ def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
-    """Validate, then bisect; returns the stored result record (also in the run's row)."""
-    handler = handler or Handler()
+def _resolve_range(cfg: RunConfig) -> tuple:
+    """Validate the asked range: (repo, good, bad, old, new, old_name, new_name, commits)."""
     try:
         repo = GitRepo(cfg.repo)
         good, bad = repo.resolve(cfg.good), repo.resolve(cfg.bad)
@@ -234,13 +233,68 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         raise UsageError(f"empty range: no commit in {cfg.good}..{cfg.bad} touches {' '.join(cfg.paths)}")
     if not commits:
         raise UsageError(f"empty range: no commits between {cfg.good} and {cfg.bad}")
+    return repo, good, bad, old, new, old_name, new_name, commits
+
+
+def _open_builder(cfg: RunConfig, repo: GitRepo, state_dir: Path):
+    try:
+        return cfg.builder.open(repo, state_dir)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def plan_bisection(cfg: RunConfig) -> dict:
+    """The commits a run would test first and the build each needs; runs nothing.
+
+    Endpoints (when verified), the first round's probes, and with one job the second probe for
+    either verdict of the first. Builds are decided from git objects and the artifact cache.
+    """
+    repo, good, bad, old, new, old_name, new_name, commits = _resolve_range(cfg)
+    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
+    builder = _open_builder(cfg, repo, state_dir)
+    probes: list[dict] = []
+    planned: set[str] = set()  # native hashes the steps listed so far will have built
+
+    def cost(sha: str) -> float:
+        return 0.0 if builder.decide(sha).native in planned else builder.cost(sha)
+
+    def add(sha: str, role: str) -> None:
+        decision = builder.decide(sha)
+        strategy, reason, commands = decision.strategy, decision.reason, decision.commands
+        if decision.native in planned and strategy in ("source", "precompiled"):
+            strategy, reason, commands = "python", f"native {decision.native[:12]} built by an earlier step", ()
+        planned.add(decision.native)
+        probes.append({"sha": sha, "role": role, "native": decision.native, "build": strategy,
+                       "reason": reason, "commands": [c.as_dict() for c in commands]})
+
+    if cfg.verify_endpoints:
+        add(old, f"endpoint ({old_name})")
+        add(new, f"endpoint ({new_name})")
+    first = Bisection(commits, new).next_probes(max(1, cfg.jobs), cost=cost)
+    for sha in first:
+        add(sha, "probe 1")
+    if len(first) == 1:
+        for term, name in ((Term.OLD, old_name), (Term.NEW, new_name)):
+            branch = Bisection(commits, new)
+            branch.record(first[0], term)
+            for sha in branch.next_probes(1, cost=cost):
+                add(sha, f"probe 2 if {first[0][:12]} is {name}")
+    return {"commits": len(commits), "good": good, "bad": bad, "builder": builder.name,
+            "probes": probes}
+
+
+def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
+    """Validate, then bisect; returns the stored result record (also in the run's row)."""
+    handler = handler or Handler()
+    repo, good, bad, old, new, old_name, new_name, commits = _resolve_range(cfg)
     seeds = _plan_seeds(repo, cfg, commits, old) if cfg.fix else None
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
     to_term = _term_mapping(cfg.find_fix)
 
     with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
-        judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
+        builder = _open_builder(cfg, repo, state_dir)
+        judge = Judge(store, pool, cfg.scenario, builder, state_dir, cfg.timeout, cfg.python,
                       1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
         params = {"repo": str(repo.root), "good": good, "bad": bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
@@ -280,7 +334,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
             round_no = 0
             while not search.done and not cfg.flaky:
                 round_no += 1
-                probes = search.next_probes(executor.size)
+                probes = search.next_probes(executor.size, cost=builder.cost)
                 _run_round(judge, executor, [(sha, "probe") for sha in probes], round_no, store,
                            run_id, steps, handler, search, search, to_term)
             answer = answer if cfg.flaky else search.answer()
@@ -353,7 +407,8 @@ def judge_one(repo_path: Path, ref: str, scenario: Scenario, state_dir: Path | N
     with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         try:
-            judge = Judge(store, pool, scenario, builder or NoBuild(), state_dir, timeout, python)
+            judge = Judge(store, pool, scenario, (builder or NoBuild()).open(repo, state_dir), state_dir,
+                          timeout, python)
             execution, cached = judge.verdict(sha)
         finally:
             store.close()

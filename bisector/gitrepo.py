@@ -401,6 +401,17 @@ def _old_hunks(diff: str) -> dict[str, list[tuple[int, int]]]:
     return hunks
 
 
+def untracked_files(worktree: Path, pattern: str) -> list[str]:
+    """Untracked files (ignored ones included) matching pattern, relative to the worktree."""
+    out = git.Git(str(worktree)).ls_files("--others", "--", pattern)
+    return [line for line in out.splitlines() if line]
+
+
+def clean_ignored(worktree: Path) -> None:
+    """Delete the ignored files (build dirs, extension modules) from a worktree."""
+    git.Git(str(worktree)).clean("-ffdqX")
+
+
 class WorktreePool:
     """Detached worktrees owned by the tool under state_dir/worktrees, reused between steps.
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Mapping
@@ -53,8 +54,9 @@ def bisect_text(result: dict) -> str:
                  f"rounds: {result['rounds']}")
     for step in result["steps"]:
         cached = " (cached)" if step["cached"] else ""
+        build = f"  [build {step['build']}]" if step.get("build") else ""
         lines.append(f"  {step['sha'][:12]} {step['role']:<8} {step['verdict']:<4} "
-                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}")
+                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}{build}")
     return "\n".join(lines)
 
 
@@ -365,3 +367,14 @@ def backport_junit(result: dict) -> str:
 
 def backport_json(result: dict) -> str:
     return json.dumps(result, indent=2) + "\n"
+
+
+def plan_text(plan: dict) -> str:
+    """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
+    lines = [f"plan: {plan['commits']} commits in range, --build {plan['builder']}"]
+    for probe in plan["probes"]:
+        lines.append(f"  {probe['sha'][:12]}  {probe['role']:<28} {probe['build']:<13} {probe['reason']}")
+        for command in probe["commands"]:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command["env"].items())
+            lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command['argv'])}")
+    return "\n".join(lines)
