@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.base import Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
 
 __all__ = ["Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
@@ -11,7 +12,7 @@ __all__ = ["Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext
 
 def available() -> dict[str, type[Scenario]]:
     """Scenario classes by name."""
-    classes: list[type[Scenario]] = []
+    classes: list[type[Scenario]] = [AiterMLAProbe]
     return {cls.name: cls for cls in classes}
 
 

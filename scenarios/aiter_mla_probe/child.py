@@ -7,11 +7,10 @@ Prints diagnostics, then one line `PROBE-RESULT {"verdict": ..., "reason": ..., 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
-import inspect
 import json
 import sys
-import textwrap
 import time
 import traceback
 from pathlib import Path
@@ -79,17 +78,14 @@ def probe(checkout: Path, config: ProbeConfig) -> dict:
 def quantizes_query(impl_cls) -> tuple[bool, str]:
     """Whether the impl keeps `supports_quant_query_input` true, and where that was read.
 
-    Read from the source of the impl's classes: the most derived `self.supports_quant_query_input = `
-    wins over any class attribute; with no literal anywhere, MLACommonImpl's True applies.
+    Read from the checkout's source of the impl's classes: the most derived
+    `self.supports_quant_query_input = ` wins over any class attribute; with no assignment anywhere,
+    MLACommonImpl's True applies.
     """
-    classes = [cls for cls in getattr(impl_cls, "__mro__", ()) if _is_real_class(cls) and cls is not object]
     found: dict[str, list] = {"instance": [], "class": []}
-    for cls in classes:
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        for kind, value in _flag_assignments(tree.body[0]):
+    for cls in getattr(impl_cls, "__mro__", ()):
+        class_def = _class_def(cls)
+        for kind, value in _flag_assignments(class_def) if class_def else ():
             found[kind].append((cls.__qualname__, value))
     for kind in ("instance", "class"):
         if found[kind]:
@@ -98,6 +94,21 @@ def quantizes_query(impl_cls) -> tuple[bool, str]:
                 return value, f"{owner} ({kind} attribute)"
             return True, f"{owner} sets it from an expression; assumed true"
     return True, "not set in the checkout's classes; MLACommonImpl's default (true)"
+
+
+def _class_def(cls) -> ast.ClassDef | None:
+    """The top-level definition of a real class from the checkout's `vllm` source."""
+    module = sys.modules.get(getattr(cls, "__module__", ""))
+    if not _is_real_class(cls) or module is None or not module.__name__.startswith("vllm") \
+            or not getattr(module, "__file__", None):
+        return None
+    return next((node for node in _parsed(module.__file__).body
+                 if isinstance(node, ast.ClassDef) and node.name == cls.__name__), None)
+
+
+@functools.cache
+def _parsed(path: str) -> ast.Module:
+    return ast.parse(Path(path).read_bytes(), path)
 
 
 def _flag_assignments(class_def: ast.ClassDef):

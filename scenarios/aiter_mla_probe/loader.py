@@ -113,25 +113,23 @@ def make_permissive(module: types.ModuleType) -> None:
 
 
 def available_top_levels() -> set[str]:
-    """Top-level modules the probe may import for real: stdlib, torch and its requirement closure,
-    and whatever is already imported."""
+    """Top-level modules the probe may import for real: stdlib, what is already imported, and torch
+    with its requirements (transitively, without extras)."""
     names = set(sys.stdlib_module_names) | {m.partition(".")[0] for m in sys.modules}
-    by_distribution: dict[str, set[str]] = {}
-    for module, dists in importlib.metadata.packages_distributions().items():
-        for dist in dists:
-            by_distribution.setdefault(_normalize(dist), set()).add(module)
     pending, seen = ["torch"], set()
     while pending:
-        dist = _normalize(pending.pop())
-        if dist in seen:
+        name = _normalize(pending.pop())
+        if name in seen:
             continue
-        seen.add(dist)
-        names |= by_distribution.get(dist, set())
+        seen.add(name)
         try:
-            requirements = importlib.metadata.requires(dist) or []
+            dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        pending += [re.match(r"[A-Za-z0-9._-]+", req).group(0) for req in requirements if "extra ==" not in req]
+        names.add(name.replace("-", "_"))
+        names.update((dist.read_text("top_level.txt") or "").split())
+        pending += [re.match(r"[A-Za-z0-9._-]+", req).group(0)
+                    for req in dist.requires or [] if "extra ==" not in req]
     return names
 
 
