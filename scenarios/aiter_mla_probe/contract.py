@@ -107,11 +107,15 @@ def judge(config: ProbeConfig, call: Mapping, kernel_q_dtype: str) -> Judgement:
     where = f"{heads} heads, qo_len {qo_len}, kv {kv}, {config.arch}"
     if sized_q == kernel_q_dtype:
         return Judgement("good", f"consistent: metadata sized for q {sized_q}, the decode kernel gets "
-                                 f"q {kernel_q_dtype} ({where}: {sized_tiles} tiles per batch)", details)
+                                 f"q {kernel_q_dtype} ({where}: {_tiles(sized_tiles)})", details)
     if sized_tiles == kernel_tiles:
         return Judgement("good", f"q dtype mismatch without effect: metadata sized for q {sized_q}, kernel "
                                  f"gets q {kernel_q_dtype}, but AITER tiles both alike ({where}: "
-                                 f"{sized_tiles} tiles per batch)", details)
+                                 f"{_tiles(sized_tiles)})", details)
     return Judgement("bad", f"q dtype mismatch changes AITER tiling: metadata sized for q {sized_q} "
-                            f"({sized_tiles} tiles per batch), decode kernel gets q {kernel_q_dtype} "
-                            f"({kernel_tiles} tiles per batch) at {where}", details)
+                            f"({_tiles(sized_tiles)}), decode kernel gets q {kernel_q_dtype} "
+                            f"({_tiles(kernel_tiles)}) at {where}", details)
+
+
+def _tiles(count: int) -> str:
+    return f"{count} tile{'' if count == 1 else 's'} per batch"
