@@ -53,8 +53,7 @@ def probe(checkout: Path, config: ProbeConfig) -> dict:
         return _result("skip", f"cannot load {TARGET_FILE}: {failure}", loader_details)
 
     try:
-        builder_cls(env.kv_cache_spec(config), [env.LAYER_NAME], vllm_config,
-                    torch.device("cpu"))
+        builder_cls(env.kv_cache_spec(config), [env.LAYER_NAME], vllm_config, torch.device("cpu"))
         construction_error = None
     except Exception as exc:  # judged below if the metadata was sized before the failure
         construction_error = f"{type(exc).__name__}: {exc}"

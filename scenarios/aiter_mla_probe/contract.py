@@ -12,8 +12,6 @@ from scenarios.base import ScenarioError
 
 ARCH_CU_COUNTS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bf16", "bfloat16")
-METADATA_NAMES = ("work_metadata_ptrs", "work_indptr", "work_info_set", "reduce_indptr",
-                  "reduce_final_map", "reduce_partial_map")
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,8 @@ def qo_tiles_per_batch(arch: str, heads: int, qo_len: int, q_dtype: str, kv_dtyp
 
 def metadata_info(arch: str, cu_num: int, batch_size: int, qo_len: int, heads: int, q_dtype: str,
                   kv_dtype: str, fast_mode: bool = True) -> tuple[tuple[tuple[int, ...], str], ...]:
-    """The six (shape, dtype name) pairs `get_mla_metadata_info_v1` returns."""
+    """The six (shape, dtype name) pairs `get_mla_metadata_info_v1` returns: work_metadata_ptrs,
+    work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map."""
     tiles = qo_tiles_per_batch(arch, heads, qo_len, q_dtype, kv_dtype)
     tile_cnt = batch_size * tiles
     if fast_mode:

@@ -7,7 +7,7 @@ import types
 import torch
 
 from scenarios.aiter_mla_probe.contract import ProbeConfig, metadata_info
-from scenarios.aiter_mla_probe.loader import Placeholder, StandIn, _is_dunder
+from scenarios.aiter_mla_probe.loader import Placeholder, StandIn, is_dunder
 
 MODEL_DTYPE = torch.bfloat16
 KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM, V_HEAD_DIM = 512, 64, 128, 128
@@ -33,7 +33,7 @@ class Section(types.SimpleNamespace):
     """A configuration section: what the probe sets, and placeholders (feature off) for the rest."""
 
     def __getattr__(self, name: str):
-        if _is_dunder(name):
+        if is_dunder(name):
             raise AttributeError(name)
         return Placeholder()
 

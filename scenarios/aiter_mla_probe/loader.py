@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 StandIn = Callable[[types.ModuleType], None]  # fills a stand-in module's attributes
 
 
-def _is_dunder(name: str) -> bool:
+def is_dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
 
@@ -38,7 +38,7 @@ class _PlaceholderMeta(abc.ABCMeta):
     """Placeholder classes: any class attribute, subscript or bare decoration is accepted."""
 
     def __getattr__(cls, name: str):
-        if _is_dunder(name):
+        if is_dunder(name):
             raise AttributeError(name)
         value = placeholder_class(f"{cls.__qualname__}.{name}", cls.__module__)
         setattr(cls, name, value)
@@ -63,7 +63,7 @@ class Placeholder(metaclass=_PlaceholderMeta):
         pass
 
     def __getattr__(self, name: str):
-        if _is_dunder(name):
+        if is_dunder(name):
             raise AttributeError(name)
         return Placeholder()
 
@@ -100,7 +100,7 @@ def placeholder_class(qualname: str, module: str) -> type:
 
 
 def _missing_attribute(module: types.ModuleType, name: str):
-    if _is_dunder(name):
+    if is_dunder(name):
         raise AttributeError(name)
     value = placeholder_class(name, module.__name__)
     setattr(module, name, value)
