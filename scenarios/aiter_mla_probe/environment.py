@@ -10,7 +10,8 @@ from scenarios.aiter_mla_probe.contract import ProbeConfig, metadata_info
 from scenarios.aiter_mla_probe.loader import Placeholder, StandIn, is_dunder
 
 MODEL_DTYPE = torch.bfloat16
-KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM, V_HEAD_DIM = 512, 64, 128, 128
+Q_LORA_RANK, KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM, V_HEAD_DIM = 1536, 512, 64, 128, 128
+HEAD_SIZE = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # the MLA latent cache: one 576-wide head per token
 MAX_MODEL_LEN = 4096
 LAYER_NAME = "model.layers.0.self_attn.attn"
 
@@ -117,14 +118,15 @@ def vllm_config(config: ProbeConfig) -> Section:
     """The configuration the builder is constructed with: one rank's view of a DeepSeek-style MLA model."""
     heads = config.heads
     # A Hugging Face config answers only what it has: vLLM detects model families with hasattr.
-    hf_text_config = types.SimpleNamespace(kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=QK_ROPE_HEAD_DIM,
-                             qk_nope_head_dim=QK_NOPE_HEAD_DIM, v_head_dim=V_HEAD_DIM, q_lora_rank=1536,
-                             num_attention_heads=heads, model_type="deepseek_v3")
+    hf_text_config = types.SimpleNamespace(
+        q_lora_rank=Q_LORA_RANK, kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=QK_ROPE_HEAD_DIM,
+        qk_nope_head_dim=QK_NOPE_HEAD_DIM, v_head_dim=V_HEAD_DIM, num_attention_heads=heads,
+        model_type="deepseek_v3")
     model_config = Section(dtype=MODEL_DTYPE, max_model_len=MAX_MODEL_LEN, hf_text_config=hf_text_config,
                            hf_config=hf_text_config, use_mla=True, is_deepseek_mla=True,
                            get_num_attention_heads=lambda parallel_config=None: heads,
-                           get_head_size=lambda: KV_LORA_RANK + QK_ROPE_HEAD_DIM)
-    layer = Section(num_heads=heads, head_size=KV_LORA_RANK + QK_ROPE_HEAD_DIM, q_lora_rank=1536,
+                           get_head_size=lambda: HEAD_SIZE)
+    layer = Section(num_heads=heads, head_size=HEAD_SIZE, q_lora_rank=Q_LORA_RANK,
                     kv_lora_rank=KV_LORA_RANK, qk_nope_head_dim=QK_NOPE_HEAD_DIM,
                     qk_rope_head_dim=QK_ROPE_HEAD_DIM, v_head_dim=V_HEAD_DIM,
                     qk_head_dim=QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM, kv_cache_dtype=config.kv_cache_dtype)
@@ -147,11 +149,10 @@ def vllm_config(config: ProbeConfig) -> Section:
 
 
 def kv_cache_spec(config: ProbeConfig) -> Section:
-    """The MLA layer's KV cache spec: one 576-wide latent head per token, block size 1."""
-    head_size = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+    """The MLA layer's KV cache spec: one latent head per token, block size 1 (AITER's page size)."""
     dtype = torch.uint8 if config.kv_is_fp8 else MODEL_DTYPE
-    return Section(block_size=1, num_kv_heads=1, head_size=head_size, dtype=dtype,
-                   cache_dtype_str=config.kv_cache_dtype, page_size_bytes=head_size * dtype.itemsize)
+    return Section(block_size=1, num_kv_heads=1, head_size=HEAD_SIZE, dtype=dtype,
+                   cache_dtype_str=config.kv_cache_dtype, page_size_bytes=HEAD_SIZE * dtype.itemsize)
 
 
 def config_stand_in(config: Section) -> StandIn:
