@@ -1,6 +1,7 @@
 """aiter-mla-probe on small demo trees: tile rule, options, loader, verdicts and the demo repo."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import types
@@ -15,7 +16,7 @@ from scenarios.aiter_mla_probe.demo import make_demo_repo, write_tree
 from scenarios.aiter_mla_probe.loader import Placeholder, make_permissive
 from scenarios.base import ScenarioError, StepContext, Verdict
 
-needs_torch = pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import torch"]).returncode != 0,
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")
 
 

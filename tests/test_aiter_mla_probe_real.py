@@ -5,9 +5,9 @@ pip's own session); their `vllm/**.py` files are extracted once beside them, in 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -17,7 +17,7 @@ import pytest
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.base import StepContext, Verdict
 
-pytestmark = pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import torch"]).returncode != 0,
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="torch not installed; pip install 'bisector[probe]'")
 
 CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", Path.home() / ".cache" / "vllm-sdists"))

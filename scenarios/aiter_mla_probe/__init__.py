@@ -36,14 +36,14 @@ class AiterMLAProbe(Scenario):
         argv = [python, "-m", "scenarios.aiter_mla_probe.child", str(Path(ctx.checkout).resolve()),
                 json.dumps(self.config.as_dict())]
         inherited = ctx.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
-        env = {**ctx.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), inherited])),
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**ctx.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), inherited]))}
+        timeout = ctx.timeout or DEFAULT_TIMEOUT
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout or DEFAULT_TIMEOUT, env)
+            result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log)
         if result.timed_out:
-            return Outcome(Verdict.SKIP, f"probe timed out after {ctx.timeout or DEFAULT_TIMEOUT:g}s", log)
+            return Outcome(Verdict.SKIP, f"probe timed out after {timeout:g}s", log)
         reported = [line for line in result.output.splitlines() if line.startswith(RESULT_PREFIX)]
         if not reported:
             last = result.output.strip().splitlines()[-1:] or ["no output"]

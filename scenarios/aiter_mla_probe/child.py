@@ -143,7 +143,6 @@ def _result(verdict: str, reason: str, details: dict | None = None) -> dict:
 def main(argv: list[str]) -> int:
     checkout, config_json = argv
     start = time.monotonic()
-    sys.dont_write_bytecode = True
     result = probe(Path(checkout).resolve(), ProbeConfig(**json.loads(config_json)))
     result["details"]["child_seconds"] = round(time.monotonic() - start, 3)
     print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
