@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -230,6 +231,41 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
             path.write_text(render(result))
     click.echo(report.backport_text(result))
     sys.exit(0 if result["ok"] else 1)
+
+
+@main.command()
+@click.option("--dir", "directory", type=click.Path(path_type=Path),
+              help="Where to create the demo repository (default: a new temp dir, kept).")
+@click.option("--commits", type=click.IntRange(min=3), default=40, show_default=True)
+@click.option("--culprit", type=click.IntRange(min=1), default=25, show_default=True,
+              help="Index of the commit that introduces the q_dtype bug.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Python environment the probe runs in (needs torch).")
+def demo(directory, commits, culprit, python):
+    """Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."""
+    from scenarios.aiter_mla_probe.demo import make_demo_repo
+
+    if culprit >= commits:
+        fail(f"--culprit must be below --commits ({commits})")
+    directory = directory or Path(tempfile.mkdtemp(prefix="bisector-demo-")) / "vllm-demo"
+    if directory.exists():
+        fail(f"{directory} already exists; pick a new --dir")
+    good, bad, planted = make_demo_repo(directory, commits, culprit)
+    console.print(f"demo repository: {directory} ({commits} commits, q_dtype bug planted at "
+                  f"{planted[:12]})")
+    console.print(f"running: bisector run --repo {directory} --good {good[:12]} --bad {bad[:12]} "
+                  f"--scenario aiter-mla-probe")
+    cfg = RunConfig(repo=directory, good=good, bad=bad, scenario=create("aiter-mla-probe"),
+                    python=python)
+    try:
+        result = run_bisection(cfg, ProgressHandler())
+    except EndpointError as exc:
+        fail(str(exc), EXIT_ENDPOINT)
+    click.echo(report.bisect_text(result))
+    found = result["culprit"] and result["culprit"]["sha"] == planted
+    click.echo("demo: the probe named the planted commit" if found else
+               "demo: the probe did NOT name the planted commit")
+    sys.exit(EXIT_FOUND if found else EXIT_INCONCLUSIVE)
 
 
 @main.group()

@@ -54,7 +54,8 @@ def bisect_text(result: dict) -> str:
                  f"rounds: {result['rounds']}")
     for step in result["steps"]:
         cached = " (cached)" if step["cached"] else ""
-        build = f"  [build {step['build']}]" if step.get("build") else ""
+        shown = step.get("build") and not step["build"].startswith("none")
+        build = f"  [build {step['build']}]" if shown else ""
         lines.append(f"  {step['sha'][:12]} {step['role']:<8} {step['verdict']:<4} "
                      f"{step['seconds']:7.2f}s{cached}  {step['reason']}{build}")
     return "\n".join(lines)

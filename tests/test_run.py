@@ -336,3 +336,11 @@ def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path):
     assert longer.returncode == 0, longer.stderr
     third = json.loads((tmp_path / "c.json").read_text())
     assert third["executions"] == 1 and third["first_bad"]["sha"] == shas[2]
+
+
+def test_demo_bisects_the_planted_q_dtype_bug_with_the_probe(tmp_path):
+    pytest.importorskip("torch")
+    proc = bisector("demo", "--dir", str(tmp_path / "demo"), "--commits", "12", "--culprit", "7")
+    assert proc.returncode == 0, proc.stderr
+    assert "demo: the probe named the planted commit" in proc.stdout
+    assert "q dtype mismatch changes AITER tiling" in proc.stdout
