@@ -15,6 +15,8 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from bisector.build import NoBuild
+
 GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 
@@ -124,8 +126,10 @@ class RayExecutor:
     """
 
     def __init__(self, source: str, jobs: int, gpus_per_run: int, address: str | None = None,
-                 cache_dir: str | None = None, retries: int = 3, gpus_optional: bool = False):
+                 cache_dir: str | None = None, retries: int = 3, gpus_optional: bool = False,
+                 build: object = None):
         self.source, self.size, self.gpus_per_run = source, jobs, gpus_per_run
+        self.build = build  # build settings (e.g. build.BuildSettings), opened on each node; default none
         self.gpus_optional = gpus_optional  # a cluster without GPUs runs the steps on CPUs
         self.address, self.retries = address, retries
         self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()
@@ -153,7 +157,8 @@ class RayExecutor:
 
     def run_step(self, judge, sha: str, done: list) -> Future:
         ray = self._start()
-        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge.tester)
+        tester = dataclasses.replace(judge.tester, builder=self.build or NoBuild())
+        ref = self.task.remote(self.source, self.cache_dir, sha, done, tester)
         future: Future = Future()
         self.refs[future] = ref
         ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, judge.logs))
@@ -230,17 +235,24 @@ def node_cache_dir() -> Path:
 
 
 def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, tester) -> list:
-    """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs."""
+    """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs.
+
+    The node's clone and build artifacts live under its cache dir; tester.builder holds build
+    settings, opened here against that clone.
+    """
     import ray
 
     from bisector.gitrepo import GitError, WorktreePool, node_clone
     gpus = ray.get_gpu_ids()
     env = gpu_env(gpus) if gpus else {}
     with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
+        cache = Path(cache_dir) if cache_dir else node_cache_dir()
         try:
-            repo = node_clone(source, Path(cache_dir) if cache_dir else node_cache_dir(), sha)
-        except GitError as exc:
+            repo = node_clone(source, cache, sha)
+            builder = tester.builder.open(repo, cache / f"{repo.root.name}-state")
+        except (GitError, ValueError) as exc:
             raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
+        tester = dataclasses.replace(tester, builder=builder)
         with WorktreePool(repo, Path(tmp)) as pool, pool.checkout(sha) as worktree:
             # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
             fresh = tester.test(worktree, sha, done, Path(tmp) / "logs", env, threading.Event())
@@ -253,8 +265,8 @@ def _read(path: str | None) -> str | None:
     return None
 
 
-def plan(kind: str, jobs: int, gpus: str | None, gpus_per_run: int | None, scenario_gpus: int,
-         source: str, ray_address: str | None, remote: str | None):
+def placement(kind: str, jobs: int, gpus: str | None, gpus_per_run: int | None, scenario_gpus: int,
+              source: str, ray_address: str | None, remote: str | None, build: object = None):
     """(local slots, None) or (None, RayExecutor) for the run options; ValueError on bad ones."""
     if kind == "local":
         if ray_address or remote:
@@ -268,4 +280,5 @@ def plan(kind: str, jobs: int, gpus: str | None, gpus_per_run: int | None, scena
     if importlib.util.find_spec("ray") is None:
         raise ValueError("--executor ray needs Ray: pip install 'bisector[ray]'")
     per_run = scenario_gpus if gpus_per_run is None else gpus_per_run
-    return None, RayExecutor(remote or source, jobs, per_run, ray_address, gpus_optional=gpus_per_run is None)
+    return None, RayExecutor(remote or source, jobs, per_run, ray_address, gpus_optional=gpus_per_run is None,
+                             build=build)

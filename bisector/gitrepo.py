@@ -5,9 +5,12 @@ GitPython with argument lists only: no ref, branch or message ever passes throug
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import hashlib
+import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 import threading
@@ -16,6 +19,13 @@ from typing import Sequence
 import git
 
 PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? ")
+PORCELAIN_HEADER = re.compile(r"^([0-9a-f]{40}) \d+ \d+")
+CHERRY_PICKED_FROM = re.compile(r"\(cherry picked from commit ([0-9a-f]{7,40})\)")
+NULL_SHA = "0" * 40
+# Settings a cherry-pick in a tool-owned worktree runs with: no replayed resolutions, no signing
+# prompt, no user hooks -- the pick is the same on every machine.
+PICK_CONFIG = {"rerere.enabled": "false", "commit.gpgsign": "false", "core.hooksPath": os.devnull}
 
 
 class GitError(Exception):
@@ -34,6 +44,22 @@ class CommitInfo:
     def as_dict(self) -> dict:
         return {"sha": self.sha, "subject": self.subject, "author": self.author, "date": self.date,
                 "pr": self.pr, "files": list(self.files)}
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk of a commit's diff: its header and its body lines with their ' ', '-', '+' prefixes."""
+
+    path: str
+    header: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PickResult:
+    status: str  # clean | conflict | empty
+    sha: str | None  # the picked commit when clean
+    conflicts: tuple[dict, ...] = ()  # {"file", "kind", "hunks"} per conflicted path
 
 
 class GitRepo:
@@ -119,6 +145,273 @@ class GitRepo:
             meta, _, name = line.partition("\t")
             ids[name] = meta.split()[2]
         return ids
+
+    # -- backport: branches, equivalence, cherry-pick --------------------------------------------
+    def branches(self, pattern: str) -> list[tuple[str, str]]:
+        """(name, tip sha) of local and remote-tracking branches whose short name matches the glob.
+
+        Local branches are named as themselves (releases/v0.19), remote-tracking ones with their
+        remote (origin/releases/v0.19); symbolic refs such as origin/HEAD are left out.
+        """
+        out = self.git.for_each_ref("--format=%(refname)%00%(objectname)%00%(symref)",
+                                    "refs/heads", "refs/remotes")
+        found = []
+        for line in out.splitlines():
+            ref, sha, symref = line.split("\0")
+            if symref:
+                continue
+            name = ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
+            if fnmatch.fnmatchcase(name, pattern):
+                found.append((name, sha))
+        return found
+
+    def parents(self, sha: str) -> list[str]:
+        return self.git.rev_list("--parents", "-n", "1", sha).split()[1:]
+
+    def merge_base(self, a: str, b: str) -> str | None:
+        try:
+            return self.git.merge_base(a, b)
+        except git.GitCommandError as exc:
+            if exc.status == 1:
+                return None
+            raise
+
+    def _patch_ids(self, *log_args: str) -> dict[str, str]:
+        """sha -> `git patch-id --stable` of the commits `git log` lists for log_args."""
+        with tempfile.TemporaryFile() as diff:
+            self.git.log("-p", "--no-color", "--no-ext-diff", "--no-renames", "--full-diff",
+                         "--no-merges", "--format=commit %H", *log_args, output_stream=diff)
+            diff.seek(0)
+            out = self.git.patch_id("--stable", istream=diff)
+        return {sha: pid for pid, sha in (line.split() for line in out.splitlines())}
+
+    def patch_id(self, sha: str) -> str | None:
+        """`git patch-id --stable` of one commit; None for a commit without a patch (empty, merge)."""
+        return self._patch_ids("--no-walk", sha).get(sha)
+
+    def picked_from(self, sha: str) -> list[str]:
+        """Commits that sha's message names in `(cherry picked from commit ...)` trailers."""
+        return CHERRY_PICKED_FROM.findall(self.git.log("-1", "--format=%B", sha))
+
+    def find_equivalent(self, fix: str, tip: str) -> tuple[str, str] | None:
+        """A commit on tip since its merge-base with fix that carries fix under another sha.
+
+        Returns (sha, how): how is "cherry-picked" when its message has a `(cherry picked from
+        commit X)` trailer naming fix (or the commit fix itself was picked from), "patch-id" when
+        its `git patch-id --stable` equals fix's. None when tip has no such commit.
+        """
+        base = self.merge_base(fix, tip)
+        since = [tip] + ([f"^{base}"] if base else [])
+        names = [fix, *self.picked_from(fix)]
+        out = self.git.log("--format=%H%x00%B%x1e", "--fixed-strings",
+                           "--grep=(cherry picked from commit ", *since)
+        for record in out.split("\x1e"):
+            sha, _, body = record.strip().partition("\0")
+            if any(name.startswith(quoted) for quoted in CHERRY_PICKED_FROM.findall(body)
+                   for name in names):
+                return sha, "cherry-picked"
+        wanted = self.patch_id(fix)
+        files = self.commit_info(fix).files
+        if wanted is None or not files:
+            return None
+        for sha, pid in self._patch_ids(*since, "--", *files).items():
+            if pid == wanted:
+                return sha, "patch-id"
+        return None
+
+    def diff_hunks(self, sha: str) -> list[Hunk]:
+        """The hunks of sha's change against its first parent (whole files for a root commit)."""
+        out = self.git.diff_tree("-p", "--no-color", "--no-ext-diff", "--no-renames", "--root",
+                                 "--no-commit-id", "-U3", sha)
+        hunks: list[Hunk] = []
+        path, header, body = None, None, []
+        for line in out.splitlines():
+            if line.startswith("diff --git "):
+                path = None
+            elif line.startswith("--- "):
+                path = line[6:] if line != "--- /dev/null" else None
+            elif line.startswith("+++ ") and path is None:
+                path = line[6:] if line != "+++ /dev/null" else None
+            elif line.startswith("@@"):
+                if header is not None:
+                    hunks.append(Hunk(hunk_path, header, tuple(body)))
+                header, body, hunk_path = line, [], path
+            elif header is not None and line[:1] in (" ", "-", "+"):
+                body.append(line)
+        if header is not None:
+            hunks.append(Hunk(hunk_path, header, tuple(body)))
+        return hunks
+
+    def file_text(self, sha: str, path: str) -> str | None:
+        """Content of path at sha, or None when the file is not there."""
+        try:
+            return self.git.cat_file("blob", f"{sha}:{path}", strip_newline_in_stdout=False)
+        except git.GitCommandError:
+            return None
+
+    def _pick_env(self, tip: str, fix: str) -> dict[str, str]:
+        """Environment for a reproducible pick: the later committer date of tip and fix, an identity
+        when the user has none, and PICK_CONFIG."""
+        stamps = [self.git.log("-1", "--format=%ct %cd", "--date=raw", sha).split(" ", 1)
+                  for sha in (tip, fix)]
+        env = {"GIT_COMMITTER_DATE": max(stamps, key=lambda s: int(s[0]))[1],
+               "GIT_CONFIG_COUNT": str(len(PICK_CONFIG))}
+        for i, (key, value) in enumerate(PICK_CONFIG.items()):
+            env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+        for key, variable, default in (("user.name", "GIT_COMMITTER_NAME", "bisector"),
+                                       ("user.email", "GIT_COMMITTER_EMAIL", "bisector@localhost")):
+            if not os.environ.get(variable) and not self._config(key):
+                env[variable] = default
+        return env
+
+    def _config(self, key: str) -> str | None:
+        try:
+            return self.git.config("--get", key)
+        except git.GitCommandError:
+            return None
+
+    def cherry_pick(self, worktree: Path, fix: str) -> PickResult:
+        """`git cherry-pick -x fix` onto the detached HEAD of a tool-owned worktree.
+
+        A conflicted or empty pick is aborted before returning, so the worktree is back at its tip.
+        The pick's committer date is fixed (see _pick_env): the same tip and fix give the same sha.
+        """
+        wt = git.Git(str(worktree))
+        tip = wt.rev_parse("HEAD")
+        try:
+            wt.cherry_pick("-x", fix, env=self._pick_env(tip, fix))
+            return PickResult("clean", wt.rev_parse("HEAD"))
+        except git.GitCommandError as exc:
+            conflicts = self._conflicts(wt, fix)
+            if conflicts:
+                return PickResult("conflict", None, tuple(conflicts))
+            if not wt.diff("--cached", "--name-only", "HEAD"):
+                return PickResult("empty", None)
+            raise GitError(f"cherry-pick of {fix[:12]} onto {tip[:12]} failed: "
+                           f"{exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else exc}") \
+                from None
+        finally:
+            try:
+                wt.rev_parse("--verify", "--quiet", "CHERRY_PICK_HEAD")
+                wt.cherry_pick("--abort")
+            except git.GitCommandError:
+                pass  # no pick in progress
+            if wt.rev_parse("HEAD") == tip:
+                wt.reset("--hard", "--quiet", tip)
+
+    def _conflicts(self, wt: git.Git, fix: str) -> list[dict]:
+        """Conflicted paths of an unfinished pick with what conflicts in each: the combined diff's
+        hunk headers, or the fix's own hunks for a file one side deleted."""
+        stages: dict[str, set[str]] = {}
+        for line in wt.ls_files("-u", "-z").split("\0"):
+            if line:
+                meta, _, path = line.partition("\t")
+                stages.setdefault(path, set()).add(meta.split()[2])
+        fix_hunks = None
+        conflicts = []
+        for path, present in sorted(stages.items()):
+            kind = {frozenset("123"): "both modified", frozenset("13"): "deleted in branch",
+                    frozenset("12"): "deleted by fix", frozenset("23"): "added in both"
+                    }.get(frozenset(present), "conflict")
+            if kind == "both modified" or kind == "added in both":
+                hunks = [line for line in wt.diff("--no-color", "--no-ext-diff", "--", path).splitlines()
+                         if line.startswith("@@@")]
+            else:
+                fix_hunks = fix_hunks if fix_hunks is not None else self.diff_hunks(fix)
+                hunks = [h.header for h in fix_hunks if h.path == path]
+            conflicts.append({"file": path, "kind": kind, "hunks": hunks})
+        return conflicts
+
+    def create_branch(self, name: str, sha: str) -> bool:
+        """Create refs/heads/name at sha; False (and nothing changed) when it already exists."""
+        try:
+            self.git.check_ref_format("--branch", name)
+        except git.GitCommandError:
+            raise GitError(f"invalid branch name: {name}") from None
+        try:
+            self.git.update_ref("-m", "bisector backport", f"refs/heads/{name}", sha, NULL_SHA)
+            return True
+        except git.GitCommandError:
+            return False
+
+
+@dataclass(frozen=True)
+class BlamedCommit:
+    """A commit that wrote lines a fix changes (changed) or sits beside (context)."""
+
+    sha: str
+    changed: int
+    context: int
+
+    @property
+    def score(self) -> int:
+        """Changed lines count twice: they are what the fix had to correct."""
+        return 2 * self.changed + self.context
+
+    def as_dict(self) -> dict:
+        return {"sha": self.sha, "changed_lines": self.changed, "context_lines": self.context}
+
+
+def blame_fix(repo: GitRepo, fix: str, context: int = 3) -> list[BlamedCommit]:
+    """SZZ: blame, in the fix's first parent, the lines the fix changes and `context` lines around.
+
+    Whitespace-only changes and moved or copied lines are looked through (-w -M -C); blank lines are
+    not counted. Best-scored first.
+    """
+    commit = repo.repo.commit(fix)
+    if not commit.parents:
+        raise GitError(f"fix {fix[:12]} has no parent to blame")
+    parent = commit.parents[0].hexsha
+    diff = repo.git.diff("-U0", "-w", "--no-renames", "--no-color", "--no-ext-diff", parent, fix)
+    counts: dict[str, list[int]] = {}
+    for path, hunks in _old_hunks(diff).items():
+        length = len(repo.git.show(f"{parent}:{path}").splitlines())
+        changed, spans = set(), []
+        for start, count in hunks:
+            changed.update(range(start, start + count))
+            low, high = (start - context, start + count - 1 + context) if count else \
+                (start - context + 1, start + context)
+            low, high = max(1, low), min(length, high)
+            if low <= high:
+                spans += ["-L", f"{low},{high}"]
+        if not spans:
+            continue
+        out = repo.git.blame("--porcelain", "-w", "-M", "-C", *spans, parent, "--", path)
+        sha, line_no = None, 0
+        for line in out.splitlines():
+            header = PORCELAIN_HEADER.match(line)
+            if header:
+                sha, line_no = header.group(1), int(line.split()[2])
+            elif line.startswith("\t") and sha and line[1:].strip():
+                tally = counts.setdefault(sha, [0, 0])
+                tally[0 if line_no in changed else 1] += 1
+    blamed = [BlamedCommit(sha, changed_lines, context_lines)
+              for sha, (changed_lines, context_lines) in counts.items()]
+    return sorted(blamed, key=lambda b: (-b.score, b.sha))
+
+
+def _old_hunks(diff: str) -> dict[str, list[tuple[int, int]]]:
+    """Per pre-existing file, the (start, count) old-side hunks of a -U0 diff (count 0: insertion after start)."""
+    hunks: dict[str, list[tuple[int, int]]] = {}
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            path = line[6:].rstrip("\t") if line.startswith("--- a/") else None
+        elif path and (match := HUNK.match(line)):
+            count = 1 if match.group(2) is None else int(match.group(2))
+            hunks.setdefault(path, []).append((int(match.group(1)), count))
+    return hunks
+
+
+def untracked_files(worktree: Path, pattern: str) -> list[str]:
+    """Untracked files (ignored ones included) matching pattern, relative to the worktree."""
+    out = git.Git(str(worktree)).ls_files("--others", "--", pattern)
+    return [line for line in out.splitlines() if line]
+
+
+def clean_ignored(worktree: Path) -> None:
+    """Delete the ignored files (build dirs, extension modules) from a worktree."""
+    git.Git(str(worktree)).clean("-ffdqX")
 
 
 class WorktreePool:

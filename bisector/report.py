@@ -1,7 +1,34 @@
-"""Reports rendered from stored result records: text, JSON, Markdown."""
+"""Reports rendered from stored result records: text, JSON, Markdown, JUnit, HTML."""
 from __future__ import annotations
 
+import html
 import json
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Mapping
+
+from bisector.backport import VERDICTS
+
+FORMATS = ("text", "json", "markdown", "junit", "html")
+LOG_TAIL_CHARS = 6000
+
+
+class ReportError(Exception):
+    """The run cannot be rendered as asked (no result yet, no renderer for its kind)."""
+
+
+def render(run: Mapping, fmt: str) -> str:
+    """The single entry point: a stored run row (store.runs) rendered as fmt, by the run's kind."""
+    if fmt not in FORMATS:
+        raise ReportError(f"unknown report format {fmt!r} (known: {', '.join(FORMATS)})")
+    if run["result"] is None:
+        raise ReportError(f"run {run['id']} is {run['status']}: it has no result to report")
+    renderer = globals().get(f"{run['kind']}_{fmt}")
+    if renderer is None:
+        raise ReportError(f"no {fmt} report for {run['kind']} runs in this version")
+    return renderer(json.loads(run["result"]))
+
 
 
 def _culprit_label(result: dict) -> str:
@@ -27,8 +54,10 @@ def bisect_text(result: dict) -> str:
                  f"rounds: {result['rounds']}")
     for step in result["steps"]:
         cached = " (cached)" if step["cached"] else ""
+        shown = step.get("build") and not step["build"].startswith("none")
+        build = f"  [build {step['build']}]" if shown else ""
         lines.append(f"  {step['sha'][:12]} {step['role']:<8} {step['verdict']:<4} "
-                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}")
+                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}{build}")
     return "\n".join(lines)
 
 
@@ -57,3 +86,296 @@ def bisect_markdown(result: dict) -> str:
 
 def bisect_json(result: dict) -> str:
     return json.dumps(result, indent=2) + "\n"
+
+
+def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
+    """The last `limit` characters of a step's log, read now; a note when there is none."""
+    if not path:
+        return "(no log recorded)"
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - limit))
+            text = fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(log unavailable: {path}: {exc.strerror})"
+    return ("…" + text) if size > limit else text
+
+
+def bisect_junit(result: dict) -> str:
+    """One testcase per step: bad is a failure, skip is skipped, with the log tail attached."""
+    steps = result["steps"]
+    suite = ET.Element("testsuite", name=f"bisector run {result.get('run_id', '')}".strip(),
+                       tests=str(len(steps)),
+                       failures=str(sum(s["verdict"] == "bad" for s in steps)),
+                       skipped=str(sum(s["verdict"] == "skip" for s in steps)), errors="0",
+                       time=f"{sum(s['seconds'] for s in steps):.3f}")
+    props = ET.SubElement(suite, "properties")
+    culprit = result.get("culprit")
+    for name, value in (("scenario", result["scenario"]), ("mode", result.get("mode", "regression")),
+                        ("good", result["good"]), ("bad", result["bad"]),
+                        (_culprit_label(result).replace(" ", "_"), culprit["sha"] if culprit else ""),
+                        ("candidates", " ".join(result["candidates"]))):
+        ET.SubElement(props, "property", name=name, value=value)
+    classname = "bisector." + result["scenario"].split("/")[0]
+    for n, step in enumerate(steps, 1):
+        case = ET.SubElement(suite, "testcase", classname=classname,
+                             name=f"step {n}: {step['sha'][:12]} ({step['role']})",
+                             time=f"{step['seconds']:.3f}")
+        tail = log_tail(step["log"])
+        if step["verdict"] == "bad":
+            ET.SubElement(case, "failure", message=step["reason"], type="bad").text = tail
+            continue
+        if step["verdict"] == "skip":
+            ET.SubElement(case, "skipped", message=step["reason"])
+        ET.SubElement(case, "system-out").text = tail
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# -- HTML: one self-contained file, inline CSS and JS, no external assets --------------------------
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
+h1{font-size:20px;margin:0 0 4px}code,pre{font:12px/1.4 ui-monospace,monospace}
+.meta{color:#555;margin-bottom:16px}.card{background:#fff;border:1px solid #dde1e6;border-radius:6px;
+padding:12px 16px;margin:12px 0}.culprit{border-left:6px solid #c62828}
+.timeline{display:flex;gap:2px;overflow-x:auto;padding:22px 4px 6px;align-items:flex-end}
+.c{flex:1 0 10px;max-width:38px;height:34px;border-radius:3px;background:#d5d9de;border:0;padding:0;
+position:relative}.c.tested{cursor:pointer;height:46px}.c.good{background:#2e7d32}.c.bad{background:#c62828}
+.c.skip{background:#f9a825}.c.candidate{outline:2px dashed #6a1b9a;outline-offset:1px}
+.c.culprit{outline:3px solid #111;outline-offset:2px}
+.c.culprit::after{content:"▼";position:absolute;top:-17px;left:50%;transform:translateX(-50%);font-size:11px}
+.c.sel{box-shadow:0 0 0 3px #1565c0}.axis{display:flex;justify-content:space-between;color:#666;font-size:12px}
+.legend span{display:inline-block;margin-right:14px}.legend i{display:inline-block;width:12px;height:12px;
+border-radius:2px;margin-right:4px;vertical-align:-1px}
+table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #e4e7eb;padding:5px 8px;
+text-align:left;vertical-align:top}tr.pick{cursor:pointer}tr.pick:hover{background:#f0f4f8}
+.v{font-weight:600;border-radius:3px;padding:1px 6px;color:#fff;white-space:nowrap}.v.good{background:#2e7d32}
+.v.bad{background:#c62828}.v.skip{background:#f9a825;color:#222}.v.other{background:#607d8b}
+pre.log{background:#14171c;color:#e6e6e6;padding:10px;border-radius:4px;max-height:420px;overflow:auto;
+white-space:pre-wrap}
+"""
+_JS = """
+function show(id){document.querySelectorAll('.detail').forEach(d=>d.hidden=d.id!==id);
+document.querySelectorAll('[data-target]').forEach(e=>e.classList.toggle('sel',e.dataset.target===id));}
+document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click',()=>show(e.dataset.target)));
+"""
+_TONES = {"good": "good", "fixed": "good", "contained": "good", "already-contained": "good",
+          "clean": "good", "pass": "good", "ok": "good", "not-affected": "good",
+          "bad": "bad", "broken": "bad", "still-bad": "bad", "not-fixed": "bad", "fail": "bad",
+          "regressed": "bad", "skip": "skip", "conflict": "skip", "conflicts": "skip"}
+
+
+def _tone(verdict: object) -> str:
+    return _TONES.get(str(verdict).lower(), "other")
+
+
+def _badge(verdict: object) -> str:
+    if verdict is None:
+        return "—"
+    return f'<span class="v {_tone(verdict)}">{html.escape(str(verdict))}</span>'
+
+
+def _short(value: object) -> str:
+    """A 40-hex sha shortened to 12; anything else as text (None as empty)."""
+    text = "" if value is None else str(value)
+    return text[:12] if len(text) == 40 and all(c in "0123456789abcdef" for c in text) else text
+
+
+def _page(title: str, body: str) -> str:
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
+            f"<body>\n{body}\n<script>{_JS}</script>\n</body></html>\n")
+
+
+def bisect_html(result: dict) -> str:
+    """The range as a timeline coloured by verdict; click a tested commit for its steps and log tail."""
+    e = html.escape
+    steps = result["steps"]
+    by_sha: dict[str, list[dict]] = {}
+    for step in steps:
+        by_sha.setdefault(step["sha"], []).append(step)
+    order = result.get("range") or list(dict.fromkeys([result["good"], *result["candidates"], *by_sha,
+                                                       result["bad"]]))
+    culprit = result.get("culprit")
+    culprit_sha = culprit["sha"] if culprit else None
+    candidates = set(result["candidates"]) if not culprit else set()
+    cells = []
+    for sha in order:
+        classes = ["c"]
+        title = sha[:12]
+        if sha in by_sha:
+            verdict = by_sha[sha][-1]["verdict"]
+            classes += ["tested", verdict]
+            title += f" {verdict}: {by_sha[sha][-1]['reason']}"
+        if sha == culprit_sha:
+            classes.append("culprit")
+            title += f" — {_culprit_label(result)}"
+        if sha in candidates:
+            classes.append("candidate")
+        target = f' data-target="d-{sha}"' if sha in by_sha else ""
+        cells.append(f'<button class="{" ".join(classes)}" title="{e(title)}"{target}></button>')
+    if culprit:
+        pr = f" · PR #{culprit['pr']}" if culprit.get("pr") else ""
+        files = ", ".join(f"<code>{e(f)}</code>" for f in culprit["files"][:30])
+        more = f" (+{len(culprit['files']) - 30} more)" if len(culprit["files"]) > 30 else ""
+        headline = (f'<div class="card culprit"><b>{e(_culprit_label(result).capitalize())}:</b> '
+                    f'<code>{e(culprit["sha"])}</code><br>{e(culprit["subject"])}<br>'
+                    f'<span class="meta">{e(culprit["author"])} · {e(culprit["date"])}{pr}</span>'
+                    f"<div>files: {files}{more}</div></div>")
+    else:
+        headline = (f'<div class="card"><b>Inconclusive:</b> skipped commits leave '
+                    f'{len(result["candidates"])} candidates (dashed outline): '
+                    + " ".join(f"<code>{e(s[:12])}</code>" for s in result["candidates"]) + "</div>")
+    rows, details = [], []
+    for n, step in enumerate(steps, 1):
+        rows.append(f'<tr class="pick" data-target="d-{step["sha"]}"><td>{n}</td>'
+                    f'<td><code>{step["sha"][:12]}</code></td><td>{e(step["role"])}</td>'
+                    f'<td>{_badge(step["verdict"])}</td><td>{step["seconds"]:.2f}</td>'
+                    f'<td>{"yes" if step["cached"] else ""}</td><td>{e(step["reason"])}</td></tr>')
+    for sha, runs in by_sha.items():
+        parts = [f'<div class="card detail" id="d-{sha}" hidden><b><code>{sha}</code></b>'
+                 + (" — " + e(_culprit_label(result)) if sha == culprit_sha else "")]
+        for step in runs:
+            parts.append(f'<p>{e(step["role"])} {_badge(step["verdict"])} {e(step["reason"])} · '
+                         f'{step["seconds"]:.2f}s · build {e(str(step["build"]))}'
+                         f'{" · cached" if step["cached"] else ""}<br><code>{e(str(step["log"]))}</code></p>'
+                         f'<pre class="log">{e(log_tail(step["log"]))}</pre>')
+        details.append("".join(parts) + "</div>")
+    title = f"bisector run {result.get('run_id', '')}: {result['good'][:12]}..{result['bad'][:12]}"
+    body = (f"<h1>{e(title)}</h1>"
+            f'<div class="meta">{e(result.get("mode", "regression"))} · scenario <code>'
+            f'{e(result["scenario"])}</code> · {len(order)} commits · {len(steps)} steps · '
+            f'{result["executions"]} executions · {result["rounds"]} rounds</div>{headline}'
+            f'<div class="card"><div class="legend"><span><i style="background:#2e7d32"></i>good</span>'
+            f'<span><i style="background:#c62828"></i>bad</span><span><i style="background:#f9a825">'
+            f'</i>skip</span><span><i style="background:#d5d9de"></i>not tested</span>'
+            f'<span>▼ {e(_culprit_label(result))}</span><span>click a tested commit for its log</span></div>'
+            f'<div class="timeline">{"".join(cells)}</div><div class="axis"><span>'
+            f'<code>{e(order[0][:12])}</code> (oldest)</span><span>(newest) <code>{e(order[-1][:12])}'
+            f'</code></span></div></div>{"".join(details)}'
+            f'<div class="card"><table><tr><th>#</th><th>commit</th><th>role</th><th>verdict</th>'
+            f'<th>seconds</th><th>cached</th><th>reason</th></tr>{"".join(rows)}</table></div>')
+    return _page(title, body)
+
+
+def backport_html(result: dict) -> str:
+    """The branch matrix of a backport run; click a branch for its conflicts."""
+    e = html.escape
+    rows, details = [], []
+    for n, branch in enumerate(result["branches"]):
+        target = f"b-{n}"
+        conflicts = branch.get("conflicts") or []
+        rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(branch["branch"])}</b></td>'
+                    f'<td><code>{e(_short(branch.get("tip")))}</code></td>'
+                    f'<td><code>{e(_short(branch.get("pick")))}</code></td>'
+                    f'<td>{_badge(branch.get("before"))}</td><td>{_badge(branch.get("after"))}</td>'
+                    f'<td>{_badge(branch.get("verdict"))}</td>'
+                    f'<td>{ {True: "yes", False: "no"}.get(branch.get("equivalent"), "—")}</td>'
+                    f'<td>{len(conflicts)}</td></tr>')
+        listed = "".join(f"<li><code>{e(str(c))}</code></li>" for c in conflicts) or "<li>none</li>"
+        details.append(f'<div class="card detail" id="{target}" hidden><b>{e(branch["branch"])}</b> '
+                       f'at <code>{e(str(branch.get("tip") or ""))}</code><p>conflicts:</p>'
+                       f"<ul>{listed}</ul></div>")
+    fix = str(result["fix"])
+    title = f"bisector backport of {fix[:12]}"
+    body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(fix)}</code> · "
+            f"{len(result['branches'])} branches</div>"
+            f'<div class="card"><table><tr><th>branch</th><th>tip</th><th>pick</th><th>before</th>'
+            f'<th>after</th><th>verdict</th><th>equivalent</th><th>conflicts</th></tr>{"".join(rows)}'
+            f'</table></div>{"".join(details)}')
+    return _page(title, body)
+
+
+# -- backport ------------------------------------------------------------------------------------
+BACKPORT_COLUMNS = ("branch", "tip", "pick", "before", "after", "verdict", "detail")
+
+
+def _backport_rows(result: dict) -> list[tuple[str, ...]]:
+    rows = []
+    for entry in result["branches"]:
+        detail = entry["reason"]
+        if entry.get("backport_branch"):
+            detail += f"; {entry['backport_branch']['name']} {entry['backport_branch']['state']}"
+        rows.append((entry["branch"], entry["tip"][:12], entry["pick"], entry["before"] or "-",
+                     entry["after"] or "-", entry["verdict"], detail))
+    return rows
+
+
+def _backport_conflicts(entry: dict) -> list[str]:
+    return [f"{c['file']} ({c['kind']}): " + (", ".join(c["hunks"]) or "whole file")
+            for c in entry["conflicts"]]
+
+
+def _backport_summary(result: dict) -> str:
+    verdicts = [entry["verdict"] for entry in result["branches"]]
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
+
+
+def backport_text(result: dict) -> str:
+    rows = [BACKPORT_COLUMNS, *_backport_rows(result)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(BACKPORT_COLUMNS) - 1)]
+    lines = [f"fix {result['fix'][:12]} ({result['fix_ref']}): {result['fix_subject']}",
+             f"scenario: {result['scenario'] or 'none'}", ""]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    for entry in result["branches"]:
+        if entry["conflicts"]:
+            lines.append(f"conflicts on {entry['branch']}:")
+            lines.extend(f"  {line}" for line in _backport_conflicts(entry))
+    lines += ["", f"{len(result['branches'])} branches: {_backport_summary(result)}"]
+    return "\n".join(lines)
+
+
+def backport_markdown(result: dict) -> str:
+    out = ["## bisector backport", "",
+           f"Fix `{result['fix'][:12]}` ({result['fix_ref']}): {result['fix_subject']}", "",
+           f"Scenario: `{result['scenario'] or 'none'}`", "",
+           "| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
+    for row in _backport_rows(result):
+        cells = [f"`{row[0]}`", f"`{row[1]}`", *row[2:5], f"**{row[5]}**", row[6]]
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    for entry in result["branches"]:
+        if entry["conflicts"]:
+            out += ["", f"<details><summary>conflicts on <code>{entry['branch']}</code></summary>", ""]
+            out += [f"- `{line}`" for line in _backport_conflicts(entry)]
+            out += ["", "</details>"]
+    out += ["", f"{len(result['branches'])} branches: {_backport_summary(result)}"]
+    return "\n".join(out) + "\n"
+
+
+def backport_junit(result: dict) -> str:
+    """One test case per branch: failure for conflict and fix-ineffective, error for untestable."""
+    entries = result["branches"]
+    failures = sum(e["verdict"] in ("conflict", "fix-ineffective") for e in entries)
+    errors = sum(e["verdict"] == "untestable" for e in entries)
+    suite = ET.Element("testsuite", name=f"bisector backport {result['fix'][:12]}",
+                       tests=str(len(entries)), failures=str(failures), errors=str(errors))
+    for entry in entries:
+        case = ET.SubElement(suite, "testcase", classname=f"backport.{result['fix'][:12]}",
+                             name=entry["branch"])
+        body = "\n".join([entry["reason"], *_backport_conflicts(entry)])
+        if entry["verdict"] in ("conflict", "fix-ineffective"):
+            ET.SubElement(case, "failure", type=entry["verdict"], message=entry["reason"]).text = body
+        elif entry["verdict"] == "untestable":
+            ET.SubElement(case, "error", type="untestable", message=entry["reason"]).text = body
+        ET.SubElement(case, "system-out").text = f"verdict: {entry['verdict']}\ntip: {entry['tip']}"
+    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True) + "\n"
+
+
+def backport_json(result: dict) -> str:
+    return json.dumps(result, indent=2) + "\n"
+
+
+def plan_text(plan: dict) -> str:
+    """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
+    lines = [f"plan: {plan['commits']} commits in range, --build {plan['builder']}"]
+    for probe in plan["probes"]:
+        lines.append(f"  {probe['sha'][:12]}  {probe['role']:<28} {probe['build']:<13} {probe['reason']}")
+        for command in probe["commands"]:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command["env"].items())
+            lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command['argv'])}")
+    return "\n".join(lines)

@@ -166,3 +166,159 @@ class Bisection:
 
     def _shas_of(self, mask: int) -> list[str]:
         return [self.shas[i] for i in self._indices(mask)]
+
+
+class FlakyBisection:
+    """A posterior over the first new commit of a linear range when a fault shows only sometimes.
+
+    Model: on a commit at or after the change (regression hunt) a run faults with probability p,
+    before it a run never faults -- a fault never appears falsely. With `faults_mean_new=False` (fix
+    hunt) it is the other way round: commits before the change fault with probability p. p is
+    `fault_rate` when given, otherwise integrated over a uniform prior (estimated from the runs, and
+    conservative while runs are few). `shas` lists the range oldest first, ending with the new endpoint;
+    `old` is the old endpoint. Each probe is the commit whose next run is expected to tell the most
+    about the culprit (information gain); the search is done once one commit holds `confidence`.
+    """
+
+    RATE_PRIOR = (1.0, 3.0)  # Beta(a, b) prior on an unknown fault rate: mean 0.25, i.e. assume faults are rare
+
+    def __init__(self, shas: Sequence[str], old: str, faults_mean_new: bool = True,
+                 priors: Mapping[str, float] | None = None, fault_rate: float | None = None,
+                 confidence: float = 0.95, max_runs_per_commit: int = 20):
+        if not shas:
+            raise ValueError("empty range")
+        if fault_rate is not None and not 0 < fault_rate < 1:
+            raise ValueError("fault rate must be between 0 and 1")
+        self.positions = [old, *shas]  # hypothesis c (1..n): positions[c] is the first new commit
+        self.index = {sha: i for i, sha in enumerate(self.positions)}
+        self.faults_mean_new = faults_mean_new
+        self.fault_rate = fault_rate
+        self.confidence = confidence
+        self.max_runs = max_runs_per_commit
+        weights = [0.0] + [float((priors or {}).get(sha, 1.0)) for sha in shas]
+        self.log_prior = [math.log(w) if w > 0 else -math.inf for w in weights]
+        self.runs = [0] * len(self.positions)
+        self.faults = [0] * len(self.positions)
+        self.skipped: set[int] = set()
+
+    # -- evidence --------------------------------------------------------------------------------
+    def record(self, sha: str, faulted: bool) -> None:
+        """One run of sha: faulted or clean."""
+        i = self.index[sha]
+        self.runs[i] += 1
+        self.faults[i] += int(faulted)
+        if all(p == 0 for p in self.posterior_list()):
+            raise InconsistentVerdicts(f"a fault on {sha} contradicts every culprit in the range")
+
+    def skip(self, sha: str) -> None:
+        """sha cannot be judged (build failure, skip exit): never probe it again."""
+        self.skipped.add(self.index[sha])
+
+    def evidence(self) -> dict[str, dict[str, int]]:
+        return {sha: {"runs": self.runs[i], "faults": self.faults[i]}
+                for i, sha in enumerate(self.positions) if self.runs[i]}
+
+    # -- posterior -------------------------------------------------------------------------------
+    def _faulty_range(self, x: int) -> tuple[int, int]:
+        """Hypotheses [lo, hi) under which position x can fault."""
+        n = len(self.positions)
+        return (1, x + 1) if self.faults_mean_new else (x + 1, n)
+
+    def _tallies(self) -> list[tuple[int, int, int]]:
+        """Per hypothesis c: (faults, runs) on commits that may fault under c, faults on the others."""
+        n = len(self.positions)
+        before_k = [0] * (n + 1)
+        before_n = [0] * (n + 1)
+        for x in range(n):
+            before_k[x + 1] = before_k[x] + self.faults[x]
+            before_n[x + 1] = before_n[x] + self.runs[x]
+        tallies = [(0, 0, 0)]
+        for c in range(1, n):
+            k_before, n_before = before_k[c], before_n[c]
+            k_after, n_after = before_k[n] - k_before, before_n[n] - n_before
+            if self.faults_mean_new:
+                tallies.append((k_after, n_after, k_before))
+            else:
+                tallies.append((k_before, n_before, k_after))
+        return tallies
+
+    def _log_marginal(self, k: int, n: int) -> float:
+        if self.fault_rate is not None:
+            p = self.fault_rate
+            return k * math.log(p) + (n - k) * math.log1p(-p)
+        a, b = self.RATE_PRIOR
+        return math.lgamma(a + k) + math.lgamma(b + n - k) - math.lgamma(a + b + n)
+
+    def _predictive(self, k: int, n: int) -> float:
+        a, b = self.RATE_PRIOR
+        return self.fault_rate if self.fault_rate is not None else (a + k) / (a + b + n)
+
+    def posterior_list(self) -> list[float]:
+        """P(position c is the first new commit | runs so far), by position (old endpoint: 0)."""
+        logs = [-math.inf]
+        for c, (k, n, impossible) in enumerate(self._tallies()[1:], 1):
+            logs.append(-math.inf if impossible or self.log_prior[c] == -math.inf
+                        else self.log_prior[c] + self._log_marginal(k, n))
+        top = max(logs)
+        if top == -math.inf:
+            return [0.0] * len(logs)
+        weights = [math.exp(v - top) for v in logs]
+        total = sum(weights)
+        return [w / total for w in weights]
+
+    def posterior(self) -> dict[str, float]:
+        return {self.positions[c]: p for c, p in enumerate(self.posterior_list()) if c}
+
+    def best(self) -> tuple[str, float]:
+        post = self.posterior_list()
+        c = max(range(1, len(post)), key=lambda i: (post[i], -i))
+        return self.positions[c], post[c]
+
+    @property
+    def done(self) -> bool:
+        return self.best()[1] >= self.confidence or not self.next_probes(1)
+
+    # -- choosing probes -------------------------------------------------------------------------
+    def expected_entropies(self) -> dict[str, float]:
+        """Expected posterior entropy after one more run, for each commit that may still be run."""
+        post = self.posterior_list()
+        tallies = self._tallies()
+        n = len(post)
+        pred = [self._predictive(k, runs) for k, runs, _ in tallies]
+
+        def xlogx(v: float) -> float:
+            return v * math.log(v) if v > 0 else 0.0
+
+        def prefix(values: list[float]) -> list[float]:
+            out = [0.0]
+            for v in values:
+                out.append(out[-1] + v)
+            return out
+
+        fault_w = prefix([post[c] * pred[c] for c in range(n)])
+        fault_h = prefix([xlogx(post[c] * pred[c]) for c in range(n)])
+        clean_h = prefix([xlogx(post[c] * (1 - pred[c])) for c in range(n)])
+        plain_h = prefix([xlogx(post[c]) for c in range(n)])
+        result = {}
+        for x in range(n):
+            if x in self.skipped or self.runs[x] >= self.max_runs:
+                continue
+            lo, hi = self._faulty_range(x)
+            f = fault_w[hi] - fault_w[lo]
+            t = 1 - f
+            expected = 0.0
+            if f > 1e-12:
+                expected += f * (math.log(f) - (fault_h[hi] - fault_h[lo]) / f)
+            if t > 1e-12:
+                rest = plain_h[n] - (plain_h[hi] - plain_h[lo])
+                expected += t * (math.log(t) - (clean_h[hi] - clean_h[lo] + rest) / t)
+            result[self.positions[x]] = expected
+        return result
+
+    def next_probes(self, k: int = 1) -> list[str]:
+        """Up to k commits whose next run is expected to reduce uncertainty most (best first)."""
+        post = self.posterior_list()
+        current = -sum(p * math.log(p) for p in post if p > 0)
+        gains = [(current - h, sha) for sha, h in self.expected_entropies().items()]
+        useful = sorted((g for g in gains if g[0] > 1e-9), key=lambda g: (-g[0], self.index[g[1]]))
+        return [sha for _, sha in useful[:k]]

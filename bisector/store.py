@@ -48,6 +48,16 @@ CREATE TABLE IF NOT EXISTS steps (
     recorded REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS steps_by_run ON steps (run_id, seq);
+CREATE TABLE IF NOT EXISTS builds (
+    native_hash TEXT PRIMARY KEY,     -- native input trees + toolchain
+    status TEXT NOT NULL,             -- ok | failed
+    strategy TEXT NOT NULL,           -- source | precompiled
+    log_path TEXT,
+    artifact_dir TEXT,                -- <state_dir>/artifacts/<hash>, when ok
+    files TEXT NOT NULL,              -- JSON list of paths relative to the worktree
+    size INTEGER NOT NULL,
+    last_used REAL NOT NULL
+);
 """
 
 
@@ -60,6 +70,18 @@ class Execution:
     seconds: float
     build: str | None
     details: dict
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    native_hash: str
+    status: str
+    strategy: str
+    log_path: str | None
+    artifact_dir: str | None
+    files: tuple[str, ...]
+    size: int
+    last_used: float
 
 
 class Store:
@@ -75,6 +97,12 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- runs ------------------------------------------------------------------------------------
     def start_run(self, kind: str, key: str, params: dict, pid: int) -> tuple[int, int | None]:
@@ -125,3 +153,22 @@ class Store:
 
     def steps(self, run_id: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+
+    # -- builds (the artifact cache index) -------------------------------------------------------
+    def builds(self) -> list[BuildRecord]:
+        rows = self.db.execute("SELECT * FROM builds ORDER BY last_used").fetchall()
+        return [BuildRecord(r["native_hash"], r["status"], r["strategy"], r["log_path"], r["artifact_dir"],
+                            tuple(json.loads(r["files"])), r["size"], r["last_used"]) for r in rows]
+
+    def put_build(self, record: BuildRecord) -> None:
+        self.db.execute("INSERT OR REPLACE INTO builds (native_hash, status, strategy, log_path, "
+                        "artifact_dir, files, size, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (record.native_hash, record.status, record.strategy, record.log_path,
+                         record.artifact_dir, json.dumps(list(record.files)), record.size,
+                         record.last_used))
+
+    def touch_build(self, native_hash: str, when: float) -> None:
+        self.db.execute("UPDATE builds SET last_used = ? WHERE native_hash = ?", (when, native_hash))
+
+    def delete_build(self, native_hash: str) -> None:
+        self.db.execute("DELETE FROM builds WHERE native_hash = ?", (native_hash,))

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.base import Cancelled, Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
+from scenarios.dpa_fp8_kv import DpaFp8KvScenario
 
 __all__ = ["Cancelled", "Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
            "available", "create"]
@@ -11,7 +13,7 @@ __all__ = ["Cancelled", "Outcome", "Scenario", "ScenarioAbort", "ScenarioError",
 
 def available() -> dict[str, type[Scenario]]:
     """Scenario classes by name."""
-    classes: list[type[Scenario]] = []
+    classes: list[type[Scenario]] = [AiterMLAProbe, DpaFp8KvScenario]
     return {cls.name: cls for cls in classes}
 
 

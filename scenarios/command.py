@@ -46,7 +46,7 @@ class CommandScenario(Scenario):
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)
         if result.timed_out:
-            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log)
+            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
         code = result.returncode
         faults = fault_lines(result.output)
         if result.signal_name:

@@ -1,0 +1,71 @@
+"""Intermittent fault: --flaky posterior search versus plain bisection with --repeat N.
+
+Simulated in-process over the pure searches (the same classes the engine drives): a linear range of
+COMMITS, a uniformly drawn culprit, bad commits faulting with probability P per run, seeded per trial.
+Executions count every scenario run the search asks for (endpoint checks excluded for both).
+
+    PYTHONPATH=. python bench/flaky.py [--trials 100] [--p 0.3] [--commits 64]
+"""
+import argparse
+import random
+
+from bisector.search import Bisection, FlakyBisection, Term
+
+
+def plain(commits: list[str], culprit: int, p: float, repeat: int, rng: random.Random) -> tuple[bool, int]:
+    search = Bisection([(sha, (commits[i - 1],) if i else ()) for i, sha in enumerate(commits)], commits[-1])
+    runs = 0
+    while not search.done:
+        sha = search.next_probes(1)[0]
+        faulted = False
+        for _ in range(repeat):
+            runs += 1
+            if commits.index(sha) >= culprit and rng.random() < p:
+                faulted = True
+                break
+        search.record(sha, Term.NEW if faulted else Term.OLD)
+    return search.answer().first_new == commits[culprit], runs
+
+
+def flaky(commits: list[str], culprit: int, p: float, confidence: float,
+          rng: random.Random) -> tuple[bool, int, float]:
+    search = FlakyBisection(commits, "old", confidence=confidence, max_runs_per_commit=60)
+    runs = 0
+    while not search.done:
+        sha = search.next_probes(1)[0]
+        runs += 1
+        search.record(sha, sha != "old" and commits.index(sha) >= culprit and rng.random() < p)
+    best, conf = search.best()
+    return best == commits[culprit], runs, conf
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--p", type=float, default=0.3)
+    ap.add_argument("--commits", type=int, default=64)
+    ap.add_argument("--confidence", type=float, default=0.95)
+    args = ap.parse_args()
+    commits = [f"c{i}" for i in range(args.commits)]
+    culprits = [random.Random(seed).randrange(args.commits) for seed in range(args.trials)]
+    print(f"{args.commits} commits, fault probability {args.p}, {args.trials} seeded trials")
+    print(f"{'method':<18}{'accuracy':>10}{'mean runs':>12}{'claimed':>10}")
+    figures = {}
+    for repeat in (1, 3, 5, 10, 20):
+        results = [plain(commits, c, args.p, repeat, random.Random(s)) for s, c in enumerate(culprits)]
+        acc = sum(r[0] for r in results) / args.trials
+        runs = sum(r[1] for r in results) / args.trials
+        print(f"{f'--repeat {repeat}':<18}{acc:>10.2f}{runs:>12.1f}{'-':>10}")
+        figures[f"repeat{repeat}_accuracy"], figures[f"repeat{repeat}_runs"] = acc, runs
+    results = [flaky(commits, c, args.p, args.confidence, random.Random(s)) for s, c in enumerate(culprits)]
+    acc = sum(r[0] for r in results) / args.trials
+    runs = sum(r[1] for r in results) / args.trials
+    claimed = sum(r[2] for r in results) / args.trials
+    print(f"{'--flaky':<18}{acc:>10.2f}{runs:>12.1f}{claimed:>10.3f}")
+    figures.update(flaky_accuracy=acc, flaky_runs=runs, flaky_claimed=round(claimed, 3))
+    print("RESULT " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in figures.items()))
+
+
+if __name__ == "__main__":
+    main()

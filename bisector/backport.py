@@ -1,0 +1,252 @@
+"""Does a fix reach each release branch, and does it work there?
+
+Per branch: contains -> before -> pick -> after -> verdict. Picks happen in tool-owned detached
+worktrees; the user's branches only change with create_branches (a new backport/... branch).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bisector.build import NoBuild
+from bisector.engine import Judge, RepoLock, UsageError, default_state_dir, prepare_state_dir
+from bisector.gitrepo import GitError, GitRepo, Hunk, WorktreePool
+from bisector.store import Execution, Store
+from scenarios.base import Scenario
+
+VERDICTS = ("verified", "not-affected", "already-fixed", "contains", "already-picked",
+            "applies-unverified", "conflict", "fix-ineffective", "untestable")
+# Verdicts that need no further work on the branch: exit 0 when every branch has one of these.
+SETTLED = frozenset({"verified", "contains", "already-picked", "not-affected", "already-fixed"})
+MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
+
+
+@dataclass
+class BackportConfig:
+    repo: Path
+    fix: str
+    branches: Sequence[str]  # globs over local and remote-tracking branch names
+    scenario: Scenario | None = None
+    create_branches: bool = False
+    timeout: float | None = None
+    state_dir: Path | None = None
+    python: str = "python3"
+    repeat: int = 1
+    builder: object = field(default_factory=NoBuild)
+
+
+class BackportHandler:
+    """Receives per-branch events; the CLI's progress display overrides what it shows."""
+
+    def checking(self, branch: str, tip: str) -> None: ...
+    def checked(self, entry: dict) -> None: ...
+
+
+def decide(pick: str, before: str | None, after: str | None, target_present: bool) -> str:
+    """The verdict of a branch that neither contains nor already carries the fix.
+
+    before/after are scenario verdicts (None without a scenario); target_present says whether the
+    code the fix changes exists on the branch.
+    """
+    if before is None:
+        return {"clean": "applies-unverified", "conflict": "conflict", "empty": "already-fixed"}[pick]
+    if before == "skip":
+        return "untestable"
+    if before == "good":
+        return "already-fixed" if target_present else "not-affected"
+    if pick == "conflict":
+        return "conflict"
+    if after == "skip":
+        return "untestable"
+    return "verified" if after == "good" else "fix-ineffective"
+
+
+def target_present(hunks: Sequence[Hunk], read: Callable[[str], str | None]) -> bool:
+    """Whether the code the fix changes is on a branch: some hunk's removed lines, or the context
+    just before or after its change, appear there as a block (indentation and blank lines aside).
+
+    read(path) gives the file's text on the branch, None when it is absent.
+    """
+    files: dict[str, list[str] | None] = {}
+    for hunk in hunks:
+        if hunk.path not in files:
+            text = read(hunk.path)
+            files[hunk.path] = None if text is None else _normalized(text.splitlines())
+        lines = files[hunk.path]
+        if lines is not None and any(_has_block(lines, block) for block in _anchors(hunk)):
+            return True
+    return False
+
+
+def _anchors(hunk: Hunk) -> list[list[str]]:
+    changed = [i for i, line in enumerate(hunk.lines) if line[:1] in ("+", "-")]
+    if not changed:
+        return []
+    old_side = [line for line in hunk.lines if line[:1] != "+"]
+    before = [line[1:] for line in hunk.lines[:changed[0]]]
+    after = [line[1:] for line in hunk.lines[changed[-1] + 1:]]
+    removed = [line[1:] for line in old_side if line[:1] == "-"]
+    blocks = (_normalized(b) for b in (removed, before, after))
+    return [b for b in blocks if sum(ch.isalnum() for line in b for ch in line) >= MIN_ANCHOR_CHARS]
+
+
+def _normalized(lines: Sequence[str]) -> list[str]:
+    return [line.strip() for line in lines if line.strip()]
+
+
+def _has_block(lines: list[str], block: list[str]) -> bool:
+    size = len(block)
+    return any(lines[i:i + size] == block for i in range(len(lines) - size + 1)
+               if lines[i] == block[0])
+
+
+def _natural(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def matching_branches(repo: GitRepo, globs: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, tip) of every branch some glob matches, in natural order; UsageError for a glob
+    matching nothing."""
+    found: dict[str, str] = {}
+    for glob in globs:
+        matches = repo.branches(glob)
+        if not matches:
+            raise UsageError(f"--branches {glob!r} matches no local or remote-tracking branch")
+        found.update(matches)
+    return sorted(found.items(), key=lambda item: _natural(item[0]))
+
+
+def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> dict:
+    """Validate, then check every matching branch; returns the result stored in the run's row."""
+    handler = handler or BackportHandler()
+    if not cfg.branches:
+        raise UsageError("give at least one --branches GLOB")
+    try:
+        repo = GitRepo(cfg.repo)
+        fix = repo.resolve(cfg.fix)
+    except GitError as exc:
+        raise UsageError(str(exc)) from None
+    if len(repo.parents(fix)) > 1:
+        raise UsageError(f"fix {cfg.fix} ({fix[:12]}) is a merge commit; give the commit to pick")
+    branches = matching_branches(repo, cfg.branches)
+    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
+
+    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
+                      cfg.repeat) if cfg.scenario else None
+        params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
+                  "branches": dict(branches), "scenario": judge.key if judge else None,
+                  "create_branches": cfg.create_branches, "repeat": cfg.repeat}
+        key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+        run_id, resumed = store.start_run("backport", key, params, os.getpid())
+        checker = _BranchChecker(repo, pool, judge, store, run_id, fix, cfg.create_branches)
+        status, result = "failed", None
+        try:
+            entries = []
+            for name, tip in branches:
+                handler.checking(name, tip)
+                entries.append(checker.check(name, tip))
+                handler.checked(entries[-1])
+            result = {
+                "run_id": run_id,
+                "kind": "backport",
+                "fix": fix,
+                "fix_ref": cfg.fix,
+                "fix_subject": repo.commit_info(fix).subject,
+                "scenario": judge.key if judge else None,
+                "globs": list(cfg.branches),
+                "branches": entries,
+                "executions": judge.executions if judge else 0,
+                "ok": all(entry["verdict"] in SETTLED for entry in entries),
+                "resumed_from": resumed,
+            }
+            status = "finished"
+            return result
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            store.finish_run(run_id, status, result)
+            store.close()
+
+
+class _BranchChecker:
+    """The per-branch pipeline, sharing one fix, one worktree pool and one judge."""
+
+    def __init__(self, repo: GitRepo, pool: WorktreePool, judge: Judge | None, store: Store,
+                 run_id: int, fix: str, create_branches: bool):
+        self.repo, self.pool, self.judge, self.store = repo, pool, judge, store
+        self.run_id, self.fix, self.create_branches = run_id, fix, create_branches
+        self.fix_hunks = repo.diff_hunks(fix)
+        self.seq = 0
+
+    def check(self, name: str, tip: str) -> dict:
+        entry = {"branch": name, "tip": tip, "pick": "none", "before": None, "after": None,
+                 "verdict": None, "equivalent": None, "conflicts": [], "picked": None, "target": None,
+                 "reason": "", "before_reason": None, "after_reason": None, "backport_branch": None}
+        if self.repo.is_ancestor(self.fix, tip):
+            return {**entry, "verdict": "contains", "reason": "the fix is an ancestor of the tip"}
+        equivalent = self.repo.find_equivalent(self.fix, tip)
+        if equivalent:
+            sha, how = equivalent
+            return {**entry, "verdict": "already-picked", "equivalent": sha,
+                    "reason": f"{sha[:12]} carries the fix ({how})"}
+        present = target_present(self.fix_hunks, lambda path: self.repo.file_text(tip, path))
+        entry["target"] = "present" if present else "absent"
+        if self.judge:
+            before = self._judge(tip, "before")
+            entry["before"], entry["before_reason"] = before.verdict, before.reason
+        with self.pool.checkout(tip) as worktree:
+            pick = self.repo.cherry_pick(worktree, self.fix)
+        entry["pick"], entry["picked"] = pick.status, pick.sha
+        entry["conflicts"] = list(pick.conflicts)
+        if entry["before"] == "bad" and pick.status != "conflict":
+            after = self._judge(pick.sha, "after") if pick.sha else before
+            entry["after"] = after.verdict
+            entry["after_reason"] = after.reason if pick.sha else "empty pick: the tip already has " \
+                                                                  "the fix's changes"
+        entry["verdict"] = decide(pick.status, entry["before"], entry["after"], present)
+        entry["reason"] = self._reason(entry)
+        if self.create_branches and pick.sha and entry["verdict"] in ("verified", "applies-unverified"):
+            entry["backport_branch"] = self._create_branch(name, pick.sha)
+        return entry
+
+    def _judge(self, sha: str, role: str) -> Execution:
+        """The scenario's verdict on sha: from the cache, else run (and recorded) now."""
+        execution, cached = self.judge.verdict(sha)
+        self.store.add_step(self.run_id, self.seq, 0, role, execution, cached)
+        self.seq += 1
+        return execution
+
+    def _reason(self, entry: dict) -> str:
+        verdict = entry["verdict"]
+        if verdict == "not-affected":
+            return "scenario good before the pick; the code the fix changes is not on the branch"
+        if verdict == "already-fixed":
+            return ("the fix's changes are already on the branch (empty pick)" if entry["before"] is None
+                    else "scenario good before the pick; the code the fix changes is there, "
+                         "fixed in another form")
+        if verdict == "untestable":
+            return f"scenario skipped {'after' if entry['before'] == 'bad' else 'before'} the pick: " \
+                   f"{entry['after_reason'] if entry['before'] == 'bad' else entry['before_reason']}"
+        if verdict == "conflict":
+            return "cherry-pick conflicts in " + ", ".join(c["file"] for c in entry["conflicts"])
+        return {"verified": "scenario bad before the pick, good after it",
+                "fix-ineffective": "scenario bad before and after the pick",
+                "applies-unverified": "cherry-pick applies cleanly; no scenario to verify it"}[verdict]
+
+    def _create_branch(self, name: str, picked: str) -> dict:
+        branch = f"backport/{self.fix[:12]}/{name}"
+        if self.repo.create_branch(branch, picked):
+            return {"name": branch, "state": "created"}
+        try:
+            same = self.repo.resolve(f"refs/heads/{branch}") == picked
+        except GitError:
+            return {"name": branch, "state": "not created: a ref in the way"}
+        return {"name": branch, "state": "exists" if same else "exists at another commit, left alone"}

@@ -1,0 +1,133 @@
+"""`bisector doctor`: what this machine offers a bisection, for support requests. Reads only."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bisector import __version__
+from bisector.executor import GPU_VARIABLES
+
+ROCM_PATH = Path(os.environ.get("ROCM_PATH", "/opt/rocm"))
+
+# Run in the --python interpreter: versions of what scenarios import there.
+_PROBE = r"""
+import importlib.metadata as md, json, sys
+found = {"python": sys.version.split()[0]}
+for label, names in (("torch", ("torch",)), ("aiter", ("amd-aiter", "aiter")), ("vllm", ("vllm",))):
+    for name in names:
+        try:
+            found[label] = md.version(name); break
+        except md.PackageNotFoundError:
+            pass
+try:
+    import torch
+    found["torch_hip"] = torch.version.hip
+except Exception:
+    pass
+print(json.dumps(found))
+"""
+
+
+def _command(argv: list[str], timeout: float = 20) -> str | None:
+    """stdout of argv, or None when it is absent or fails."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def python_packages(python: str) -> dict[str, str]:
+    """Versions of python, torch (and its HIP), AITER and vLLM as the given interpreter sees them."""
+    try:
+        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr.strip()[-300:]}
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        return {"error": str(exc)}
+
+
+def rocm_version() -> str:
+    info = ROCM_PATH / ".info" / "version"
+    if info.is_file():
+        return f"{info.read_text().strip()} ({info})"
+    hip = _command(["hipconfig", "--version"])
+    return f"{hip} (hipconfig)" if hip else "not found"
+
+
+def gpus() -> list[str]:
+    """What says whether GPUs are visible: /dev/kfd, the GPU agents rocminfo lists, the selection vars."""
+    lines = ["/dev/kfd present" if Path("/dev/kfd").exists() else
+             "/dev/kfd absent: no AMD GPU visible to this process (container needs --device=/dev/kfd)"]
+    agents = _command(["rocminfo"])
+    if agents is not None:
+        names = [line.split(":", 1)[1].strip() for line in agents.splitlines()
+                 if line.strip().startswith("Name:") and "gfx" in line]
+        lines.append(f"rocminfo: {len(names)} GPU agents" + (f" ({', '.join(names)})" if names else ""))
+    else:
+        lines.append("rocminfo: not found")
+    for name in GPU_VARIABLES:
+        if name in os.environ:
+            lines.append(f"{name}={os.environ[name]}")
+    return lines
+
+
+def du(path: Path) -> int:
+    """Bytes under path (not following symlinks); 0 when it does not exist."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def human(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+def storage(state_dir: Path | None) -> list[str]:
+    """Sizes of the state dir and what lives in it (record, logs, worktrees, caches)."""
+    if state_dir is None:
+        return ["state dir: none (not in a git repository; give --repo or --state-dir)"]
+    if not state_dir.is_dir():
+        return [f"state dir: {state_dir} (not created yet)"]
+    lines = [f"state dir: {state_dir} ({human(du(state_dir))}, free {human(shutil.disk_usage(state_dir).free)})"]
+    for child in sorted(state_dir.iterdir()):
+        if child.is_dir():
+            lines.append(f"  {child.name}/: {human(du(child))}")
+    return lines
+
+
+def report(python: str, state_dir: Path | None) -> str:
+    """The doctor's text: one `name: value` line per fact."""
+    packages = python_packages(python)
+    lines = [f"bisector: {__version__}",
+             f"platform: {platform.platform()}",
+             f"git: {_command(['git', '--version']) or 'not found'}",
+             f"python (bisector): {sys.version.split()[0]} ({sys.executable})",
+             f"python (scenarios): {packages.get('python', 'unusable: ' + packages.get('error', ''))} "
+             f"({python})"]
+    torch = packages.get("torch")
+    hip = f" (HIP {packages['torch_hip']})" if packages.get("torch_hip") else " (no HIP: not a ROCm build)"
+    lines += [f"torch: {torch + hip if torch else 'not installed'}",
+              f"AITER: {packages.get('aiter', 'not installed')}",
+              f"vLLM: {packages.get('vllm', 'not installed')}",
+              f"ROCm: {rocm_version()}"]
+    lines += [f"GPU: {line}" for line in gpus()]
+    lines += storage(state_dir)
+    return "\n".join(lines)

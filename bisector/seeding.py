@@ -1,0 +1,37 @@
+"""Fix-seeded localization: from the commits a fix's lines blame to a seed pair and search priors.
+
+Pure: takes the range and the blame, returns what to test first and how to weight the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from bisector.gitrepo import BlamedCommit
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    fix: str
+    candidates: tuple[BlamedCommit, ...]  # blamed commits inside the range, best first
+    pair: tuple[str, str] | None           # (best candidate, its parent) to test first
+    priors: dict[str, float]               # Bisection priors: candidates share half the mass
+
+    def as_dict(self, confirmed: bool) -> dict:
+        return {"fix": self.fix, "candidates": [c.as_dict() for c in self.candidates],
+                "pair": list(self.pair) if self.pair else None, "confirmed": confirmed}
+
+
+def plan_seeds(commits: Sequence[tuple[str, Sequence[str]]], old: str, fix: str,
+               blamed: Sequence[BlamedCommit]) -> SeedPlan:
+    """Keep blamed commits inside the range; pair the best one whose parent is testable with it.
+
+    A parent is testable when it is in the range or is the old endpoint.
+    """
+    parents = {sha: tuple(ps) for sha, ps in commits}
+    candidates = tuple(b for b in blamed if b.sha in parents)
+    pair = next(((b.sha, parents[b.sha][0]) for b in candidates
+                 if parents[b.sha] and (parents[b.sha][0] in parents or parents[b.sha][0] == old)), None)
+    total = sum(b.score for b in candidates)
+    priors = {b.sha: 1.0 + len(commits) * b.score / total for b in candidates} if total else {}
+    return SeedPlan(fix, candidates, pair, priors)

@@ -1,0 +1,71 @@
+"""The child launches for one step: argv, environment and timeout per data-parallel rank. Pure."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from scenarios.dpa_fp8_kv.options import Options
+
+DEFAULT_TIMEOUT = 3600.0  # first run on a commit may compile graphs and AITER kernels
+DEVICE_VARS = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+DP_VARS = ("VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL", "VLLM_DP_SIZE", "VLLM_DP_MASTER_IP",
+           "VLLM_DP_MASTER_PORT")
+AITER_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    rank: int
+    argv: list[str]
+    env: dict[str, str]  # the complete environment of the child
+    timeout: float
+
+
+def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
+    """Physical GPU ids the step may use: its *_VISIBLE_DEVICES (bisector's slots set all three to
+    the same physical ids), else every detected GPU."""
+    for var in (*DEVICE_VARS, "ROCR_VISIBLE_DEVICES"):
+        if env.get(var):
+            return env[var].split(",")
+    return [str(i) for i in range(detected)]
+
+
+def child_argv(python: str, child_script: Path, model_dir: Path, options: Options) -> list[str]:
+    return [python, str(child_script),
+            "--model", str(model_dir),
+            "--tp", str(options.tp),
+            "--kv-cache-dtype", options.kv_cache_dtype,
+            "--cudagraph-mode", options.cudagraph_mode,
+            "--max-num-seqs", str(options.max_num_seqs),
+            "--max-model-len", str(options.max_model_len),
+            "--gpu-memory-utilization", f"{options.gpu_memory_utilization:g}"]
+
+
+def build_plan(options: Options, *, python: str, child_script: Path, model_dir: Path, checkout: Path,
+               devices: list[str], base_env: Mapping[str, str], master_port: int,
+               timeout: float | None) -> list[Launch]:
+    """One launch per DP rank; rank r sees devices[r*tp:(r+1)*tp] and nothing else.
+
+    Each rank sees only its own GPUs, so VLLM_DP_RANK_LOCAL is 0 everywhere: vLLM offsets device
+    indices by local rank * world size, which must stay inside the rank's own subset. The subset is
+    given as physical ids in HIP_ and CUDA_VISIBLE_DEVICES (vLLM maps CUDA_VISIBLE_DEVICES to amdsmi's
+    physical devices); ROCR_VISIBLE_DEVICES is dropped, since HIP would index into what it leaves.
+    """
+    if len(devices) < options.gpus:
+        raise ValueError(f"{options.gpus} GPUs needed, {len(devices)} given")
+    argv = child_argv(python, child_script, model_dir, options)
+    pythonpath = os.pathsep.join(filter(None, [str(checkout), base_env.get("PYTHONPATH")]))
+    common = {key: value for key, value in base_env.items()
+              if key not in DP_VARS and key != "ROCR_VISIBLE_DEVICES"}
+    common.update(AITER_ENV, PYTHONPATH=pythonpath)
+    launches = []
+    for rank in range(options.dp):
+        visible = ",".join(devices[rank * options.tp:(rank + 1) * options.tp])
+        env = {**common, **{var: visible for var in DEVICE_VARS}}
+        if options.dp > 1:
+            env.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL="0", VLLM_DP_SIZE=str(options.dp),
+                       VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(master_port))
+        launches.append(Launch(rank, list(argv), env, timeout or DEFAULT_TIMEOUT))
+    return launches

@@ -1,0 +1,118 @@
+"""aiter-mla-probe on real vLLM release source: the required verdicts.
+
+The sdists are fetched once into ~/.cache/vllm-sdists (as shared/tools/vllm-release-repo does, through
+pip's own session); their `vllm/**.py` files are extracted once beside them, in python-sources/.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from scenarios.aiter_mla_probe import AiterMLAProbe
+from scenarios.base import StepContext, Verdict
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="torch not installed; pip install 'bisector[probe]'")
+
+CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", Path.home() / ".cache" / "vllm-sdists"))
+VERSIONS = ("0.18.1", "0.19.0", "0.24.0", "0.25.0", "0.27.0")
+TARGET = "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
+FIX_CONTEXT = ('        if kv_cache_dtype_str in ("fp8", "fp8_e4m3", "fp8_e5m2"):\n'
+               '            kv_cache_dtype_str = "fp8"\n')
+FIX_LINE = "            q_dtype = dtypes.fp8\n"  # upstream PR 47276
+
+
+def fetch_sdists(versions) -> None:
+    """Download the missing vllm-X.tar.gz into CACHE from pip's default index."""
+    missing = [v for v in versions if not (CACHE / f"vllm-{v}.tar.gz").exists()]
+    if not missing:
+        return
+    from pip._internal.models.index import PyPI
+    from pip._internal.network.session import PipSession
+    CACHE.mkdir(parents=True, exist_ok=True)
+    session = PipSession()
+    index = session.get(PyPI.simple_url.rstrip("/") + "/vllm/",
+                        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    index.raise_for_status()
+    urls = {f["filename"]: f["url"] for f in index.json()["files"]}
+    for version in missing:
+        name = f"vllm-{version}.tar.gz"
+        response = session.get(urls[name])
+        response.raise_for_status()
+        partial = CACHE / (name + ".part")
+        partial.write_bytes(response.content)
+        partial.replace(CACHE / name)
+
+
+def python_sources(version: str) -> Path:
+    """The release's vllm/**.py files, extracted once next to its sdist; read-only for the probe."""
+    dest = CACHE / "python-sources" / version
+    if not dest.exists():
+        partial = dest.with_name(version + ".part")
+        shutil.rmtree(partial, ignore_errors=True)
+        extract_python_sources(CACHE / f"vllm-{version}.tar.gz", partial)
+        partial.rename(dest)
+    return dest
+
+
+def extract_python_sources(sdist: Path, dest: Path) -> None:
+    """Extract only the sdist's vllm/**.py files into dest/vllm."""
+    with tarfile.open(sdist) as tar:
+        members = []
+        for member in tar:
+            top, _, relative = member.name.partition("/")
+            if member.isfile() and relative.startswith("vllm/") and relative.endswith(".py"):
+                member.name = relative
+                members.append(member)
+        tar.extractall(dest, members=members, filter="data")
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory) -> dict[str, Path]:
+    """Checkouts by ref: v<version> for each of VERSIONS, and fix-47276 (v0.24.0 plus the fix)."""
+    try:
+        fetch_sdists(VERSIONS)
+    except Exception as exc:  # the registry is unreachable: nothing to check against
+        pytest.skip(f"cannot download vLLM sdists into {CACHE}: {type(exc).__name__}: {exc}")
+    trees = {f"v{version}": python_sources(version) for version in VERSIONS}
+    trees["fix-47276"] = tmp_path_factory.mktemp("vllm-releases") / "fix-47276"
+    shutil.copytree(trees["v0.24.0"], trees["fix-47276"])
+    target = trees["fix-47276"] / TARGET
+    source = target.read_text()
+    assert source.count(FIX_CONTEXT) == 1
+    target.write_text(source.replace(FIX_CONTEXT, FIX_CONTEXT + FIX_LINE))
+    return trees
+
+
+def probe(checkout: Path, tmp_path: Path, **options: str):
+    ctx = StepContext(checkout=checkout, log_path=tmp_path / "probe.log", python=sys.executable)
+    return AiterMLAProbe(options).run(ctx)
+
+
+@pytest.mark.parametrize("ref, verdict, reason_start", [
+    ("v0.18.1", Verdict.GOOD, "code path absent"),
+    ("v0.19.0", Verdict.BAD, "q dtype mismatch changes AITER tiling"),
+    ("v0.24.0", Verdict.BAD, "q dtype mismatch changes AITER tiling"),
+    ("fix-47276", Verdict.GOOD, "consistent"),
+    ("v0.25.0", Verdict.GOOD, "consistent"),
+    ("v0.27.0", Verdict.GOOD, "consistent"),
+])
+def test_release_verdicts(releases, tmp_path, ref, verdict, reason_start):
+    outcome = probe(releases[ref], tmp_path)
+    assert (outcome.verdict, outcome.reason[:len(reason_start)]) == (verdict, reason_start), outcome.reason
+    if verdict is Verdict.BAD:
+        assert "sized for q bf16 (8 tiles per batch)" in outcome.reason
+        assert "kernel gets q fp8 (1 tile per batch)" in outcome.reason and "128 heads" in outcome.reason
+
+
+@pytest.mark.parametrize("ref", ["v0.19.0", "v0.24.0"])
+def test_tp8_hides_the_bug(releases, tmp_path, ref):
+    outcome = probe(releases[ref], tmp_path, heads="16")
+    assert outcome.verdict is Verdict.GOOD, outcome.reason
+    assert outcome.reason.startswith("q dtype mismatch without effect") and "16 heads" in outcome.reason

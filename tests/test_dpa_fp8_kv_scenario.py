@@ -1,0 +1,287 @@
+"""The scenario end to end with real child processes: a fake python replaying recorded-style output,
+the real child.py against a fake vllm package, and a fake sysfs tree for the GPU check."""
+import json
+import os
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dpa_fp8_kv_records import FAULT, RECORDS
+from scenarios import Cancelled, StepContext, Verdict, create
+from scenarios.dpa_fp8_kv import launch
+
+NAME = "dpa-fp8-kv-graph-capture"
+
+FAKE_PYTHON = f"""#!{sys.executable}
+# Stands in for the user's python: records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
+import json, os, subprocess, sys, time
+rank = os.environ.get("VLLM_DP_RANK", "0")
+model = sys.argv[sys.argv.index("--model") + 1]
+with open(os.path.join(os.environ["FAKE_RECORD_DIR"], "rank" + rank + ".json"), "w") as f:
+    json.dump({{"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(),
+               "config": json.load(open(os.path.join(model, "config.json")))}}, f)
+print(os.environ.get("FAKE_OUTPUT_" + rank, ""), file=sys.stderr, flush=True)
+action = os.environ.get("FAKE_ACTION_" + rank, "exit 0")
+if action == "abort":
+    os.abort()
+if action == "hang":  # with a grandchild, as an engine core would be
+    core = subprocess.Popen(["sleep", "600"])
+    open(os.path.join(os.environ["FAKE_RECORD_DIR"], "core" + rank + ".pid"), "w").write(str(core.pid))
+    time.sleep(600)
+sys.exit(int(action.split()[1]))
+"""
+
+
+@pytest.fixture
+def gpu_root(tmp_path):
+    """A fake / with /dev/kfd and a CPU node plus two MI300X (gfx942) GPU nodes."""
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev/kfd").write_text("")
+    for node, simds in enumerate((0, 304, 304)):
+        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
+        directory.mkdir(parents=True)
+        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
+    return root
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    path = tmp_path / "bin/python"
+    path.parent.mkdir()
+    path.write_text(FAKE_PYTHON)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def records(tmp_path):
+    path = tmp_path / "records"
+    path.mkdir()
+    return path
+
+
+def run(tmp_path, root, python, options=None, env=None, timeout=60):
+    scenario = create(NAME, options or {})
+    scenario.system_root = root
+    checkout = tmp_path / "checkout"
+    checkout.mkdir(exist_ok=True)
+    ctx = StepContext(checkout=checkout, log_path=tmp_path / "logs/step.log", timeout=timeout,
+                      env=env or {}, python=str(python))
+    return scenario.run(ctx)
+
+
+def replay(records, **per_rank):
+    """ctx.env making the fake python replay RECORDS[name] and then act, per rank."""
+    env = {"FAKE_RECORD_DIR": str(records)}
+    for rank, (record, action) in per_rank.items():
+        env[f"FAKE_OUTPUT_{rank[-1]}"] = RECORDS[record]
+        env[f"FAKE_ACTION_{rank[-1]}"] = action
+    return env
+
+
+def test_no_rocm_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records):
+    outcome = run(tmp_path, tmp_path / "empty-root", fake_python, env=replay(records, r0=("ok", "exit 0")))
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason == "no ROCm GPU visible on this machine (/dev/kfd missing)"
+    assert Path(outcome.log_path).read_text() == outcome.reason + "\n"
+    assert not list(records.iterdir())
+
+
+@pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="this machine has /dev/kfd")
+def test_this_machine_has_no_rocm_gpu(tmp_path, fake_python):
+    scenario = create(NAME)
+    ctx = StepContext(checkout=tmp_path, log_path=tmp_path / "step.log", python=str(fake_python))
+    outcome = scenario.run(ctx)
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason.startswith("no ROCm GPU visible on this machine (")
+
+
+def test_too_few_gpus_for_dp_times_tp_skips(tmp_path, gpu_root, fake_python):
+    outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2", "tp": "2"})
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason == "needs 4 GPUs (dp=2 x tp=2), this step has 2"
+
+
+def test_recorded_fault_then_abort_is_bad(tmp_path, gpu_root, fake_python, records):
+    outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("fault-in-capture", "abort")))
+    assert outcome.verdict is Verdict.BAD
+    assert outcome.reason == f"GPU memory fault during engine start-up/graph capture: {FAULT}"
+    assert outcome.details["ranks"][0]["returncode"] == -6
+    assert outcome.details["gpu_targets"] == ["gfx942", "gfx942"]
+    log = Path(outcome.log_path).read_text()
+    assert FAULT in log and "VLLM_ROCM_USE_AITER=1" in log
+
+
+def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records):
+    env = {**replay(records, r0=("ok", "exit 0")), "PYTHONPATH": "/elsewhere"}
+    outcome = run(tmp_path, gpu_root, fake_python, env=env)
+    assert outcome.verdict is Verdict.GOOD
+    seen = json.loads((records / "rank0.json").read_text())
+    checkout = str(tmp_path / "checkout")
+    assert seen["cwd"] == checkout
+    assert seen["env"]["PYTHONPATH"] == f"{checkout}{os.pathsep}/elsewhere"
+    assert seen["env"]["HIP_VISIBLE_DEVICES"] == "0"
+    assert seen["env"]["VLLM_ROCM_USE_AITER"] == "1"
+    assert seen["argv"][1].endswith("/child.py") and not seen["argv"][1].startswith(checkout)
+    assert seen["config"]["num_attention_heads"] == 128
+    assert seen["config"]["kv_lora_rank"] == 512
+    assert not Path(seen["argv"][1]).exists()  # the temporary work dir is gone after the step
+
+
+@pytest.mark.parametrize("record, action, reason", [
+    ("fault-then-engine-failed", "exit 1", "GPU memory fault during engine start-up/graph capture: "),
+    ("core-abort", "exit 1", "SIGABRT during engine start-up/graph capture: Failed core proc(s): "),
+    ("import-error", "exit 1", "import error: ModuleNotFoundError: No module named 'aiter'"),
+    ("undefined-symbol", "exit 1", "build problem: ImportError: /src/vllm/vllm/_C.abi3.so: undefined"),
+    ("oom", "exit 1", "out of GPU memory: torch.OutOfMemoryError: HIP out of memory."),
+    ("no-gpu", "exit 1", "no GPU: RuntimeError: No HIP GPUs are available"),
+])
+def test_recorded_outputs_from_real_processes(tmp_path, gpu_root, fake_python, records, record, action,
+                                              reason):
+    outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=(record, action)))
+    expected = Verdict.BAD if reason.startswith(("GPU", "SIGABRT")) else Verdict.SKIP
+    assert outcome.verdict is expected
+    assert outcome.reason.startswith(reason)
+
+
+def test_hang_times_out_as_skip_and_leaves_no_process(tmp_path, gpu_root, fake_python, records):
+    start = time.monotonic()
+    outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("loading", "hang")),
+                  timeout=2)
+    assert time.monotonic() - start < 10
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason == "timed out after 2s during engine start-up/graph capture"
+    assert outcome.details["ranks"][0]["timed_out"] is True
+    assert outcome.details["timed_out"] is True  # the engine caches it only for this timeout
+    assert _gone_soon(int((records / "core0.pid").read_text()))
+
+
+def _gone_soon(pid, seconds=5.0):
+    """The process ends within seconds (a zombie awaiting its new parent's reaping counts as ended)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, records, monkeypatch):
+    monkeypatch.setattr(launch, "GRACE", 0.5)
+    start = time.monotonic()
+    outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("ok", "hang")))
+    assert time.monotonic() - start < 10
+    assert outcome.verdict is Verdict.GOOD
+    assert outcome.details["ranks"][0]["returncode"] is None
+
+
+def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_python, records):
+    outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2"},
+                  env=replay(records, r0=("ok", "exit 0"), r1=("ok", "exit 0")))
+    assert outcome.verdict is Verdict.GOOD
+    assert outcome.reason.startswith("all 2 DP ranks: ")
+    envs = [json.loads((records / f"rank{rank}.json").read_text())["env"] for rank in (0, 1)]
+    assert [env["HIP_VISIBLE_DEVICES"] for env in envs] == ["0", "1"]
+    assert [env["VLLM_DP_RANK"] for env in envs] == ["0", "1"]
+    assert {env["VLLM_DP_SIZE"] for env in envs} == {"2"}
+    assert envs[0]["VLLM_DP_MASTER_PORT"] == envs[1]["VLLM_DP_MASTER_PORT"]
+    log = Path(outcome.log_path).read_text()
+    assert "===== rank 0: " in log and "===== rank 1: " in log
+
+
+def test_dp2_fault_on_one_rank_stops_the_other(tmp_path, gpu_root, fake_python, records, monkeypatch):
+    monkeypatch.setattr(launch, "GRACE", 0.5)
+    start = time.monotonic()
+    outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2"},
+                  env=replay(records, r0=("loading", "hang"), r1=("fault-in-capture", "abort")))
+    assert time.monotonic() - start < 10
+    assert outcome.verdict is Verdict.BAD
+    assert outcome.reason == f"DP rank 1: GPU memory fault during engine start-up/graph capture: {FAULT}"
+    assert [rank["returncode"] for rank in outcome.details["ranks"]] == [None, -6]
+
+
+def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records):
+    cancel = threading.Event()
+    threading.Timer(1.5, cancel.set).start()
+    scenario = create(NAME, {"dp": "2"})
+    scenario.system_root = gpu_root
+    ctx = StepContext(checkout=tmp_path, log_path=tmp_path / "step.log", timeout=60, python=str(fake_python),
+                      env=replay(records, r0=("loading", "hang"), r1=("loading", "hang")), cancel=cancel)
+    start = time.monotonic()
+    with pytest.raises(Cancelled):
+        scenario.run(ctx)
+    assert time.monotonic() - start < 10
+    for rank in (0, 1):
+        assert _gone_soon(int((records / f"core{rank}.pid").read_text()))
+
+
+def test_missing_python_is_skip(tmp_path, gpu_root):
+    outcome = run(tmp_path, gpu_root, tmp_path / "no/such/python")
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason.startswith(f"cannot start {tmp_path / 'no/such/python'}: ")
+
+
+FAKE_VLLM = {
+    "vllm/__init__.py": '''
+        import json, os
+
+        class SamplingParams:
+            def __init__(self, **kwargs):
+                self.kwargs = kwargs
+
+        class _Completion:
+            def __init__(self, count):
+                self.token_ids = list(range(count))
+
+        class _Output:
+            def __init__(self, count):
+                self.outputs = [_Completion(count)]
+
+        class LLM:
+            def __init__(self, **kwargs):
+                self.kwargs = kwargs
+                print("INFO Using AITER MLA backend.", flush=True)
+
+            def generate(self, prompts, params, use_tqdm=True):
+                with open(os.environ["FAKE_VLLM_RECORD"], "w") as f:
+                    json.dump({"kwargs": self.kwargs, "prompts": prompts, "params": params.kwargs}, f)
+                return [_Output(params.kwargs["max_tokens"]) for _ in prompts]
+    ''',
+    "vllm/engine/__init__.py": "",
+    "vllm/engine/arg_utils.py": '''
+        from dataclasses import dataclass
+
+        @dataclass
+        class EngineArgs:
+            model: str = ""
+            attention_backend: str = ""
+    ''',
+}
+
+
+def test_real_child_against_a_fake_vllm_in_the_checkout(tmp_path, gpu_root):
+    checkout = tmp_path / "checkout"
+    for name, text in FAKE_VLLM.items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text(textwrap.dedent(text))
+    record = tmp_path / "vllm-record.json"
+    outcome = run(tmp_path, gpu_root, sys.executable, options={"cudagraph_mode": "FULL_AND_PIECEWISE"},
+                  env={"FAKE_VLLM_RECORD": str(record)})
+    assert outcome.verdict is Verdict.GOOD, outcome.reason
+    assert outcome.reason.endswith("BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8")
+    seen = json.loads(record.read_text())
+    assert seen["kwargs"]["load_format"] == "dummy"
+    assert seen["kwargs"]["kv_cache_dtype"] == "fp8"
+    assert seen["kwargs"]["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert seen["kwargs"]["attention_backend"] == "ROCM_AITER_MLA"
+    assert seen["kwargs"]["model"].endswith("/model")
+    assert len(seen["prompts"]) == 4 and seen["params"]["max_tokens"] == 2
+    assert "BISECTOR-ENGINE-READY dp_rank=0" in Path(outcome.log_path).read_text()
