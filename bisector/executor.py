@@ -5,6 +5,7 @@ executions, `cancel(future)` (kills a running step's processes) and `shutdown()`
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -174,7 +175,7 @@ class RayExecutor:
             _drop(future)
             return
         except errors.RayTaskError as exc:  # the step itself raised (e.g. ScenarioAbort): pass it on
-            _settle(future, exc)
+            _settle(future, exc.cause if isinstance(exc.cause, Exception) else exc)
             return
         except Exception as exc:  # worker or node lost beyond the retries
             _settle(future, ExecutorError(f"step on {sha[:12]} lost after {self.retries} retries: "
@@ -194,7 +195,8 @@ class RayExecutor:
         """Forget the step and interrupt its task (its scenario's process group is killed)."""
         _drop(future)
         ref = self.refs.get(future)
-        if ref is not None:
+        # Only a task still running: cancelling one as it completes can crash Ray's core worker.
+        if ref is not None and not self.ray.wait([ref], timeout=0)[0]:
             self.ray.cancel(ref)
 
     def shutdown(self) -> None:
@@ -242,20 +244,19 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, test
     """
     import ray
 
-    from bisector.gitrepo import GitError, WorktreePool, node_clone
+    from bisector.gitrepo import GitError, NodeCheckout
     gpus = ray.get_gpu_ids()
     env = gpu_env(gpus) if gpus else {}
-    with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
-        cache = Path(cache_dir) if cache_dir else node_cache_dir()
+    cache = Path(cache_dir) if cache_dir else node_cache_dir()
+    with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp, contextlib.ExitStack() as stack:
         try:
-            repo = node_clone(source, cache, sha)
-            builder = tester.builder.open(repo, cache / f"{repo.root.name}-state")
+            checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
+            builder = tester.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
         except (GitError, ValueError) as exc:
             raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
-        tester = dataclasses.replace(tester, builder=builder)
-        with WorktreePool(repo, Path(tmp)) as pool, pool.checkout(sha) as worktree:
-            # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
-            fresh = tester.test(worktree, sha, done, Path(tmp) / "logs", env, threading.Event())
+        # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
+        fresh = dataclasses.replace(tester, builder=builder).test(
+            checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
         return [(execution, _read(execution.log_path)) for execution in fresh]
 
 

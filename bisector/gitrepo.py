@@ -481,27 +481,51 @@ class _Lease:
         self.pool.release(self.path)
 
 
-def node_clone(source: str, cache_root: Path, sha: str) -> GitRepo:
-    """This node's clone of source (a URL or shared path) holding sha: cloned once, fetched when sha is new.
+class NodeCheckout:
+    """A worktree of sha at `path`, from this node's clone of source (a URL or a path all nodes see).
 
-    Steps on one node share the clone; a file lock serializes cloning and fetching.
+    Steps on one node share one clone under cache_root, cloned once and fetched when sha is new; a
+    file lock serializes cloning, fetching and adding or removing worktrees. `with` it: on exit the
+    worktree is removed.
     """
-    cache_root = Path(cache_root)
-    cache_root.mkdir(parents=True, exist_ok=True)
-    path = cache_root / hashlib.sha256(source.encode()).hexdigest()[:16]
-    with open(cache_root / f"{path.name}.lock", "a") as lock:
+
+    def __init__(self, source: str, cache_root: Path, sha: str, path: Path):
+        self.source, self.sha, self.path = source, sha, Path(path)
+        self.cache_root = Path(cache_root)
+        self.clone_path = self.cache_root / hashlib.sha256(source.encode()).hexdigest()[:16]
+        self.repo: GitRepo | None = None
+
+    def _locked(self):
+        self.cache_root.mkdir(parents=True, exist_ok=True)
+        lock = open(self.cache_root / f"{self.clone_path.name}.lock", "a")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (path / ".git").exists():
-                git.Repo.clone_from(source, path, no_checkout=True, multi_options=["--quiet"])
-            clone = git.Repo(path)
-            if not _has_commit(clone, sha):
-                clone.git.fetch("--quiet", "--force", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*")
-            if not _has_commit(clone, sha):
-                clone.git.fetch("--quiet", "origin", sha)
-        except git.GitCommandError as exc:
-            raise GitError(f"cannot get {sha[:12]} from {source}: {exc.stderr.strip() or exc}") from None
-    return GitRepo(path)
+        return lock  # closing it releases the lock
+
+    def __enter__(self) -> "NodeCheckout":
+        with self._locked():
+            try:
+                if not (self.clone_path / ".git").exists():
+                    git.Repo.clone_from(self.source, self.clone_path, no_checkout=True, multi_options=["--quiet"])
+                clone = git.Repo(self.clone_path)
+                if not _has_commit(clone, self.sha):
+                    clone.git.fetch("--quiet", "--force", "--tags", "origin",
+                                    "+refs/heads/*:refs/remotes/origin/*")
+                if not _has_commit(clone, self.sha):
+                    clone.git.fetch("--quiet", "origin", self.sha)
+                clone.git.worktree("add", "--detach", "--force", "--quiet", str(self.path), self.sha)
+            except git.GitCommandError as exc:
+                detail = (exc.stderr or "").strip().splitlines() or [str(exc)]
+                raise GitError(f"cannot get {self.sha[:12]} from {self.source}: {detail[-1].strip()}") from None
+        self.repo = GitRepo(self.clone_path)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._locked():
+            try:
+                self.repo.git.worktree("remove", "--force", str(self.path))
+            except git.GitCommandError:
+                shutil.rmtree(self.path, ignore_errors=True)
+            self.repo.git.worktree("prune")
 
 
 def _has_commit(repo: git.Repo, sha: str) -> bool:

@@ -123,3 +123,14 @@ def test_cli_runs_on_an_existing_ray_cluster(cluster, make_repo, tmp_path):
     assert result["culprit"]["sha"] == shas[8]
     assert result["rounds"] <= 3
     assert repo.snapshot() == before
+
+
+def test_unreachable_remote_stops_the_run_with_exit_4(cluster, make_repo, tmp_path):
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=2)
+    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--executor", "ray",
+                    "--ray-address", cluster, "--remote", str(tmp_path / "nowhere"), "--", *STATE_IS_GOOD)
+    assert proc.returncode == 4, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bisector: error: aborted: on Ray node ") and "nowhere" in last
+    assert "Traceback" not in proc.stderr
