@@ -142,8 +142,12 @@ class RayExecutor:
         if self.ray is None:
             import ray  # optional extra: pip install 'bisector[ray]'
             if not ray.is_initialized():
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                         runtime_env=ray_runtime_env())
+                try:
+                    ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                             runtime_env=ray_runtime_env())
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    raise ExecutorError(f"cannot start or reach Ray at {self.address or 'a local cluster'}: "
+                                        f"{_first_line(exc)}") from None
                 self.owns_ray = True
             self.ray = ray
             cluster_gpus = ray.cluster_resources().get("GPU", 0)
@@ -157,7 +161,7 @@ class RayExecutor:
         return self.ray
 
     def run_step(self, judge, sha: str, done: list) -> Future:
-        ray = self._start()
+        self._start()
         tester = dataclasses.replace(judge.tester, builder=self.build or NoBuild())
         ref = self.task.remote(self.source, self.cache_dir, sha, done, tester)
         future: Future = Future()
@@ -179,7 +183,7 @@ class RayExecutor:
             return
         except Exception as exc:  # worker or node lost beyond the retries
             _settle(future, ExecutorError(f"step on {sha[:12]} lost after {self.retries} retries: "
-                                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                                          f"{type(exc).__name__}: {_first_line(exc)}"))
             return
         logs.mkdir(parents=True, exist_ok=True)
         fresh = []
@@ -212,6 +216,10 @@ def ray_runtime_env() -> dict:
     import bisector
     import scenarios
     return {"py_modules": [str(Path(module.__file__).parent) for module in (bisector, scenarios)]}
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 _DROP_LOCK = threading.Lock()

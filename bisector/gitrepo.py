@@ -4,6 +4,7 @@ GitPython with argument lists only: no ref, branch or message ever passes throug
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import hashlib
@@ -14,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 import threading
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import git
 
@@ -495,11 +496,16 @@ class NodeCheckout:
         self.clone_path = self.cache_root / hashlib.sha256(source.encode()).hexdigest()[:16]
         self.repo: GitRepo | None = None
 
-    def _locked(self):
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the node lock; released even when a cancel interrupts right after it is taken."""
         self.cache_root.mkdir(parents=True, exist_ok=True)
-        lock = open(self.cache_root / f"{self.clone_path.name}.lock", "a")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return lock  # closing it releases the lock
+        fd = os.open(self.cache_root / f"{self.clone_path.name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> "NodeCheckout":
         with self._locked():
