@@ -27,8 +27,14 @@ class ExecutorError(Exception):
 
 
 def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
-    """Environment that makes just these GPUs visible to a step's processes."""
-    return {name: ",".join(map(str, gpus)) for name in GPU_VARIABLES}
+    """Environment that makes just these GPUs (physical ids) visible to a step's processes.
+
+    ROCR_VISIBLE_DEVICES narrows the ROCm runtime to the physical ids; HIP_ and CUDA_VISIBLE_DEVICES
+    index within what ROCR leaves, so they count from 0.
+    """
+    relative = ",".join(str(i) for i in range(len(gpus)))
+    return {"ROCR_VISIBLE_DEVICES": ",".join(map(str, gpus)), "HIP_VISIBLE_DEVICES": relative,
+            "CUDA_VISIBLE_DEVICES": relative}
 
 
 def gpu_slots(gpus: list[int], per_run: int) -> list[dict[str, str]]:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from bisector.executor import gpu_env
 from scenarios import ScenarioError, create
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.config import deepseek_v3_config, write_model_dir
@@ -118,7 +119,7 @@ def test_dp2_plan_gives_each_rank_its_own_devices_and_dp_env():
 
 
 def test_rocr_visible_devices_is_dropped_for_physical_hip_ids():
-    slot = {name: "4,5" for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
+    slot = gpu_env([4, 5])
     launches = plan(options(dp=2), devices=step_devices(slot, 8), base_env=slot)
     assert [launch.env["HIP_VISIBLE_DEVICES"] for launch in launches] == ["4", "5"]
     assert not any("ROCR_VISIBLE_DEVICES" in launch.env for launch in launches)
@@ -135,6 +136,7 @@ def test_plan_refuses_too_few_devices():
     ({"ROCR_VISIBLE_DEVICES": "6,7"}, 8, ["6", "7"]),
     ({name: "4,5" for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}, 8,
      ["4", "5"]),
+    (gpu_env([6, 7]), 8, ["6", "7"]),
     ({}, 3, ["0", "1", "2"]),
 ])
 def test_step_devices(env, detected, expected):

@@ -44,7 +44,7 @@ def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path):
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=2, scenario=scenario,
                                      state_dir=tmp_path / "state", executor=executor))
     assert result["culprit"]["sha"] == shas[17]
-    assert set(seen.read_text().splitlines()) <= {"0|0|0", "1|1|1"}
+    assert set(seen.read_text().splitlines()) <= {"0|0|0", "0|1|0"}  # HIP|ROCR|CUDA
     for step in result["steps"]:
         log = (tmp_path / "state" / "logs" / os.path.basename(step["log"]))
         assert step["log"] == str(log)

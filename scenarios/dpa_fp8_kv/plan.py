@@ -24,9 +24,9 @@ class Launch:
 
 
 def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
-    """Physical GPU ids the step may use: its *_VISIBLE_DEVICES (bisector's slots set all three to
-    the same physical ids), else every detected GPU."""
-    for var in (*DEVICE_VARS, "ROCR_VISIBLE_DEVICES"):
+    """Physical GPU ids the step may use: ROCR_VISIBLE_DEVICES (bisector's GPU slots put the physical
+    ids there), else HIP_/CUDA_VISIBLE_DEVICES, else every detected GPU."""
+    for var in ("ROCR_VISIBLE_DEVICES", *DEVICE_VARS):
         if env.get(var):
             return env[var].split(",")
     return [str(i) for i in range(detected)]
