@@ -452,7 +452,7 @@ def _run_round(judge: Judge, executor, wanted: list[tuple[str, str]], round_no: 
         store.add_step(run_id, len(steps), round_no, role, execution, cached)
         steps.append(step)
         results.append(step)
-        if role == "probe":
+        if role == "probe" and search.is_open(sha):  # a verdict another one made moot adds nothing
             search.record(sha, to_term[step.verdict])
         handler.tested(step, search.testable_mask.bit_count(), search.steps_left())
         return step
