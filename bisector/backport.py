@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,35 +143,29 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                   "branches": dict(branches), "scenario": judge.key if judge else None,
                   "create_branches": cfg.create_branches, "repeat": cfg.repeat}
         key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
-        run_id, resumed = store.start_run("backport", key, params, os.getpid())
-        checker = _BranchChecker(repo, pool, judge, store, run_id, fix, cfg.create_branches)
-        status, result = "failed", None
         try:
-            entries = []
-            for name, tip in branches:
-                handler.checking(name, tip)
-                entries.append(checker.check(name, tip))
-                handler.checked(entries[-1])
-            result = {
-                "run_id": run_id,
-                "kind": "backport",
-                "fix": fix,
-                "fix_ref": cfg.fix,
-                "fix_subject": repo.commit_info(fix).subject,
-                "scenario": judge.key if judge else None,
-                "globs": list(cfg.branches),
-                "branches": entries,
-                "executions": judge.executions if judge else 0,
-                "ok": all(entry["verdict"] in SETTLED for entry in entries),
-                "resumed_from": resumed,
-            }
-            status = "finished"
-            return result
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
+            with store.recording("backport", key, params) as run:
+                checker = _BranchChecker(repo, pool, judge, store, run.id, fix, cfg.create_branches)
+                entries = []
+                for name, tip in branches:
+                    handler.checking(name, tip)
+                    entries.append(checker.check(name, tip))
+                    handler.checked(entries[-1])
+                run.result = {
+                    "run_id": run.id,
+                    "kind": "backport",
+                    "fix": fix,
+                    "fix_ref": cfg.fix,
+                    "fix_subject": repo.commit_info(fix).subject,
+                    "scenario": judge.key if judge else None,
+                    "globs": list(cfg.branches),
+                    "branches": entries,
+                    "executions": judge.executions if judge else 0,
+                    "ok": all(entry["verdict"] in SETTLED for entry in entries),
+                    "resumed_from": run.resumed_from,
+                }
+            return run.result
         finally:
-            store.finish_run(run_id, status, result)
             store.close()
 
 

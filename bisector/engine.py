@@ -318,68 +318,62 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "fix": seeds.fix if seeds else None, "flaky": cfg.flaky}
-        run_id, resumed = store.start_run("bisect", run_key(cfg, old, new, judge.key), params,
-                                          os.getpid())
         search = Bisection(commits, new, priors=seeds.priors if seeds else None)
-        handler.started(run_id, len(commits), resumed)
         steps: list[Step] = []
         slots = cfg.slots or [{} for _ in range(max(1, cfg.jobs))]
         executor = cfg.executor or LocalExecutor(slots)
-        status = "failed"
         extra: dict = {}
         try:
-            confirmed = False
-            if seeds and seeds.pair and not cfg.flaky:
-                confirmed = _test_seed_pair(seeds, judge, executor, store, run_id, steps, handler, search,
-                                            old, to_term)
-            if seeds:
-                extra["seeded"] = seeds.as_dict(confirmed)
-            if cfg.flaky:
-                from bisector.flaky import run_flaky
-                answer, round_no, flaky_extra = run_flaky(cfg, judge, store, run_id, steps, handler,
-                                                          commits, old, new,
-                                                          seeds.priors if seeds else None)
-                extra.update(flaky_extra)
-            if cfg.verify_endpoints and not confirmed and not cfg.flaky:
-                for step in _run_round(judge, executor, [(old, "endpoint"), (new, "endpoint")], 0,
-                                       store, run_id, steps, handler, search, None, to_term):
-                    expected = Term.OLD if step.sha == old else Term.NEW
-                    if to_term[step.verdict] is not expected:
-                        name = old_name if step.sha == old else new_name
-                        ref = getattr(cfg, name)
-                        raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) "
-                                            f"tested {step.verdict}, not {name}: {step.reason}")
-            round_no = 0
-            while not search.done and not cfg.flaky:
-                round_no += 1
-                probes = search.next_probes(executor.size, cost=builder.cost)
-                _run_round(judge, executor, [(sha, "probe") for sha in probes], round_no, store,
-                           run_id, steps, handler, search, search, to_term)
-            answer = answer if cfg.flaky else search.answer()
-            culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
-            result = {
-                "run_id": run_id,
-                "mode": "find-fix" if cfg.find_fix else "regression",
-                "good": good, "bad": bad,
-                "culprit": culprit,
-                ("first_good" if cfg.find_fix else "first_bad"): culprit,
-                "candidates": list(answer.candidates),
-                "range": [old] + [sha for sha, _ in commits],
-                "steps": [s.as_dict() for s in steps],
-                "executions": judge.executions,
-                "rounds": round_no,
-                "scenario": judge.key,
-                "resumed_from": resumed,
-                **extra,
-            }
-            status = "finished"
-            return result
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
+            with store.recording("bisect", run_key(cfg, old, new, judge.key), params) as run:
+                run_id, resumed = run.id, run.resumed_from
+                handler.started(run_id, len(commits), resumed)
+                confirmed = False
+                if seeds and seeds.pair and not cfg.flaky:
+                    confirmed = _test_seed_pair(seeds, judge, executor, store, run_id, steps, handler, search,
+                                                old, to_term)
+                if seeds:
+                    extra["seeded"] = seeds.as_dict(confirmed)
+                if cfg.flaky:
+                    from bisector.flaky import run_flaky
+                    answer, round_no, flaky_extra = run_flaky(cfg, judge, store, run_id, steps, handler,
+                                                              commits, old, new,
+                                                              seeds.priors if seeds else None)
+                    extra.update(flaky_extra)
+                if cfg.verify_endpoints and not confirmed and not cfg.flaky:
+                    for step in _run_round(judge, executor, [(old, "endpoint"), (new, "endpoint")], 0,
+                                           store, run_id, steps, handler, search, None, to_term):
+                        expected = Term.OLD if step.sha == old else Term.NEW
+                        if to_term[step.verdict] is not expected:
+                            name = old_name if step.sha == old else new_name
+                            ref = getattr(cfg, name)
+                            raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) "
+                                                f"tested {step.verdict}, not {name}: {step.reason}")
+                round_no = 0
+                while not search.done and not cfg.flaky:
+                    round_no += 1
+                    probes = search.next_probes(executor.size, cost=builder.cost)
+                    _run_round(judge, executor, [(sha, "probe") for sha in probes], round_no, store,
+                               run_id, steps, handler, search, search, to_term)
+                answer = answer if cfg.flaky else search.answer()
+                culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
+                run.result = {
+                    "run_id": run_id,
+                    "mode": "find-fix" if cfg.find_fix else "regression",
+                    "good": good, "bad": bad,
+                    "culprit": culprit,
+                    ("first_good" if cfg.find_fix else "first_bad"): culprit,
+                    "candidates": list(answer.candidates),
+                    "range": [old] + [sha for sha, _ in commits],
+                    "steps": [s.as_dict() for s in steps],
+                    "executions": judge.executions,
+                    "rounds": round_no,
+                    "scenario": judge.key,
+                    "resumed_from": resumed,
+                    **extra,
+                }
+            return run.result
         finally:
             executor.shutdown()
-            store.finish_run(run_id, status, result if status == "finished" else None)
             store.close()
 
 

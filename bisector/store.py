@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 SCHEMA = """
@@ -59,6 +62,15 @@ CREATE TABLE IF NOT EXISTS builds (
     last_used REAL NOT NULL
 );
 """
+
+
+@dataclass
+class RunRecord:
+    """A run being recorded: set `result` when it finishes; leaving without one marks it failed."""
+
+    id: int
+    resumed_from: int | None
+    result: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,22 @@ class Store:
                               "VALUES (?, ?, 'running', ?, ?, ?)",
                               (kind, key, pid, time.time(), json.dumps(params)))
         return cur.lastrowid, resumed
+
+    @contextmanager
+    def recording(self, kind: str, key: str, params: dict) -> Iterator[RunRecord]:
+        """Start a run row and close it on the way out: finished, failed or interrupted (Ctrl-C)."""
+        run_id, resumed = self.start_run(kind, key, params, os.getpid())
+        record = RunRecord(run_id, resumed)
+        status = "failed"
+        try:
+            yield record
+            if record.result is not None:
+                status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.finish_run(run_id, status, record.result)
 
     def finish_run(self, run_id: int, status: str, result: dict | None) -> None:
         self.db.execute("UPDATE runs SET status = ?, finished = ?, result = ? WHERE id = ?",
