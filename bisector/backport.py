@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.build import NoBuild
-from bisector.engine import Judge, RepoLock, UsageError, default_state_dir, prepare_state_dir
+from bisector.engine import (Judge, RepoLock, UsageError, default_state_dir, open_builder,
+                             prepare_state_dir)
 from bisector.gitrepo import GitError, GitRepo, Hunk, WorktreePool
 from bisector.store import Execution, Store
 from scenarios.base import Scenario
@@ -137,8 +138,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
 
     with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
-        judge = Judge(store, pool, cfg.scenario, cfg.builder, state_dir, cfg.timeout, cfg.python,
-                      cfg.repeat) if cfg.scenario else None
+        judge = Judge(store, pool, cfg.scenario, open_builder(cfg, repo, state_dir), state_dir,
+                      cfg.timeout, cfg.python, cfg.repeat) if cfg.scenario else None
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
                   "create_branches": cfg.create_branches, "repeat": cfg.repeat}

@@ -41,6 +41,31 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return options
 
 
+def build_options(command):
+    """The build options `run` and `backport` share (see build_settings)."""
+    options = [
+        click.option("--build", "build", type=click.Choice(STRATEGIES), default="auto", show_default=True,
+                     help="How each commit is built: cheapest valid (auto), or one strategy."),
+        click.option("--rocm-arch",
+                     help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942."),
+        click.option("--wheels", metavar="DIR|URL-TEMPLATE",
+                     help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}."),
+        click.option("--cache-size", default=DEFAULT_CACHE_SIZE, show_default=True,
+                     help="Cap on stored compiled artifacts (least recently used evicted)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def build_settings(build: str, python: str, rocm_arch: str | None, wheels: str | None,
+                   cache_size: str) -> BuildSettings:
+    try:
+        return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
+    except ValueError as exc:
+        fail(f"--cache-size: {exc}")
+
+
 class ProgressHandler(Handler):
     """One line per step on stderr: step n of about m, commits left, commit, elapsed, ETA."""
 
@@ -113,13 +138,7 @@ def _sigterm(signum, frame):
               help="--flaky: probability a faulty commit faults per run (default: estimated).")
 @click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
               help="--flaky: runs on one commit at most.")
-@click.option("--build", "build", type=click.Choice(STRATEGIES), default="auto", show_default=True,
-              help="How each commit is built: cheapest valid (auto), or one strategy.")
-@click.option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942.")
-@click.option("--wheels", metavar="DIR|URL-TEMPLATE",
-              help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}.")
-@click.option("--cache-size", default=DEFAULT_CACHE_SIZE, show_default=True,
-              help="Cap on stored compiled artifacts (least recently used evicted).")
+@build_options
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
@@ -142,10 +161,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
             else CommandScenario(list(command))
     except ScenarioError as exc:
         fail(str(exc))
-    try:
-        builder = BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
-    except ValueError as exc:
-        fail(f"--cache-size: {exc}")
+    builder = build_settings(build, python, rocm_arch, wheels, cache_size)
     try:
         slots, step_executor = executor.placement(executor_kind, jobs, gpus, gpus_per_run, scenario.gpus_per_run,
                                                   str(Path(repo).resolve()), ray_address, remote, builder)
@@ -209,7 +225,8 @@ class BackportProgress:
 @click.option("--create-branches", is_flag=True,
               help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
 @click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-run timeout in seconds (skip).")
-@click.option("--state-dir", type=click.Path(path_type=Path), help="Default: <git dir>/bisector.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
@@ -217,9 +234,10 @@ class BackportProgress:
               help="Write JUnit XML: one test case per branch.")
 @click.option("--python", "python", default=sys.executable, show_default="this interpreter",
               help="Python environment scenarios run in.")
+@build_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, command):
+             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     if scenario_name and command:
         fail("give at most one of --scenario NAME or -- CMD [ARGS...]")
@@ -232,7 +250,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         fail(str(exc))
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python)
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size))
     try:
         result = run_backport(cfg, BackportProgress())
     except UsageError as exc:

@@ -164,10 +164,10 @@ class Tester:
             attempt = len(done) + len(fresh)
             log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
             start = time.monotonic()
-            if not build.ok:
+            if not build.ok:  # not a scenario run: the builder remembers its own failures
                 outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
                     build.log_path
-                details = {}
+                details = {"build_failed": True}
             else:
                 ctx = StepContext(checkout=worktree, log_path=log_path, timeout=self.timeout,
                                   env={**build.env, **slot_env}, python=self.python, cancel=cancel)
@@ -196,10 +196,6 @@ class Judge:
     def history(self, sha: str) -> list[Execution]:
         return self.store.executions(sha, self.key)
 
-    def cached(self, sha: str) -> Execution | None:
-        """The verdict the cache already decides for sha, if it does."""
-        return self.decide(self.history(sha))
-
     def decide(self, runs: list[Execution]) -> Execution | None:
         return self.tester.decide(runs)
 
@@ -215,13 +211,15 @@ class Judge:
         hit = self.decide(done)
         if hit is not None:
             return hit, True
-        self.record(self.execute(sha, done, {}))
-        return self.cached(sha), False
+        return self.decide(done + self.record(self.execute(sha, done, {}))), False
 
-    def record(self, fresh: list[Execution]) -> None:
+    def record(self, fresh: list[Execution]) -> list[Execution]:
+        """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
         for execution in fresh:
-            self.store.add_execution(self.key, execution)
-            self.executions += 1
+            if not execution.details.get("build_failed"):
+                self.store.add_execution(self.key, execution)
+                self.executions += 1
+        return fresh
 
 
 def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
@@ -254,7 +252,8 @@ def _resolve_range(cfg: RunConfig) -> tuple:
     return repo, good, bad, old, new, old_name, new_name, commits
 
 
-def _open_builder(cfg: RunConfig, repo: GitRepo, state_dir: Path):
+def open_builder(cfg: RunConfig, repo: GitRepo, state_dir: Path):
+    """cfg.builder (build settings) opened on this repository and state dir's artifact cache."""
     try:
         return cfg.builder.open(repo, state_dir)
     except ValueError as exc:
@@ -269,7 +268,7 @@ def plan_bisection(cfg: RunConfig) -> dict:
     """
     repo, good, bad, old, new, old_name, new_name, commits = _resolve_range(cfg)
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
-    builder = _open_builder(cfg, repo, state_dir)
+    builder = open_builder(cfg, repo, state_dir)
     probes: list[dict] = []
     planned: set[str] = set()  # native hashes the steps listed so far will have built
 
@@ -311,7 +310,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
 
     with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
-        builder = _open_builder(cfg, repo, state_dir)
+        builder = open_builder(cfg, repo, state_dir)
         judge = Judge(store, pool, cfg.scenario, builder, state_dir, cfg.timeout, cfg.python,
                       1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
         params = {"repo": str(repo.root), "good": good, "bad": bad, "good_ref": cfg.good,
@@ -459,20 +458,19 @@ def _run_round(judge: Judge, executor, wanted: list[tuple[str, str]], round_no: 
             add(sha, role, hit, True)
             continue
         handler.testing(sha, role)
-        futures[executor.run_step(judge, sha, done)] = (sha, role)
+        futures[executor.run_step(judge, sha, done)] = (sha, role, done)
     cancelled = set()
     while futures:
         finished, _ = wait(futures, return_when=FIRST_COMPLETED)
         for future in finished:
-            sha, role = futures.pop(future)
+            sha, role, done = futures.pop(future)
             try:
                 fresh = future.result()
             except (Cancelled, CancelledError):
                 continue
-            judge.record(fresh)
-            add(sha, role, judge.cached(sha), False)
+            add(sha, role, judge.decide(done + judge.record(fresh)), False)
         if deciding is not None:
-            for future, (sha, role) in futures.items():
+            for future, (sha, role, _) in futures.items():
                 if future not in cancelled and not deciding.is_open(sha):
                     cancelled.add(future)
                     executor.cancel(future)

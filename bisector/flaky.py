@@ -39,9 +39,10 @@ def run_flaky(cfg, judge, store, run_id: int, steps: list, handler, commits: lis
 
     def run_once(sha: str, role: str, round_no: int) -> None:
         """One more scenario run on sha, stored as an execution and a step."""
-        fresh = judge.execute(sha, [], slot_env)
-        judge.record(fresh)
+        fresh = judge.record(judge.execute(sha, [], slot_env))
         for execution in fresh:
+            if execution.details.get("build_failed"):
+                search.skip(sha)
             step = Step(sha, role, round_no, execution.verdict, execution.reason, False,
                         execution.seconds, execution.log_path, execution.build)
             store.add_step(run_id, len(steps), round_no, role, execution, False)

@@ -246,3 +246,24 @@ def test_target_present_needs_distinctive_context():
     assert not target_present([hunk], lambda path: None)
     # only the generic trailing context ("return dtype") is left: too weak to locate the code
     assert not target_present([hunk], lambda path: "def other():\n    return dtype\n")
+
+
+def test_backport_builds_each_tested_commit_with_the_build_option(tmp_path):
+    """--build reaches backport's scenario runs: with `python` (reuse only) and nothing built yet,
+    a commit that has a setup.py cannot be served, so the branch is untestable, naming the build."""
+    repo = RepoBuilder(tmp_path / "repo")
+    repo.commit("c0: start", {"setup.py": "from setuptools import setup\nsetup()\n", "lib.py": BUGGY})
+    fix = repo.commit("Fix Q dtype for fp8 KV (#2)", {"lib.py": FIXED})
+    git(repo.path, "branch", "rel/buggy", "HEAD~1")
+    (tmp_path / "check.py").write_text(CHECK)
+    common = ["backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel/*",
+              "--json", str(tmp_path / "out.json"), "--", sys.executable, str(tmp_path / "check.py")]
+    proc = bisector(*common[:5], "--build", "python", *common[5:])
+    assert proc.returncode == 1, proc.stderr
+    (entry,) = json.loads((tmp_path / "out.json").read_text())["branches"]
+    assert entry["verdict"] == "untestable"
+    assert entry["before_reason"].startswith("build failed: ")
+    proc = bisector(*common[:5], "--build", "none", *common[5:])
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads((tmp_path / "out.json").read_text())["branches"]
+    assert entry["verdict"] == "verified"
