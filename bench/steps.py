@@ -85,7 +85,8 @@ def run_bisector(repo: Path, good: str, bad: str, workdir: Path) -> dict:
     result_file = workdir / "result.json"
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo), "--good", good,
-                    "--bad", bad, "--state-dir", str(workdir / "state"), "--json", str(result_file),
+                    "--bad", bad, "--build", "none", "--state-dir", str(workdir / "state"),
+                    "--json", str(result_file),
                     "--", *argv], check=True, capture_output=True, cwd=HERE.parent)
     wall = time.monotonic() - start
     result = json.loads(result_file.read_text())
