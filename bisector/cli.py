@@ -131,6 +131,8 @@ def _sigterm(signum, frame):
               help="Python environment scenarios run in.")
 @click.option("--fix", "fix", metavar="REF",
               help="A known fix: test first the commit its lines blame to (and that commit's parent).")
+@click.option("--culprit", "culprit", metavar="REF",
+              help="--find-fix: the commit that brought the fault; test first what rewrote its lines.")
 @click.option("--flaky", is_flag=True, help="Intermittent fault: probabilistic search to --confidence.")
 @click.option("--confidence", type=click.FloatRange(0.5, 1, max_open=True), default=0.95,
               show_default=True, help="--flaky: stop once one commit is this likely the culprit.")
@@ -150,7 +152,7 @@ def _sigterm(signum, frame):
 @click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, flaky, confidence,
+        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
         fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
@@ -170,7 +172,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
-                    fix=fix, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
+                    fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
                     max_runs_per_commit=max_runs_per_commit, builder=builder,
                     slots=slots, executor=step_executor)
     if plan:

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 
 from bisector.build import BuildResult, NoBuild
 from bisector.executor import LocalExecutor
-from bisector.gitrepo import GitError, GitRepo, WorktreePool, blame_fix
+from bisector.gitrepo import GitError, GitRepo, WorktreePool, blame_fix, blame_reverse
 from bisector.search import Bisection, InconsistentVerdicts, Term
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.store import Execution, Store
@@ -48,6 +48,7 @@ class RunConfig:
     executor: object | None = None  # default: LocalExecutor(slots); else e.g. executor.RayExecutor
     builder: object = field(default_factory=NoBuild)
     fix: str | None = None             # seed the search with the commits the fix's lines blame to
+    culprit: str | None = None         # --find-fix: seed with the commits that rewrote the culprit's lines
     flaky: bool = False                # probabilistic search over intermittent faults
     confidence: float = 0.95
     fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
@@ -225,7 +226,7 @@ class Judge:
 def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
-                       cfg.fault_rate, cfg.max_runs_per_commit])
+                       cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -304,7 +305,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     """Validate, then bisect; returns the stored result record (also in the run's row)."""
     handler = handler or Handler()
     repo, good, bad, old, new, old_name, new_name, commits = _resolve_range(cfg)
-    seeds = _plan_seeds(repo, cfg, commits, old) if cfg.fix else None
+    seeds = _plan_seeds(repo, cfg, commits, old, new) if cfg.fix or cfg.culprit else None
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
     to_term = _term_mapping(cfg.find_fix)
 
@@ -316,7 +317,9 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         params = {"repo": str(repo.root), "good": good, "bad": bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
-                  "repeat": cfg.repeat, "fix": seeds.fix if seeds else None, "flaky": cfg.flaky}
+                  "repeat": cfg.repeat, "flaky": cfg.flaky,
+                  **{kind: seeds.origin if seeds and seeds.kind == kind else None
+                     for kind in ("fix", "culprit")}}
         search = Bisection(commits, new, priors=seeds.priors if seeds else None)
         steps: list[Step] = []
         slots = cfg.slots or [{} for _ in range(max(1, cfg.jobs))]
@@ -376,15 +379,21 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
             store.close()
 
 
-def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str) -> SeedPlan:
-    """Blame the fix's lines (SZZ) and keep what falls inside the range."""
-    if cfg.find_fix:
-        raise UsageError("--fix seeds a regression hunt; with --find-fix the fix is what is sought")
+def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:
+    """Blame the fix's lines (SZZ), or find what rewrote the culprit's lines on the way to the good
+    end (reverse SZZ, --find-fix); keep what falls inside the range."""
+    if cfg.fix and cfg.find_fix:
+        raise UsageError("--fix seeds a regression hunt; with --find-fix the fix is what is sought "
+                         "(seed with --culprit REF)")
+    if cfg.culprit and not cfg.find_fix:
+        raise UsageError("--culprit seeds a fix hunt: it needs --find-fix (regression hunts take --fix)")
+    kind = "culprit" if cfg.culprit else "fix"
     try:
-        fix = repo.resolve(cfg.fix)
-        return plan_seeds(commits, old, fix, blame_fix(repo, fix))
+        origin = repo.resolve(getattr(cfg, kind))
+        blamed = blame_reverse(repo, origin, new) if cfg.culprit else blame_fix(repo, origin)
+        return plan_seeds(commits, old, origin, blamed, kind)
     except GitError as exc:
-        raise UsageError(f"--fix: {exc}") from None
+        raise UsageError(f"--{kind}: {exc}") from None
 
 
 def _test_seed_pair(seeds: SeedPlan, judge: Judge, executor: LocalExecutor, store: Store, run_id: int,

@@ -1,4 +1,5 @@
-"""Fix-seeded localization: from the commits a fix's lines blame to a seed pair and search priors.
+"""Seeded localization: from blamed commits (a fix's lines blamed, or a culprit's lines reverse-blamed)
+to a seed pair and search priors.
 
 Pure: takes the range and the blame, returns what to test first and how to weight the rest.
 """
@@ -12,18 +13,19 @@ from bisector.gitrepo import BlamedCommit
 
 @dataclass(frozen=True)
 class SeedPlan:
-    fix: str
+    origin: str                            # the commit blamed from: a fix, or (--find-fix) a culprit
     candidates: tuple[BlamedCommit, ...]  # blamed commits inside the range, best first
     pair: tuple[str, str] | None           # (best candidate, its parent) to test first
     priors: dict[str, float]               # Bisection priors: candidates share half the mass
+    kind: str = "fix"                      # what origin is: fix | culprit
 
     def as_dict(self, confirmed: bool) -> dict:
-        return {"fix": self.fix, "candidates": [c.as_dict() for c in self.candidates],
+        return {self.kind: self.origin, "candidates": [c.as_dict() for c in self.candidates],
                 "pair": list(self.pair) if self.pair else None, "confirmed": confirmed}
 
 
-def plan_seeds(commits: Sequence[tuple[str, Sequence[str]]], old: str, fix: str,
-               blamed: Sequence[BlamedCommit]) -> SeedPlan:
+def plan_seeds(commits: Sequence[tuple[str, Sequence[str]]], old: str, origin: str,
+               blamed: Sequence[BlamedCommit], kind: str = "fix") -> SeedPlan:
     """Keep blamed commits inside the range; pair the best one whose parent is testable with it.
 
     A parent is testable when it is in the range or is the old endpoint.
@@ -34,4 +36,4 @@ def plan_seeds(commits: Sequence[tuple[str, Sequence[str]]], old: str, fix: str,
                  if parents[b.sha] and (parents[b.sha][0] in parents or parents[b.sha][0] == old)), None)
     total = sum(b.score for b in candidates)
     priors = {b.sha: 1.0 + len(commits) * b.score / total for b in candidates} if total else {}
-    return SeedPlan(fix, candidates, pair, priors)
+    return SeedPlan(origin, candidates, pair, priors, kind)
