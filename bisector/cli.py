@@ -41,6 +41,16 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return options
 
 
+state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+                                help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+
+
+def python_option(purpose: str):
+    """--python: the interpreter (environment) scenarios run in, default this one."""
+    return click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+                        help=purpose)
+
+
 def build_options(command):
     """The build options `run` and `backport` share (see build_settings)."""
     options = [
@@ -117,8 +127,7 @@ def _sigterm(signum, frame):
               help="Only commits touching these paths are candidates.")
 @click.option("--find-fix", is_flag=True, help="Find the first commit where the fault disappears.")
 @click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-step timeout in seconds (skip).")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
@@ -127,8 +136,7 @@ def _sigterm(signum, frame):
               help="Commits tested per round.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per commit; any fault makes it bad.")
-@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
-              help="Python environment scenarios run in.")
+@python_option("Python environment scenarios run in.")
 @click.option("--fix", "fix", metavar="REF",
               help="A known fix: test first the commit its lines blame to (and that commit's parent).")
 @click.option("--culprit", "culprit", metavar="REF",
@@ -227,15 +235,13 @@ class BackportProgress:
 @click.option("--create-branches", is_flag=True,
               help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
 @click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-run timeout in seconds (skip).")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
 @click.option("--junit", "junit_file", type=click.Path(path_type=Path),
               help="Write JUnit XML: one test case per branch.")
-@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
-              help="Python environment scenarios run in.")
+@python_option("Python environment scenarios run in.")
 @build_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
@@ -276,8 +282,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
 @click.option("--commits", type=click.IntRange(min=3), default=40, show_default=True)
 @click.option("--culprit", type=click.IntRange(min=1), default=25, show_default=True,
               help="Index of the commit that introduces the q_dtype bug.")
-@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
-              help="Python environment the probe runs in (needs torch).")
+@python_option("Python environment the probe runs in (needs torch).")
 def demo(directory, commits, culprit, python):
     """Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."""
     from scenarios.aiter_mla_probe.demo import make_demo_repo
@@ -327,11 +332,9 @@ def scenario_list() -> None:
 @click.option("--ref", default="HEAD", show_default=True, help="Commit to judge.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
 @click.option("--timeout", type=click.FloatRange(min=0.001), help="Timeout in seconds (skip).")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
-@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
-              help="Python environment the scenario runs in.")
+@python_option("Python environment the scenario runs in.")
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     try:
@@ -360,8 +363,7 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 @main.command("report")
 @click.argument("run_id", metavar="RUN_ID|latest")
 @click.option("--repo", default=".", show_default=True, help="Repository whose record to read.")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+@state_dir_option
 @click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
 def report_command(run_id, repo, state_dir, fmt, output):
@@ -392,10 +394,8 @@ def report_command(run_id, repo, state_dir, fmt, output):
 
 @main.command("doctor")
 @click.option("--repo", default=".", show_default=True, help="Repository whose state dir to size.")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-              help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
-@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
-              help="Python environment scenarios run in.")
+@state_dir_option
+@python_option("Python environment scenarios run in.")
 def doctor_command(repo, state_dir, python):
     """Versions, GPUs and disk use, for support requests (changes nothing)."""
     click.echo(doctor.report(python, resolve_state_dir(repo, state_dir)))

@@ -35,6 +35,33 @@ def _culprit_label(result: dict) -> str:
     return "first good commit (the fix)" if result.get("mode") == "find-fix" else "first bad commit"
 
 
+def _search_notes(result: dict) -> list[str]:
+    """How the search went beyond plain bisection: fix-seeded candidates, flaky confidence and evidence."""
+    notes = []
+    seeded = result.get("seeded")
+    if seeded:
+        source = f"fix {seeded['fix'][:12]}" if seeded.get("fix") else f"culprit {seeded['culprit'][:12]}"
+        pair = seeded.get("pair")
+        how = ("confirmed against its parent" if seeded["confirmed"] else "not confirmed; bisected on") \
+            if pair else "none testable; bisected"
+        notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
+                     + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+    if "confidence" in result:
+        notes.append(f"flaky search: confidence {result['confidence']:.3f} that "
+                     f"{result['best_guess'][:12]} is the {_culprit_label(result)}")
+        notes += [f"  {sha[:12]}: {seen['faults']} fault(s) in {seen['runs']} run(s)"
+                  for sha, seen in result.get("evidence", {}).items()]
+    return notes
+
+
+def _inconclusive(result: dict) -> str:
+    if "confidence" in result:
+        return (f"below the asked confidence ({result['confidence']:.3f}); most likely "
+                f"{len(result['candidates'])} candidates for the {_culprit_label(result)}:")
+    return (f"skipped commits leave {len(result['candidates'])} candidates "
+            f"for the {_culprit_label(result)}:")
+
+
 def bisect_text(result: dict) -> str:
     lines = []
     culprit = result.get("culprit")
@@ -47,9 +74,9 @@ def bisect_text(result: dict) -> str:
             lines.append("  files: " + ", ".join(culprit["files"][:20])
                          + (f" (+{len(culprit['files']) - 20} more)" if len(culprit["files"]) > 20 else ""))
     else:
-        lines.append(f"inconclusive: skipped commits leave {len(result['candidates'])} candidates "
-                     f"for the {_culprit_label(result)}:")
+        lines.append(f"inconclusive: {_inconclusive(result)}")
         lines.extend(f"  {sha}" for sha in result["candidates"])
+    lines += _search_notes(result)
     lines.append(f"steps: {len(result['steps'])}, scenario executions: {result['executions']}, "
                  f"rounds: {result['rounds']}")
     for step in result["steps"]:
@@ -71,8 +98,11 @@ def bisect_markdown(result: dict) -> str:
                 f"- author: {culprit['author']}", f"- date: {culprit['date']}",
                 "- files: " + ", ".join(f"`{f}`" for f in culprit["files"][:30])]
     else:
-        out += [f"**Inconclusive:** skipped commits leave {len(result['candidates'])} candidates:", ""]
+        out += [f"**Inconclusive:** {_inconclusive(result)}", ""]
         out += [f"- `{sha}`" for sha in result["candidates"]]
+    notes = _search_notes(result)
+    if notes:
+        out += ["", *(f"- {note.strip()}" for note in notes)]
     out += ["", f"Scenario `{result['scenario']}`: {result['executions']} executions, "
             f"{len(result['steps'])} steps, {result['rounds']} rounds.", "",
             "| # | commit | role | verdict | seconds | cached | reason |",

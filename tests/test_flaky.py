@@ -119,6 +119,7 @@ def test_flaky_cli_names_culprit_with_confidence_and_evidence(make_repo, tmp_pat
     proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--flaky",
                     "--json", str(out), "--", *FAULT, env=flaky_env(tmp_path, 1, 0.5))
     assert proc.returncode == 0, proc.stderr
+    assert "flaky search: confidence " in proc.stdout and " fault(s) in " in proc.stdout
     result = json.loads(out.read_text())
     assert result["first_bad"]["sha"] == shas[7]
     assert result["confidence"] >= 0.95

@@ -85,6 +85,7 @@ def test_confirmed_seed_needs_two_executions(make_repo, tmp_path):
     proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--fix", "fix",
                     "--json", str(out), "--", *STATE_IS_GOOD)
     assert proc.returncode == 0, proc.stderr
+    assert "seeded from fix " in proc.stdout and "confirmed against its parent" in proc.stdout
     result = json.loads(out.read_text())
     assert result["first_bad"]["sha"] == shas[9]
     assert result["executions"] == 2
@@ -102,6 +103,7 @@ def test_unconfirmed_seed_falls_back_to_weighted_bisection(make_repo, tmp_path):
     out = tmp_path / "r.json"
     proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                     "--fix", "wrong-fix", "--json", str(out), "--", *STATE_IS_GOOD)
+    assert "not confirmed; bisected on" in proc.stdout
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["first_bad"]["sha"] == shas[9]
