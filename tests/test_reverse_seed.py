@@ -73,6 +73,8 @@ def test_confirmed_culprit_seed_needs_two_executions(make_repo, tmp_path):
     out = tmp_path / "r.json"
     proc = run_find_fix(repo, shas, shas[CULPRIT], out)
     assert proc.returncode == 0, proc.stderr
+    assert f"seeded from culprit {shas[CULPRIT][:12]}" in proc.stdout
+    assert "confirmed against its parent" in proc.stdout
     result = json.loads(out.read_text())
     assert result["first_good"]["sha"] == shas[FIX]
     assert result["executions"] == 2
