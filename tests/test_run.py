@@ -191,12 +191,18 @@ def test_exit_at_or_above_128_aborts(make_repo, tmp_path):
     assert "exited 200" in proc.stderr
 
 
+def slow_judge(tmp_path, seconds):
+    """A judge script that takes `seconds`, then reads the `state` file (good/bad)."""
+    script = tmp_path / "slow.py"
+    script.write_text(f"import time, pathlib, sys\ntime.sleep({seconds})\n"
+                      "sys.exit(0 if 'good' in pathlib.Path('state').read_text() else 1)\n")
+    return script
+
+
 def test_kill_9_mid_run_resumes_without_losing_a_verdict(make_repo, tmp_path):
     repo = make_repo()
     shas = repo.linear(200, bad_from=77)
-    script = tmp_path / "slow.py"
-    script.write_text("import time, pathlib, sys\ntime.sleep(0.4)\n"
-                      "sys.exit(0 if 'good' in pathlib.Path('state').read_text() else 1)\n")
+    script = slow_judge(tmp_path, 0.4)
     args = ["run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--",
             sys.executable, str(script)]
     db = repo.path / ".git" / "bisector" / "bisector.sqlite"
@@ -231,9 +237,7 @@ def test_kill_9_mid_run_resumes_without_losing_a_verdict(make_repo, tmp_path):
 def test_two_runs_on_one_repository_are_serialized(make_repo, tmp_path):
     repo = make_repo()
     shas = repo.linear(10, bad_from=5)
-    script = tmp_path / "slow.py"
-    script.write_text("import time, pathlib, sys\ntime.sleep(0.3)\n"
-                      "sys.exit(0 if 'good' in pathlib.Path('state').read_text() else 1)\n")
+    script = slow_judge(tmp_path, 0.3)
     args = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0],
             "--bad", shas[-1], "--", sys.executable, str(script)]
     env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
