@@ -59,7 +59,18 @@ def parse_gpus(text: str) -> list[int]:
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ, kfd_nodes: Path = KFD_NODES) -> list[int]:
-    """GPUs this process may use: HIP_VISIBLE_DEVICES if set, else the KFD topology's GPU nodes."""
+    """Physical ids of the GPUs this process may use.
+
+    ROCR_VISIBLE_DEVICES (as a scheduler or container sets it, and as the slots do) narrowed by
+    HIP_VISIBLE_DEVICES, which indexes within it; else HIP_VISIBLE_DEVICES; else the KFD topology's
+    GPU nodes. Steps keep to these: a slot never reaches a GPU the parent was not given.
+    """
+    if environ.get("ROCR_VISIBLE_DEVICES", "").strip():
+        physical = parse_gpus(environ["ROCR_VISIBLE_DEVICES"])
+        if "HIP_VISIBLE_DEVICES" in environ:
+            text = environ["HIP_VISIBLE_DEVICES"].strip()
+            return [physical[i] for i in parse_gpus(text) if i < len(physical)] if text else []
+        return physical
     if "HIP_VISIBLE_DEVICES" in environ:
         text = environ["HIP_VISIBLE_DEVICES"].strip()
         return parse_gpus(text) if text else []

@@ -126,6 +126,9 @@ def test_visible_gpus_from_hip_variable_then_kfd_topology(tmp_path):
     assert visible_gpus({"HIP_VISIBLE_DEVICES": "4,5"}, tmp_path) == [4, 5]
     assert visible_gpus({"HIP_VISIBLE_DEVICES": ""}, tmp_path) == []
     assert visible_gpus({}, tmp_path / "missing") == []
+    # a scheduler's ROCR_VISIBLE_DEVICES holds physical ids; HIP ids index within it
+    assert visible_gpus({"ROCR_VISIBLE_DEVICES": "4,5,6,7"}, tmp_path) == [4, 5, 6, 7]
+    assert visible_gpus({"ROCR_VISIBLE_DEVICES": "4,5,6,7", "HIP_VISIBLE_DEVICES": "1,3"}, tmp_path) == [5, 7]
 
 
 def test_local_slots():
