@@ -112,10 +112,14 @@ def detect_toolchain(python: str, arch: str | None) -> Toolchain:
                      arch=arch or os.environ.get("PYTORCH_ROCM_ARCH") or gpu_arch() or DEFAULT_ARCH)
 
 
+def rocm_root() -> Path:
+    return Path(os.environ.get("ROCM_PATH", "/opt/rocm"))
+
+
 def installed_rocm_version() -> str | None:
-    root = Path(os.environ.get("ROCM_PATH", "/opt/rocm"))
+    """The ROCm release installed under ROCM_PATH (default /opt/rocm), from its .info/version."""
     try:
-        return (root / ".info" / "version").read_text().strip() or None
+        return (rocm_root() / ".info" / "version").read_text().strip() or None
     except OSError:
         return None
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from bisector import __version__
+from bisector.build import installed_rocm_version, rocm_root
 from bisector.executor import GPU_VARIABLES
 
-ROCM_PATH = Path(os.environ.get("ROCM_PATH", "/opt/rocm"))
 
 # Run in the --python interpreter: versions of what scenarios import there.
 _PROBE = r"""
@@ -54,9 +54,9 @@ def python_packages(python: str) -> dict[str, str]:
 
 
 def rocm_version() -> str:
-    info = ROCM_PATH / ".info" / "version"
-    if info.is_file():
-        return f"{info.read_text().strip()} ({info})"
+    installed = installed_rocm_version()
+    if installed:
+        return f"{installed} ({rocm_root() / '.info' / 'version'})"
     hip = _command(["hipconfig", "--version"])
     return f"{hip} (hipconfig)" if hip else "not found"
 

@@ -133,9 +133,6 @@ class GitRepo:
                           pr=int(match.group(1)) if match else None,
                           files=tuple(f for f in files.splitlines() if f))
 
-    def short(self, sha: str) -> str:
-        return sha[:12]
-
     def tree_ids(self, sha: str, paths: Sequence[str]) -> dict[str, str]:
         """Object ids of those paths (files or folders) present at sha, read from git objects alone."""
         if not paths:

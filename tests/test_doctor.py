@@ -47,3 +47,11 @@ def test_doctor_outside_a_repository_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "state dir: none (not in a git repository" in proc.stdout
     assert not any(tmp_path.iterdir())
+
+
+def test_doctor_reads_the_rocm_release_under_rocm_path(tmp_path):
+    (tmp_path / "rocm" / ".info").mkdir(parents=True)
+    (tmp_path / "rocm" / ".info" / "version").write_text("6.4.1-120\n")
+    proc = bisector("doctor", "--repo", str(tmp_path), env={"ROCM_PATH": str(tmp_path / "rocm")})
+    assert proc.returncode == 0, proc.stderr
+    assert facts(proc.stdout)["ROCm"] == [f"6.4.1-120 ({tmp_path / 'rocm' / '.info' / 'version'})"]
