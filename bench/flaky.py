@@ -9,7 +9,7 @@ Executions count every scenario run the search asks for (endpoint checks exclude
 import argparse
 import random
 
-from bisector.search import Bisection, FlakyBisection, Term
+from bisector.search import Bisection, FlakyBisection, FlakyModel, Term
 
 
 def plain(commits: list[str], culprit: int, p: float, repeat: int, rng: random.Random) -> tuple[bool, int]:
@@ -29,7 +29,7 @@ def plain(commits: list[str], culprit: int, p: float, repeat: int, rng: random.R
 
 def flaky(commits: list[str], culprit: int, p: float, confidence: float,
           rng: random.Random) -> tuple[bool, int, float]:
-    search = FlakyBisection(commits, "old", confidence=confidence, max_runs_per_commit=60)
+    search = FlakyBisection(commits, "old", model=FlakyModel(confidence=confidence, max_runs_per_commit=60))
     runs = 0
     while not search.done:
         sha = search.next_probes(1)[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bisector.engine import RunConfig, run_bisection  # noqa: E402
-from bisector.executor import RayExecutor, ray_runtime_env  # noqa: E402
+from bisector.executor import Placement, RayExecutor, ray_runtime_env  # noqa: E402
 from scenarios.command import CommandScenario  # noqa: E402
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
@@ -88,7 +88,7 @@ def main() -> None:
         if not args.no_ray:
             import ray
             ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env=ray_runtime_env())
-            executor = RayExecutor(str(repo), jobs=4, gpus_per_run=0, cache_dir=str(Path(tmp) / "node-cache"))
+            executor = RayExecutor(Placement(4, None, 0, 0, str(repo)), cache_dir=str(Path(tmp) / "node-cache"))
             for label, key in (("cold", "ray_k4_cold"), ("warm", "ray_k4")):
                 result, seconds = engine_run(repo, shas, argv, 4, Path(tmp) / f"ray-4-{label}", executor)
                 assert result["culprit"]["sha"] == shas[args.culprit], result["culprit"]

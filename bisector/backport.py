@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.build import NoBuild
-from bisector.engine import (Judge, RepoLock, UsageError, default_state_dir, open_builder,
-                             prepare_state_dir)
-from bisector.gitrepo import GitError, GitRepo, Hunk, WorktreePool
+from bisector.engine import Judge, RepoLock, RunContext, default_state_dir, open_builder, prepare_state_dir
+from bisector.errors import UsageError
+from bisector.executor import LocalExecutor
+from bisector.gitrepo import GitRepo, Hunk, WorktreePool
+from bisector.seams import Scenario
 from bisector.store import Execution, Store
-from scenarios.base import Scenario
 
 VERDICTS = ("verified", "not-affected", "already-fixed", "contains", "already-picked",
             "applies-unverified", "conflict", "fix-ineffective", "untestable")
@@ -126,11 +127,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
     handler = handler or BackportHandler()
     if not cfg.branches:
         raise UsageError("give at least one --branches GLOB")
-    try:
-        repo = GitRepo(cfg.repo)
-        fix = repo.resolve(cfg.fix)
-    except GitError as exc:
-        raise UsageError(str(exc)) from None
+    repo = GitRepo(cfg.repo)
+    fix = repo.resolve(cfg.fix)
     if len(repo.parents(fix)) > 1:
         raise UsageError(f"fix {cfg.fix} ({fix[:12]}) is a merge commit; give the commit to pick")
     branches = matching_branches(repo, cfg.branches)
@@ -138,15 +136,18 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
 
     with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
-        judge = Judge(store, pool, cfg.scenario, open_builder(cfg, repo, state_dir), state_dir,
-                      cfg.timeout, cfg.python, cfg.repeat) if cfg.scenario else None
+        judge = Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout, cfg.python,
+                      cfg.repeat) if cfg.scenario else None
+        executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
                   "create_branches": cfg.create_branches, "repeat": cfg.repeat}
         key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
         try:
+            executor.start(pool, state_dir / "logs")
             with store.recording("backport", key, params) as run:
-                checker = _BranchChecker(repo, pool, judge, store, run.id, fix, cfg.create_branches)
+                ctx = RunContext(store, judge, executor, run.id) if judge else None
+                checker = _BranchChecker(repo, pool, ctx, fix, cfg.create_branches)
                 entries = []
                 for name, tip in branches:
                     handler.checking(name, tip)
@@ -161,24 +162,24 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     "scenario": judge.key if judge else None,
                     "globs": list(cfg.branches),
                     "branches": entries,
-                    "executions": judge.executions if judge else 0,
+                    "executions": ctx.executions if ctx else 0,
                     "ok": all(entry["verdict"] in SETTLED for entry in entries),
                     "resumed_from": run.resumed_from,
                 }
             return run.result
         finally:
+            executor.shutdown()
             store.close()
 
 
 class _BranchChecker:
-    """The per-branch pipeline, sharing one fix, one worktree pool and one judge."""
+    """The per-branch pipeline, sharing one fix, one worktree pool and one run (None: no scenario)."""
 
-    def __init__(self, repo: GitRepo, pool: WorktreePool, judge: Judge | None, store: Store,
-                 run_id: int, fix: str, create_branches: bool):
-        self.repo, self.pool, self.judge, self.store = repo, pool, judge, store
-        self.run_id, self.fix, self.create_branches = run_id, fix, create_branches
+    def __init__(self, repo: GitRepo, pool: WorktreePool, ctx: RunContext | None, fix: str,
+                 create_branches: bool):
+        self.repo, self.pool, self.ctx = repo, pool, ctx
+        self.fix, self.create_branches = fix, create_branches
         self.fix_hunks = repo.diff_hunks(fix)
-        self.seq = 0
 
     def check(self, name: str, tip: str) -> dict:
         entry = {"branch": name, "tip": tip, "pick": "none", "before": None, "after": None,
@@ -193,7 +194,7 @@ class _BranchChecker:
                     "reason": f"{sha[:12]} carries the fix ({how})"}
         present = target_present(self.fix_hunks, lambda path: self.repo.file_text(tip, path))
         entry["target"] = "present" if present else "absent"
-        if self.judge:
+        if self.ctx:
             before = self._judge(tip, "before")
             entry["before"], entry["before_reason"] = before.verdict, before.reason
         with self.pool.checkout(tip) as worktree:
@@ -213,9 +214,8 @@ class _BranchChecker:
 
     def _judge(self, sha: str, role: str) -> Execution:
         """The scenario's verdict on sha: from the cache, else run (and recorded) now."""
-        execution, cached = self.judge.verdict(sha)
-        self.store.add_step(self.run_id, self.seq, 0, role, execution, cached)
-        self.seq += 1
+        execution, cached = self.ctx.verdict(sha)
+        self.ctx.add_step(sha, role, 0, execution, cached)
         return execution
 
     def _reason(self, entry: dict) -> str:

@@ -11,24 +11,35 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from bisector import __version__, doctor, executor, report
-from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
+from bisector import __version__, doctor, report
+from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, NoBuild, parse_size
 from bisector.backport import SETTLED, BackportConfig, run_backport
-from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, default_state_dir,
-                             judge_one, plan_bisection, run_bisection)
-from bisector.gitrepo import GitError, GitRepo
+from bisector.engine import Judge, RunConfig, default_state_dir, judge_one, plan_bisection, run_bisection
+from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, GitError,
+                             UsageError)
+from bisector.executor import EXECUTORS, Placement, create_executor
+from bisector.gitrepo import GitRepo
+from bisector.steps import Handler, Step
 from bisector.store import Store
-from scenarios import ScenarioAbort, ScenarioError, available, create
+from scenarios import available, create
 from scenarios.command import CommandScenario
-
-EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_USAGE, EXIT_ENDPOINT, EXIT_ABORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 console = Console(stderr=True, highlight=False)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> None:
-    click.echo(f"bisector: error: {message}", err=True)
-    sys.exit(code)
+class BisectorGroup(click.Group):
+    """Turns every BisectorError into its one line and exit code, and an interrupt into 130."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BisectorError as exc:
+            click.echo(f"bisector: error: {exc.message()}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
+                       err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
 
 def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -36,7 +47,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            fail(f"--option takes KEY=VALUE, got {pair!r}")
+            raise UsageError(f"--option takes KEY=VALUE, got {pair!r}")
         options[key] = value
     return options
 
@@ -73,7 +84,7 @@ def build_settings(build: str, python: str, rocm_arch: str | None, wheels: str |
     try:
         return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
     except ValueError as exc:
-        fail(f"--cache-size: {exc}")
+        raise UsageError(f"--cache-size: {exc}") from None
 
 
 class ProgressHandler(Handler):
@@ -105,7 +116,7 @@ class ProgressHandler(Handler):
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=BisectorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bisector")
 def main() -> None:
     """Find the vLLM commit behind a ROCm GPU fault, and prove its fix backports."""
@@ -150,7 +161,7 @@ def _sigterm(signum, frame):
               help="--flaky: runs on one commit at most.")
 @build_options
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
-@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local",
+@click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
 @click.option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")
 @click.option("--gpus-per-run", type=click.IntRange(min=0),
@@ -165,47 +176,26 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
-        fail("give exactly one of --scenario NAME or -- CMD [ARGS...]")
-    try:
-        scenario = create(scenario_name, parse_options(options)) if scenario_name \
-            else CommandScenario(list(command))
-    except ScenarioError as exc:
-        fail(str(exc))
+        raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    scenario = create(scenario_name, parse_options(options)) if scenario_name \
+        else CommandScenario(list(command))
     builder = build_settings(build, python, rocm_arch, wheels, cache_size)
-    try:
-        slots, step_executor = executor.placement(executor_kind, jobs, gpus, gpus_per_run, scenario.gpus_per_run,
-                                                  str(Path(repo).resolve()), ray_address, remote, builder)
-    except ValueError as exc:
-        fail(str(exc))
+    step_executor = create_executor(executor_kind, Placement(
+        jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
+        builder))
     cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
-                    max_runs_per_commit=max_runs_per_commit, builder=builder,
-                    slots=slots, executor=step_executor)
+                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor)
     if plan:
-        try:
-            planned = plan_bisection(cfg)
-        except UsageError as exc:
-            fail(str(exc))
+        step_executor.shutdown()
+        planned = plan_bisection(cfg)
         if json_file:
             json_file.write_text(json.dumps(planned, indent=2) + "\n")
         click.echo(report.plan_text(planned))
         sys.exit(0)
-    try:
-        result = run_bisection(cfg, ProgressHandler())
-    except UsageError as exc:
-        fail(str(exc))
-    except EndpointError as exc:
-        fail(str(exc), EXIT_ENDPOINT)
-    except ScenarioAbort as exc:
-        fail(f"aborted: {exc}", EXIT_ABORTED)
-    except executor.ExecutorError as exc:
-        fail(f"aborted: {exc}", EXIT_ABORTED)
-    except KeyboardInterrupt:
-        click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
-                   err=True)
-        sys.exit(EXIT_INTERRUPTED)
+    result = run_bisection(cfg, ProgressHandler())
     if json_file:
         json_file.write_text(report.bisect_json(result))
     if markdown_file:
@@ -248,26 +238,15 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
              markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     if scenario_name and command:
-        fail("give at most one of --scenario NAME or -- CMD [ARGS...]")
+        raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
     if options and not scenario_name:
-        fail("--option needs --scenario")
-    try:
-        scenario = create(scenario_name, parse_options(options)) if scenario_name \
-            else CommandScenario(list(command)) if command else None
-    except ScenarioError as exc:
-        fail(str(exc))
+        raise UsageError("--option needs --scenario")
+    scenario = create(scenario_name, parse_options(options)) if scenario_name \
+        else CommandScenario(list(command)) if command else None
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
                          python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size))
-    try:
-        result = run_backport(cfg, BackportProgress())
-    except UsageError as exc:
-        fail(str(exc))
-    except ScenarioAbort as exc:
-        fail(f"aborted: {exc}", EXIT_ABORTED)
-    except KeyboardInterrupt:
-        click.echo("bisector: interrupted; scenario verdicts so far are kept", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+    result = run_backport(cfg, BackportProgress())
     for path, render in ((json_file, report.backport_json), (markdown_file, report.backport_markdown),
                          (junit_file, report.backport_junit)):
         if path:
@@ -288,10 +267,10 @@ def demo(directory, commits, culprit, python):
     from scenarios.aiter_mla_probe.demo import make_demo_repo
 
     if culprit >= commits:
-        fail(f"--culprit must be below --commits ({commits})")
+        raise UsageError(f"--culprit must be below --commits ({commits})")
     directory = directory or Path(tempfile.mkdtemp(prefix="bisector-demo-")) / "vllm-demo"
     if directory.exists():
-        fail(f"{directory} already exists; pick a new --dir")
+        raise UsageError(f"{directory} already exists; pick a new --dir")
     good, bad, planted = make_demo_repo(directory, commits, culprit)
     console.print(f"demo repository: {directory} ({commits} commits, q_dtype bug planted at "
                   f"{planted[:12]})")
@@ -299,10 +278,7 @@ def demo(directory, commits, culprit, python):
                   f"--scenario aiter-mla-probe")
     cfg = RunConfig(repo=directory, good=good, bad=bad, scenario=create("aiter-mla-probe"),
                     python=python)
-    try:
-        result = run_bisection(cfg, ProgressHandler())
-    except EndpointError as exc:
-        fail(str(exc), EXIT_ENDPOINT)
+    result = run_bisection(cfg, ProgressHandler())
     click.echo(report.bisect_text(result))
     found = result["culprit"] and result["culprit"]["sha"] == planted
     click.echo("demo: the probe named the planted commit" if found else
@@ -337,11 +313,8 @@ def scenario_list() -> None:
 @python_option("Python environment the scenario runs in.")
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
-    try:
-        outcome = judge_one(Path(repo), ref, create(name, parse_options(options)), state_dir, timeout,
-                            python)
-    except (ScenarioError, UsageError) as exc:
-        fail(str(exc))
+    judge = Judge(create(name, parse_options(options)), NoBuild(), timeout, python)
+    outcome = judge_one(Path(repo), ref, judge, state_dir)
     if json_file:
         json_file.write_text(json.dumps(outcome, indent=2) + "\n")
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
@@ -369,21 +342,19 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 def report_command(run_id, repo, state_dir, fmt, output):
     """Regenerate a run's report from the stored record (bisection or backport)."""
     if run_id != "latest" and not run_id.isdigit():
-        fail(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+        raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
-        fail(f"not a git repository: {repo} (give --repo or --state-dir)")
+        raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
     database = directory / "bisector.sqlite"
     if not database.is_file():
-        fail(f"no bisector record in {directory}")
+        raise UsageError(f"no bisector record in {directory}")
     store = Store(database)
     try:
         row = store.run(run_id)
         if row is None:
-            fail(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
+            raise UsageError(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
         text = report.render(row, fmt)
-    except report.ReportError as exc:
-        fail(str(exc))
     finally:
         store.close()
     if output:

@@ -1,6 +1,7 @@
-"""The bisection loop: search -> worktree -> build -> scenario -> store -> search."""
+"""The bisection driver: one loop asks a search policy what to test next, judges it, records it."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -13,20 +14,16 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from bisector.build import BuildResult, NoBuild
+from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.gitrepo import GitError, GitRepo, WorktreePool, blame_fix, blame_reverse
-from bisector.search import Bisection, InconsistentVerdicts, Term
+from bisector.gitrepo import GitRepo, WorktreePool, blame_fix, blame_reverse
+from bisector.policies import Batch, BisectPolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.search import Bisection, FlakyModel, Term
+from bisector.seams import Executor, Scenario
 from bisector.seeding import SeedPlan, plan_seeds
+from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
-from scenarios.base import Cancelled, Scenario, StepContext, Verdict
-
-
-class UsageError(Exception):
-    """Bad input: one line for the user, exit 2, repository untouched."""
-
-
-class EndpointError(Exception):
-    """An endpoint did not test as the user said it would: exit 3."""
+from scenarios.base import Cancelled, StepContext, Verdict
 
 
 @dataclass
@@ -44,8 +41,7 @@ class RunConfig:
     jobs: int = 1
     repeat: int = 1
     python: str = "python3"
-    slots: list[Mapping[str, str]] | None = None  # per-slot environment; default: jobs CPU slots
-    executor: object | None = None  # default: LocalExecutor(slots); else e.g. executor.RayExecutor
+    executor: Executor | None = None  # default: LocalExecutor on `jobs` CPU slots
     builder: object = field(default_factory=NoBuild)
     fix: str | None = None             # seed the search with the commits the fix's lines blame to
     culprit: str | None = None         # --find-fix: seed with the commits that rewrote the culprit's lines
@@ -53,33 +49,6 @@ class RunConfig:
     confidence: float = 0.95
     fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
     max_runs_per_commit: int = 20
-
-
-@dataclass(frozen=True)
-class Step:
-    sha: str
-    role: str  # endpoint | probe
-    round: int
-    verdict: str
-    reason: str
-    cached: bool
-    seconds: float
-    log_path: str | None
-    build: str | None
-
-    def as_dict(self) -> dict:
-        return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
-                "reason": self.reason, "cached": self.cached, "seconds": round(self.seconds, 3),
-                "log": self.log_path, "build": self.build}
-
-
-class Handler:
-    """Receives engine events; the CLI's progress display overrides what it shows."""
-
-    def waiting(self, holder: str) -> None: ...
-    def started(self, run_id: int, total: int, resumed_from: int | None) -> None: ...
-    def testing(self, sha: str, role: str) -> None: ...
-    def tested(self, step: Step, left: int, steps_left: int) -> None: ...
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -126,15 +95,22 @@ class RepoLock:
 
 
 @dataclass(frozen=True)
-class Tester:
-    """How one checked-out commit is tested; picklable, so a remote worker can run it too."""
+class Judge:
+    """How one checked-out commit is judged: build, then run the scenario until its verdict is decided.
+
+    Holds no open resources, so a remote worker can run it too (it is pickled into Ray tasks).
+    """
 
     scenario: Scenario
     builder: object
     timeout: float | None
     python: str
-    repeat: int
-    key: str
+    repeat: int = 1
+
+    @property
+    def key(self) -> str:
+        """The verdict cache key: which question this judge answers."""
+        return f"{self.scenario.name}/{self.scenario.version}/{self.scenario.fingerprint()}"
 
     def decide(self, runs: list[Execution]) -> Execution | None:
         """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
@@ -182,45 +158,96 @@ class Tester:
         return fresh
 
 
-class Judge:
-    """Turns a commit into a verdict: cache first, else worktree, build, scenario; records all."""
+class RunContext:
+    """One run's moving parts: where verdicts are stored, who judges, where steps run, what was seen.
 
-    def __init__(self, store: Store, pool: WorktreePool, scenario: Scenario, builder, state_dir: Path,
-                 timeout: float | None, python: str, repeat: int = 1, extra_key: str = ""):
-        self.store, self.pool, self.scenario, self.builder = store, pool, scenario, builder
-        self.logs = state_dir / "logs"
-        self.timeout, self.python, self.repeat = timeout, python, repeat
-        self.key = f"{scenario.name}/{scenario.version}/{scenario.fingerprint()}{extra_key}"
-        self.tester = Tester(scenario, builder, timeout, python, repeat, self.key)
+    `run_id` None means no run row (a single judged commit): steps are then not recorded.
+    """
+
+    def __init__(self, store: Store, judge: Judge, executor: Executor, run_id: int | None = None,
+                 handler: Handler | None = None):
+        self.store, self.judge, self.executor = store, judge, executor
+        self.run_id, self.handler = run_id, handler or Handler()
+        self.steps: list[Step] = []
         self.executions = 0
 
     def history(self, sha: str) -> list[Execution]:
-        return self.store.executions(sha, self.key)
-
-    def decide(self, runs: list[Execution]) -> Execution | None:
-        return self.tester.decide(runs)
-
-    def execute(self, sha: str, done: list[Execution], slot_env: Mapping[str, str],
-                cancel: threading.Event | None = None) -> list[Execution]:
-        """Test sha in a local worktree on this slot. Runs on a worker thread: touches no store."""
-        with self.pool.checkout(sha) as worktree:
-            return self.tester.test(worktree, sha, done, self.logs, slot_env, cancel)
-
-    def verdict(self, sha: str) -> tuple[Execution, bool]:
-        """sha's decided verdict, from the cache or run (and recorded) now; and whether cached."""
-        done = self.history(sha)
-        hit = self.decide(done)
-        if hit is not None:
-            return hit, True
-        return self.decide(done + self.record(self.execute(sha, done, {}))), False
+        return self.store.executions(sha, self.judge.key)
 
     def record(self, fresh: list[Execution]) -> list[Execution]:
         """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
         for execution in fresh:
             if not execution.details.get("build_failed"):
-                self.store.add_execution(self.key, execution)
+                self.store.add_execution(self.judge.key, execution)
                 self.executions += 1
         return fresh
+
+    def add_step(self, sha: str, role: str, round_no: int, execution: Execution, cached: bool) -> Step:
+        step = Step(sha, role, round_no, execution.verdict, execution.reason, cached, execution.seconds,
+                    execution.log_path, execution.build, dict(execution.details))
+        if self.run_id is not None:
+            self.store.add_step(self.run_id, len(self.steps), round_no, role, execution, cached)
+        self.steps.append(step)
+        return step
+
+    def verdict(self, sha: str) -> tuple[Execution, bool]:
+        """sha's decided verdict, from the cache or run (and recorded) now; and whether cached."""
+        done = self.history(sha)
+        hit = self.judge.decide(done)
+        if hit is not None:
+            return hit, True
+        fresh = self.executor.run_step(self.judge, sha, done).result()
+        return self.judge.decide(done + self.record(fresh)), False
+
+    def run_round(self, batch: Batch, policy: SearchPolicy) -> list[Step]:
+        """Judge a batch concurrently; record each as it lands; cancel steps the policy no longer wants.
+
+        With `policy.rerun` every commit gets one more execution, cache or not (--flaky's evidence).
+        """
+        landed: list[Step] = []
+
+        def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
+            step = self.add_step(sha, role, batch.round, execution, cached)
+            landed.append(step)
+            policy.observe(step)
+            self.handler.tested(step, *policy.progress())
+
+        futures = {}
+        for sha, role in batch.commits:
+            done = [] if policy.rerun else self.history(sha)
+            hit = None if policy.rerun else self.judge.decide(done)
+            if hit is not None:
+                land(sha, role, hit, True)
+                continue
+            self.handler.testing(sha, role)
+            futures[self.executor.run_step(self.judge, sha, done)] = (sha, role, done)
+        cancelled = set()
+        while futures:
+            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in finished:
+                sha, role, done = futures.pop(future)
+                try:
+                    fresh = self.record(future.result())
+                except (Cancelled, CancelledError):
+                    continue
+                for execution in fresh if policy.rerun else [self.judge.decide(done + fresh)]:
+                    land(sha, role, execution, False)
+            for future, (sha, _, _) in futures.items():
+                if future not in cancelled and not policy.wants(sha):
+                    cancelled.add(future)
+                    self.executor.cancel(future)
+        return landed
+
+    def drive(self, policy: SearchPolicy) -> int:
+        """The one loop: ask the policy what to test next until it has its answer; returns rounds."""
+        batches = policy.batches()
+        landed = None
+        while True:
+            try:
+                batch = batches.send(landed)
+            except StopIteration:
+                return policy.rounds
+            landed = self.run_round(batch, policy)
 
 
 def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
@@ -230,30 +257,38 @@ def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _resolve_range(cfg: RunConfig) -> tuple:
-    """Validate the asked range: (repo, good, bad, old, new, old_name, new_name, commits)."""
-    try:
-        repo = GitRepo(cfg.repo)
-        good, bad = repo.resolve(cfg.good), repo.resolve(cfg.bad)
-    except GitError as exc:
-        raise UsageError(str(exc)) from None
+@dataclass(frozen=True)
+class Range:
+    """The validated range a run bisects: old and new in git's terms, with the user's names."""
+
+    repo: GitRepo
+    good: str
+    bad: str
+    ends: Endpoints
+    commits: list
+
+
+def _resolve_range(cfg: RunConfig) -> Range:
+    """Validate the asked range, or raise UsageError."""
+    repo = GitRepo(cfg.repo)
+    good, bad = repo.resolve(cfg.good), repo.resolve(cfg.bad)
     old, new = (bad, good) if cfg.find_fix else (good, bad)
     old_name, new_name = ("bad", "good") if cfg.find_fix else ("good", "bad")
+    ends = Endpoints(old, new, old_name, new_name, getattr(cfg, old_name), getattr(cfg, new_name))
     if old == new:
         raise UsageError(f"good and bad are the same commit ({new[:12]})")
     if not repo.is_ancestor(old, new):
-        raise UsageError(f"{old_name} {getattr(cfg, old_name)} is not an ancestor of "
-                         f"{new_name} {getattr(cfg, new_name)}"
+        raise UsageError(f"{old_name} {ends.old_ref} is not an ancestor of {new_name} {ends.new_ref}"
                          + (" (with --find-fix, --bad is the older end)" if cfg.find_fix else ""))
     commits = repo.range_commits([old], new, cfg.first_parent, cfg.paths)
     if len(commits) <= 1 and cfg.paths:
         raise UsageError(f"empty range: no commit in {cfg.good}..{cfg.bad} touches {' '.join(cfg.paths)}")
     if not commits:
         raise UsageError(f"empty range: no commits between {cfg.good} and {cfg.bad}")
-    return repo, good, bad, old, new, old_name, new_name, commits
+    return Range(repo, good, bad, ends, commits)
 
 
-def open_builder(cfg: RunConfig, repo: GitRepo, state_dir: Path):
+def open_builder(cfg, repo: GitRepo, state_dir: Path):
     """cfg.builder (build settings) opened on this repository and state dir's artifact cache."""
     try:
         return cfg.builder.open(repo, state_dir)
@@ -267,9 +302,10 @@ def plan_bisection(cfg: RunConfig) -> dict:
     Endpoints (when verified), the first round's probes, and with one job the second probe for
     either verdict of the first. Builds are decided from git objects and the artifact cache.
     """
-    repo, good, bad, old, new, old_name, new_name, commits = _resolve_range(cfg)
-    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
-    builder = open_builder(cfg, repo, state_dir)
+    asked = _resolve_range(cfg)
+    ends, commits = asked.ends, asked.commits
+    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(asked.repo))
+    builder = open_builder(cfg, asked.repo, state_dir)
     probes: list[dict] = []
     planned: set[str] = set()  # native hashes the steps listed so far will have built
 
@@ -286,91 +322,78 @@ def plan_bisection(cfg: RunConfig) -> dict:
                        "reason": reason, "commands": [c.as_dict() for c in commands]})
 
     if cfg.verify_endpoints:
-        add(old, f"endpoint ({old_name})")
-        add(new, f"endpoint ({new_name})")
-    first = Bisection(commits, new).next_probes(max(1, cfg.jobs), cost=cost)
+        add(ends.old, f"endpoint ({ends.old_name})")
+        add(ends.new, f"endpoint ({ends.new_name})")
+    first = Bisection(commits, ends.new).next_probes(max(1, cfg.jobs), cost=cost)
     for sha in first:
         add(sha, "probe 1")
     if len(first) == 1:
-        for term, name in ((Term.OLD, old_name), (Term.NEW, new_name)):
-            branch = Bisection(commits, new)
+        for term, name in ((Term.OLD, ends.old_name), (Term.NEW, ends.new_name)):
+            branch = Bisection(commits, ends.new)
             branch.record(first[0], term)
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
-    return {"commits": len(commits), "good": good, "bad": bad, "builder": builder.name,
+    return {"commits": len(commits), "good": asked.good, "bad": asked.bad, "builder": builder.name,
             "probes": probes}
+
+
+def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
+            cost: Callable[[str], float]) -> SearchPolicy:
+    """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists)."""
+    priors = seeds.priors if seeds else None
+    if cfg.flaky:
+        model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit)
+        return FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
+                           ctx.history, priors)
+    search = Bisection(asked.commits, asked.ends.new, priors=priors)
+    return BisectPolicy(search, asked.ends, ctx.executor.size, cost, seeds.pair if seeds else None,
+                        cfg.verify_endpoints)
 
 
 def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     """Validate, then bisect; returns the stored result record (also in the run's row)."""
     handler = handler or Handler()
-    repo, good, bad, old, new, old_name, new_name, commits = _resolve_range(cfg)
-    seeds = _plan_seeds(repo, cfg, commits, old, new) if cfg.fix or cfg.culprit else None
+    asked = _resolve_range(cfg)
+    repo, ends = asked.repo, asked.ends
+    seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
-    to_term = _term_mapping(cfg.find_fix)
 
     with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         builder = open_builder(cfg, repo, state_dir)
-        judge = Judge(store, pool, cfg.scenario, builder, state_dir, cfg.timeout, cfg.python,
+        judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
                       1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
-        params = {"repo": str(repo.root), "good": good, "bad": bad, "good_ref": cfg.good,
+        params = {"repo": str(repo.root), "good": asked.good, "bad": asked.bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
                      for kind in ("fix", "culprit")}}
-        search = Bisection(commits, new, priors=seeds.priors if seeds else None)
-        steps: list[Step] = []
-        slots = cfg.slots or [{} for _ in range(max(1, cfg.jobs))]
-        executor = cfg.executor or LocalExecutor(slots)
-        extra: dict = {}
+        executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
-            with store.recording("bisect", run_key(cfg, old, new, judge.key), params) as run:
-                run_id, resumed = run.id, run.resumed_from
-                handler.started(run_id, len(commits), resumed)
-                confirmed = False
-                if seeds and seeds.pair and not cfg.flaky:
-                    confirmed = _test_seed_pair(seeds, judge, executor, store, run_id, steps, handler, search,
-                                                old, to_term)
+            executor.start(pool, state_dir / "logs")
+            with store.recording("bisect", run_key(cfg, ends.old, ends.new, judge.key), params) as run:
+                handler.started(run.id, len(asked.commits), run.resumed_from)
+                ctx = RunContext(store, judge, executor, run.id, handler)
+                policy = _policy(cfg, asked, seeds, ctx, builder.cost)
+                rounds = ctx.drive(policy)
+                answer, extra = policy.answer()
                 if seeds:
-                    extra["seeded"] = seeds.as_dict(confirmed)
-                if cfg.flaky:
-                    from bisector.flaky import run_flaky
-                    answer, round_no, flaky_extra = run_flaky(cfg, judge, store, run_id, steps, handler,
-                                                              commits, old, new,
-                                                              seeds.priors if seeds else None)
-                    extra.update(flaky_extra)
-                if cfg.verify_endpoints and not confirmed and not cfg.flaky:
-                    for step in _run_round(judge, executor, [(old, "endpoint"), (new, "endpoint")], 0,
-                                           store, run_id, steps, handler, search, None, to_term):
-                        expected = Term.OLD if step.sha == old else Term.NEW
-                        if to_term[step.verdict] is not expected:
-                            name = old_name if step.sha == old else new_name
-                            ref = getattr(cfg, name)
-                            raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) "
-                                                f"tested {step.verdict}, not {name}: {step.reason}")
-                round_no = 0
-                while not search.done and not cfg.flaky:
-                    round_no += 1
-                    probes = search.next_probes(executor.size, cost=builder.cost)
-                    _run_round(judge, executor, [(sha, "probe") for sha in probes], round_no, store,
-                               run_id, steps, handler, search, search, to_term)
-                answer = answer if cfg.flaky else search.answer()
+                    extra["seeded"] = seeds.as_dict(policy.confirmed)
                 culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
                 run.result = {
-                    "run_id": run_id,
+                    "run_id": run.id,
                     "mode": "find-fix" if cfg.find_fix else "regression",
-                    "good": good, "bad": bad,
+                    "good": asked.good, "bad": asked.bad,
                     "culprit": culprit,
                     ("first_good" if cfg.find_fix else "first_bad"): culprit,
                     "candidates": list(answer.candidates),
-                    "range": [old] + [sha for sha, _ in commits],
-                    "steps": [s.as_dict() for s in steps],
-                    "executions": judge.executions,
-                    "rounds": round_no,
+                    "range": [ends.old] + [sha for sha, _ in asked.commits],
+                    "steps": [s.as_dict() for s in ctx.steps],
+                    "executions": ctx.executions,
+                    "rounds": rounds,
                     "scenario": judge.key,
-                    "resumed_from": resumed,
+                    "resumed_from": run.resumed_from,
                     **extra,
                 }
             return run.result
@@ -396,91 +419,24 @@ def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str
         raise UsageError(f"--{kind}: {exc}") from None
 
 
-def _test_seed_pair(seeds: SeedPlan, judge: Judge, executor: LocalExecutor, store: Store, run_id: int,
-                    steps: list, handler: Handler, search: Bisection, old: str,
-                    to_term: dict[str, Term]) -> bool:
-    """Judge the best candidate and its parent; True when that pair alone settles the answer."""
-    candidate, parent = seeds.pair
-    judged = {step.sha: to_term[step.verdict] for step in
-              _run_round(judge, executor, [(candidate, "seed"), (parent, "seed")], 0, store, run_id,
-                         steps, handler, search, None, to_term)}
-    for sha in (parent, candidate):
-        if sha != old:
-            try:
-                search.record(sha, judged[sha])
-            except InconsistentVerdicts:
-                pass  # the pair contradicts itself: ordinary bisection will decide
-    return (judged[parent] is Term.OLD and judged[candidate] is Term.NEW and search.done
-            and search.answer().first_new == candidate)
+def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = None) -> dict:
+    """Judge a single commit (through the verdict cache); returns the outcome.
 
-
-def judge_one(repo_path: Path, ref: str, scenario: Scenario, state_dir: Path | None = None,
-              timeout: float | None = None, python: str = "python3", builder=None) -> dict:
-    """Judge a single commit with a scenario (through the verdict cache); returns the outcome."""
-    try:
-        repo = GitRepo(repo_path)
-        sha = repo.resolve(ref)
-    except GitError as exc:
-        raise UsageError(str(exc)) from None
+    judge.builder holds build settings (e.g. NoBuild, BuildSettings), opened here on the repository.
+    """
+    repo = GitRepo(repo_path)
+    sha = repo.resolve(ref)
     state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
     with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
+        executor = LocalExecutor([{}])
         try:
-            judge = Judge(store, pool, scenario, (builder or NoBuild()).open(repo, state_dir), state_dir,
-                          timeout, python)
-            execution, cached = judge.verdict(sha)
+            executor.start(pool, state_dir / "logs")
+            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir))
+            execution, cached = RunContext(store, judge, executor).verdict(sha)
         finally:
+            executor.shutdown()
             store.close()
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
             "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
             "scenario": judge.key, "details": execution.details}
-
-
-def _term_mapping(find_fix: bool) -> dict[str, Term]:
-    if find_fix:
-        return {"bad": Term.OLD, "good": Term.NEW, "skip": Term.SKIP}
-    return {"good": Term.OLD, "bad": Term.NEW, "skip": Term.SKIP}
-
-
-def _run_round(judge: Judge, executor, wanted: list[tuple[str, str]], round_no: int,
-               store: Store, run_id: int, steps: list[Step], handler: Handler, search: Bisection,
-               deciding: Bisection | None, to_term: dict[str, Term]) -> list[Step]:
-    """Judge commits concurrently; record each as it lands; stop early once `deciding` is done."""
-    results: list[Step] = []
-
-    def add(sha: str, role: str, execution: Execution, cached: bool) -> Step:
-        step = Step(sha, role, round_no, execution.verdict, execution.reason, cached,
-                    execution.seconds, execution.log_path, execution.build)
-        store.add_step(run_id, len(steps), round_no, role, execution, cached)
-        steps.append(step)
-        results.append(step)
-        if role == "probe" and search.is_open(sha):  # a verdict another one made moot adds nothing
-            search.record(sha, to_term[step.verdict])
-        handler.tested(step, search.testable_mask.bit_count(), search.steps_left())
-        return step
-
-    futures = {}
-    for sha, role in wanted:
-        done = judge.history(sha)
-        hit = judge.decide(done)
-        if hit is not None:
-            add(sha, role, hit, True)
-            continue
-        handler.testing(sha, role)
-        futures[executor.run_step(judge, sha, done)] = (sha, role, done)
-    cancelled = set()
-    while futures:
-        finished, _ = wait(futures, return_when=FIRST_COMPLETED)
-        for future in finished:
-            sha, role, done = futures.pop(future)
-            try:
-                fresh = future.result()
-            except (Cancelled, CancelledError):
-                continue
-            add(sha, role, judge.decide(done + judge.record(fresh)), False)
-        if deciding is not None:
-            for future, (sha, role, _) in futures.items():
-                if future not in cancelled and not deciding.is_open(sha):
-                    cancelled.add(future)
-                    executor.cancel(future)
-    return results

@@ -1,7 +1,7 @@
 """Where steps run: a pool of local slots (CPU jobs or GPU groups), or Ray tasks across a cluster.
 
-An executor offers `size` (steps per round), `run_step(judge, sha, done) -> Future` of the new
-executions, `cancel(future)` (kills a running step's processes) and `shutdown()`.
+Executors implement `bisector.seams.Executor` and are registered in EXECUTORS by the name
+`--executor` takes; each is built from the run's Placement options.
 """
 from __future__ import annotations
 
@@ -13,17 +13,16 @@ import queue
 import tempfile
 import threading
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from bisector.build import NoBuild
+from bisector.errors import ExecutorError, UsageError
+from bisector.seams import Executor
 
 GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
-
-
-class ExecutorError(Exception):
-    """A step could not be run to a verdict (e.g. its Ray worker kept dying): no verdict recorded."""
 
 
 def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
@@ -40,20 +39,20 @@ def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
 def gpu_slots(gpus: list[int], per_run: int) -> list[dict[str, str]]:
     """Split GPU ids into groups of per_run; each group's environment selects just those GPUs."""
     if per_run <= 0:
-        raise ValueError("gpus per run must be positive")
+        raise UsageError("gpus per run must be positive")
     return [gpu_env(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
 
 
 def parse_gpus(text: str) -> list[int]:
-    """GPU ids from '0-7', '0,2,4' or a mix ('0-3,6'); raises ValueError on anything else."""
+    """GPU ids from '0-7', '0,2,4' or a mix ('0-3,6'); raises UsageError on anything else."""
     ids: list[int] = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
         if not low.isdigit() or (dash and not high.isdigit()):
-            raise ValueError(f"bad GPU list {text!r} (want e.g. 0-7 or 0,2,4)")
+            raise UsageError(f"bad GPU list {text!r} (want e.g. 0-7 or 0,2,4)")
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
-            raise ValueError(f"bad GPU range {part.strip()!r} in {text!r}")
+            raise UsageError(f"bad GPU range {part.strip()!r} in {text!r}")
         ids.extend(i for i in range(first, last + 1) if i not in ids)
     return ids
 
@@ -89,9 +88,27 @@ def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]
         return [{} for _ in range(jobs)]
     slots = gpu_slots(gpus, per_run)
     if jobs > len(slots):
-        raise ValueError(f"--jobs {jobs} needs {jobs * per_run} GPUs ({per_run} per run); "
+        raise UsageError(f"--jobs {jobs} needs {jobs * per_run} GPUs ({per_run} per run); "
                          f"{len(gpus)} available ({','.join(map(str, gpus))})")
     return slots[:jobs]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The run's options on where steps go; each executor reads what it needs (from_placement)."""
+
+    jobs: int
+    gpus: str | None          # --gpus, local only
+    gpus_per_run: int | None  # --gpus-per-run (None: the scenario's need)
+    scenario_gpus: int
+    source: str               # the repository, as Ray workers reach it by default
+    ray_address: str | None = None
+    remote: str | None = None
+    build: object = None      # build settings, opened on each Ray node
+
+    @property
+    def per_run(self) -> int:
+        return self.scenario_gpus if self.gpus_per_run is None else self.gpus_per_run
 
 
 class LocalExecutor:
@@ -99,13 +116,27 @@ class LocalExecutor:
 
     def __init__(self, slots: list[Mapping[str, str]]):
         if not slots:
-            raise ValueError("no slots to run steps on")
+            raise UsageError("no slots to run steps on")
         self.slots: queue.Queue = queue.Queue()
         for slot in slots:
             self.slots.put(dict(slot))
         self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="step")
         self.size = len(slots)
         self.cancels: dict[Future, threading.Event] = {}
+        self.worktrees = None
+        self.logs = Path()
+
+    @classmethod
+    def from_placement(cls, placement: Placement) -> "LocalExecutor":
+        if placement.ray_address or placement.remote:
+            raise UsageError("--ray-address and --remote need --executor ray")
+        ids = parse_gpus(placement.gpus) if placement.gpus is not None else visible_gpus()
+        if placement.gpus_per_run and not ids:
+            raise UsageError(f"--gpus-per-run {placement.gpus_per_run}: no GPUs visible (give --gpus)")
+        return cls(local_slots(placement.jobs, ids, placement.per_run))
+
+    def start(self, pool, logs: Path) -> None:
+        self.worktrees, self.logs = pool, logs
 
     def run_step(self, judge, sha: str, done: list) -> Future:
         """Test sha in a local worktree on the next free slot."""
@@ -118,7 +149,8 @@ class LocalExecutor:
     def _on_slot(self, judge, sha: str, done: list, cancel: threading.Event) -> list:
         slot = self.slots.get()
         try:
-            return judge.execute(sha, done, slot, cancel)
+            with self.worktrees.checkout(sha) as worktree:
+                return judge.test(worktree, sha, done, self.logs, slot, cancel)
         finally:
             self.slots.put(slot)
 
@@ -143,17 +175,30 @@ class RayExecutor:
     worker or node dies is retried by Ray up to `retries` times and never yields a verdict.
     """
 
-    def __init__(self, source: str, jobs: int, gpus_per_run: int, address: str | None = None,
-                 cache_dir: str | None = None, retries: int = 3, gpus_optional: bool = False,
-                 build: object = None):
-        self.source, self.size, self.gpus_per_run = source, jobs, gpus_per_run
-        self.build = build  # build settings (e.g. build.BuildSettings), opened on each node; default none
-        self.gpus_optional = gpus_optional  # a cluster without GPUs runs the steps on CPUs
-        self.address, self.retries = address, retries
+    def __init__(self, placement: Placement, cache_dir: str | None = None, retries: int = 3):
+        self.source, self.size = placement.remote or placement.source, placement.jobs
+        self.gpus_per_run = placement.per_run
+        self.build = placement.build  # build settings (e.g. build.BuildSettings), opened on each node
+        # Without --gpus-per-run, a cluster without GPUs runs the steps on CPUs.
+        self.gpus_optional = placement.gpus_per_run is None
+        self.address, self.retries = placement.ray_address, retries
         self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()
         self.refs: dict[Future, object] = {}
         self.ray = None
         self.owns_ray = False
+        self.logs = Path()
+
+    @classmethod
+    def from_placement(cls, placement: Placement) -> "RayExecutor":
+        if placement.gpus is not None:
+            raise UsageError("--gpus is for --executor local (Ray assigns GPUs on each node)")
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError("--executor ray needs Ray: pip install 'bisector[ray]'")
+        return cls(placement)
+
+    def start(self, pool, logs: Path) -> None:
+        """Steps check out on their nodes; only the logs come back here."""
+        self.logs = logs
 
     def _start(self):
         if self.ray is None:
@@ -179,11 +224,11 @@ class RayExecutor:
 
     def run_step(self, judge, sha: str, done: list) -> Future:
         self._start()
-        tester = dataclasses.replace(judge.tester, builder=self.build or NoBuild())
-        ref = self.task.remote(self.source, self.cache_dir, sha, done, tester)
+        judge = dataclasses.replace(judge, builder=self.build or NoBuild())
+        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge)
         future: Future = Future()
         self.refs[future] = ref
-        ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, judge.logs))
+        ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, self.logs))
         return future
 
     def _land(self, landed: Future, future: Future, sha: str, logs: Path) -> None:
@@ -261,26 +306,26 @@ def node_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bisector" / "repos"
 
 
-def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, tester) -> list:
+def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judge) -> list:
     """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs.
 
-    The node's clone and build artifacts live under its cache dir; tester.builder holds build
+    The node's clone and build artifacts live under its cache dir; judge.builder holds build
     settings, opened here against that clone.
     """
     import ray
 
-    from bisector.gitrepo import GitError, NodeCheckout
+    from bisector.gitrepo import NodeCheckout
     gpus = ray.get_gpu_ids()
     env = gpu_env(gpus) if gpus else {}
     cache = Path(cache_dir) if cache_dir else node_cache_dir()
     with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp, contextlib.ExitStack() as stack:
         try:
             checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
-            builder = tester.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
-        except (GitError, ValueError) as exc:
+            builder = judge.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
+        except (UsageError, ValueError) as exc:
             raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
         # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
-        fresh = dataclasses.replace(tester, builder=builder).test(
+        fresh = dataclasses.replace(judge, builder=builder).test(
             checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
         return [(execution, _read(execution.log_path)) for execution in fresh]
 
@@ -291,20 +336,14 @@ def _read(path: str | None) -> str | None:
     return None
 
 
-def placement(kind: str, jobs: int, gpus: str | None, gpus_per_run: int | None, scenario_gpus: int,
-              source: str, ray_address: str | None, remote: str | None, build: object = None):
-    """(local slots, None) or (None, RayExecutor) for the run options; ValueError on bad ones."""
-    if kind == "local":
-        if ray_address or remote:
-            raise ValueError("--ray-address and --remote need --executor ray")
-        ids = parse_gpus(gpus) if gpus is not None else visible_gpus()
-        if gpus_per_run and not ids:
-            raise ValueError(f"--gpus-per-run {gpus_per_run}: no GPUs visible (give --gpus)")
-        return local_slots(jobs, ids, scenario_gpus if gpus_per_run is None else gpus_per_run), None
-    if gpus is not None:
-        raise ValueError("--gpus is for --executor local (Ray assigns GPUs on each node)")
-    if importlib.util.find_spec("ray") is None:
-        raise ValueError("--executor ray needs Ray: pip install 'bisector[ray]'")
-    per_run = scenario_gpus if gpus_per_run is None else gpus_per_run
-    return None, RayExecutor(remote or source, jobs, per_run, ray_address, gpus_optional=gpus_per_run is None,
-                             build=build)
+EXECUTORS: dict[str, Callable[[Placement], Executor]] = {
+    "local": LocalExecutor.from_placement,
+    "ray": RayExecutor.from_placement,
+}
+
+
+def create_executor(kind: str, placement: Placement) -> Executor:
+    """The executor registered as kind, built for placement; UsageError on bad options."""
+    if kind not in EXECUTORS:
+        raise UsageError(f"unknown executor {kind!r} (known: {', '.join(sorted(EXECUTORS))})")
+    return EXECUTORS[kind](placement)

@@ -19,6 +19,8 @@ from typing import Iterator, Sequence
 
 import git
 
+from bisector.errors import GitError
+
 PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 PORCELAIN_HEADER = re.compile(r"^([0-9a-f]{40}) \d+ \d+")
@@ -27,10 +29,6 @@ NULL_SHA = "0" * 40
 # Settings a cherry-pick in a tool-owned worktree runs with: no replayed resolutions, no signing
 # prompt, no user hooks -- the pick is the same on every machine.
 PICK_CONFIG = {"rerere.enabled": "false", "commit.gpgsign": "false", "core.hooksPath": os.devnull}
-
-
-class GitError(Exception):
-    """A git problem the user caused or must fix: the message is one line for them."""
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,10 @@ from pathlib import Path
 from typing import Mapping
 
 from bisector.backport import VERDICTS
+from bisector.errors import ReportError
 
 FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000
-
-
-class ReportError(Exception):
-    """The run cannot be rendered as asked (no result yet, no renderer for its kind)."""
 
 
 def render(run: Mapping, fmt: str) -> str:

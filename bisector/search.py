@@ -168,33 +168,43 @@ class Bisection:
         return [self.shas[i] for i in self._indices(mask)]
 
 
+@dataclass(frozen=True)
+class FlakyModel:
+    """--flaky's knobs: the fault rate (None: estimated), when to stop, and runs per commit at most."""
+
+    fault_rate: float | None = None
+    confidence: float = 0.95
+    max_runs_per_commit: int = 20
+
+    def __post_init__(self):
+        if self.fault_rate is not None and not 0 < self.fault_rate < 1:
+            raise ValueError("fault rate must be between 0 and 1")
+
+
 class FlakyBisection:
     """A posterior over the first new commit of a linear range when a fault shows only sometimes.
 
     Model: on a commit at or after the change (regression hunt) a run faults with probability p,
     before it a run never faults -- a fault never appears falsely. With `faults_mean_new=False` (fix
     hunt) it is the other way round: commits before the change fault with probability p. p is
-    `fault_rate` when given, otherwise integrated over a uniform prior (estimated from the runs, and
+    `model.fault_rate` when given, otherwise integrated over a uniform prior (estimated from the runs, and
     conservative while runs are few). `shas` lists the range oldest first, ending with the new endpoint;
     `old` is the old endpoint. Each probe is the commit whose next run is expected to tell the most
-    about the culprit (information gain); the search is done once one commit holds `confidence`.
+    about the culprit (information gain); the search is done once one commit holds `model.confidence`.
     """
 
     RATE_PRIOR = (1.0, 3.0)  # Beta(a, b) prior on an unknown fault rate: mean 0.25, i.e. assume faults are rare
 
     def __init__(self, shas: Sequence[str], old: str, faults_mean_new: bool = True,
-                 priors: Mapping[str, float] | None = None, fault_rate: float | None = None,
-                 confidence: float = 0.95, max_runs_per_commit: int = 20):
+                 priors: Mapping[str, float] | None = None, model: FlakyModel = FlakyModel()):
         if not shas:
             raise ValueError("empty range")
-        if fault_rate is not None and not 0 < fault_rate < 1:
-            raise ValueError("fault rate must be between 0 and 1")
         self.positions = [old, *shas]  # hypothesis c (1..n): positions[c] is the first new commit
         self.index = {sha: i for i, sha in enumerate(self.positions)}
         self.faults_mean_new = faults_mean_new
-        self.fault_rate = fault_rate
-        self.confidence = confidence
-        self.max_runs = max_runs_per_commit
+        self.fault_rate = model.fault_rate
+        self.confidence = model.confidence
+        self.max_runs = model.max_runs_per_commit
         weights = [0.0] + [float((priors or {}).get(sha, 1.0)) for sha in shas]
         self.log_prior = [math.log(w) if w > 0 else -math.inf for w in weights]
         self.runs = [0] * len(self.positions)

@@ -1,25 +1,44 @@
-"""Named reproduction scenarios. `create(name, options)` builds one; `available()` lists them."""
+"""Named reproduction scenarios: the built-in ones, plus any an installed package registers.
+
+A package adds a scenario without forking bisector by declaring an entry point in the group
+`bisector.scenarios` (name = scenario name, value = `module:Class`); see examples/plugin-scenario/.
+"""
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import Mapping
 
+from bisector.errors import ScenarioError
+from bisector.seams import Scenario
 from scenarios.aiter_mla_probe import AiterMLAProbe
-from scenarios.base import Cancelled, Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
 from scenarios.dpa_fp8_kv import DpaFp8KvScenario
 
-__all__ = ["Cancelled", "Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",
-           "available", "create"]
+ENTRY_POINT_GROUP = "bisector.scenarios"
+BUILT_IN: tuple[type[Scenario], ...] = (AiterMLAProbe, DpaFp8KvScenario)
 
 
 def available() -> dict[str, type[Scenario]]:
-    """Scenario classes by name."""
-    classes: list[type[Scenario]] = [AiterMLAProbe, DpaFp8KvScenario]
-    return {cls.name: cls for cls in classes}
+    """Scenario classes by name: built-in, then installed plug-ins (a built-in name is never replaced)."""
+    found: dict[str, type[Scenario]] = {cls.name: cls for cls in BUILT_IN}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name not in found:
+            try:
+                found[entry.name] = entry.load()
+            except Exception:  # a broken plug-in does not hide the others; create() names its error
+                continue
+    return found
 
 
 def create(name: str, options: Mapping[str, str] | None = None) -> Scenario:
     """The scenario called name, configured with options (KEY=VALUE strings)."""
     found = available()
+    for entry in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        if name not in found:
+            try:
+                entry.load()
+            except Exception as exc:
+                raise ScenarioError(f"scenario plug-in {name!r} ({entry.value}) failed to load: "
+                                    f"{type(exc).__name__}: {exc}") from None
     if name not in found:
         raise ScenarioError(f"unknown scenario {name!r} (available: {', '.join(sorted(found)) or 'none'})")
     return found[name](options)

@@ -15,19 +15,13 @@ from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Mapping
 
+from bisector.errors import ScenarioError
+
 
 class Verdict(str, Enum):
     GOOD = "good"
     BAD = "bad"
     SKIP = "skip"
-
-
-class ScenarioError(Exception):
-    """Bad scenario input (unknown name, bad option, missing command): a usage error."""
-
-
-class ScenarioAbort(Exception):
-    """The scenario cannot judge any commit (e.g. exit >= 128 from a command): stop the run."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +44,9 @@ class StepContext:
     cancel: threading.Event | None = None  # set when the step's result is no longer wanted
 
 
-class Scenario(ABC):
-    """A reproduction: judges one checked-out (and built) commit good, bad or skip."""
+class BaseScenario(ABC):
+    """What most scenarios share (implements bisector.seams.Scenario): options checked against
+    option_defaults, and a fingerprint of name, version and options."""
 
     name: ClassVar[str]
     version: ClassVar[str]

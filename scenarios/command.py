@@ -5,13 +5,13 @@ import hashlib
 import json
 import shutil
 
-from scenarios.base import (Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict,
-                            fault_lines, run_process)
+from bisector.errors import ScenarioAbort, ScenarioError
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines, run_process
 
 SKIP_EXIT = 125
 
 
-class CommandScenario(Scenario):
+class CommandScenario(BaseScenario):
     """Exit 0 good, 125 skip, 1-127 bad; killed by a signal bad; other exits >= 128 abort the run."""
 
     name = "command"

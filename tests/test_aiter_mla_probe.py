@@ -14,7 +14,8 @@ from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.aiter_mla_probe.contract import ProbeConfig, judge, metadata_info, qo_tiles_per_batch
 from scenarios.aiter_mla_probe.demo import make_demo_repo, write_tree
 from scenarios.aiter_mla_probe.loader import Placeholder, make_permissive
-from scenarios.base import ScenarioError, StepContext, Verdict
+from bisector.errors import ScenarioError
+from scenarios.base import StepContext, Verdict
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")

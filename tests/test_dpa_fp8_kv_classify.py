@@ -2,7 +2,7 @@
 import pytest
 
 from dpa_fp8_kv_records import ENGINE_FAILED, FAULT, HSA, RECORDS
-from scenarios import Verdict
+from scenarios.base import Verdict
 from scenarios.base import ProcessResult
 from scenarios.dpa_fp8_kv.classify import classify, combine
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from bisector.executor import gpu_env
-from scenarios import ScenarioError, create
+from bisector.errors import ScenarioError
+from scenarios import create
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.config import deepseek_v3_config, write_model_dir
 from scenarios.dpa_fp8_kv.gpu import gfx_name, probe_rocm_gpus

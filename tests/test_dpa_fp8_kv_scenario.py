@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dpa_fp8_kv_records import FAULT, RECORDS
-from scenarios import Cancelled, StepContext, Verdict, create
+from scenarios import create
+from scenarios.base import Cancelled, StepContext, Verdict
 from scenarios.dpa_fp8_kv import launch
 
 NAME = "dpa-fp8-kv-graph-capture"

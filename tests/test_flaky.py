@@ -5,7 +5,7 @@ import random
 import pytest
 from conftest import ROOT, bisector
 
-from bisector.search import FlakyBisection, InconsistentVerdicts
+from bisector.search import FlakyBisection, FlakyModel, InconsistentVerdicts
 
 SHAS = [f"c{i}" for i in range(30)]
 
@@ -13,7 +13,7 @@ SHAS = [f"c{i}" for i in range(30)]
 def simulate(culprit: int, p: float, seed: int, **kw) -> tuple[FlakyBisection, int]:
     """One seeded flaky hunt over SHAS: bad commits fault with probability p. Returns (search, runs)."""
     rng = random.Random(seed)
-    search = FlakyBisection(SHAS, "old", max_runs_per_commit=60, **kw)
+    search = FlakyBisection(SHAS, "old", model=FlakyModel(max_runs_per_commit=60, **kw))
     runs = 0
     while not search.done:
         sha = search.next_probes(1)[0]
@@ -24,7 +24,7 @@ def simulate(culprit: int, p: float, seed: int, **kw) -> tuple[FlakyBisection, i
 
 
 def test_first_probe_is_the_middle_only_for_a_reliable_fault():
-    reliable = FlakyBisection(SHAS, "old", fault_rate=0.999).next_probes(1)[0]
+    reliable = FlakyBisection(SHAS, "old", model=FlakyModel(fault_rate=0.999)).next_probes(1)[0]
     assert 13 <= SHAS.index(reliable) <= 15
     # a fault rules out everything after the probe, a clean run rules out little: probe earlier
     flaky = FlakyBisection(SHAS, "old").next_probes(1)[0]
@@ -32,7 +32,7 @@ def test_first_probe_is_the_middle_only_for_a_reliable_fault():
 
 
 def test_a_fault_rules_out_every_later_culprit_and_clean_runs_only_weigh():
-    search = FlakyBisection(SHAS, "old", fault_rate=0.5)
+    search = FlakyBisection(SHAS, "old", model=FlakyModel(fault_rate=0.5))
     search.record("c9", True)
     post = search.posterior()
     assert all(post[f"c{i}"] == 0 for i in range(10, 30))
@@ -49,7 +49,7 @@ def test_fault_before_every_culprit_is_inconsistent():
 
 
 def test_find_fix_mirrors_the_model():
-    search = FlakyBisection(SHAS, "old", faults_mean_new=False, fault_rate=0.5)
+    search = FlakyBisection(SHAS, "old", faults_mean_new=False, model=FlakyModel(fault_rate=0.5))
     search.record("c9", True)  # still faulty at c9: the fix comes later
     assert all(p == 0 for sha, p in search.posterior().items() if SHAS.index(sha) <= 9)
     with pytest.raises(InconsistentVerdicts):
@@ -57,7 +57,7 @@ def test_find_fix_mirrors_the_model():
 
 
 def test_skips_and_run_limits_take_commits_out_of_play():
-    search = FlakyBisection(SHAS[:3], "old", max_runs_per_commit=2)
+    search = FlakyBisection(SHAS[:3], "old", model=FlakyModel(max_runs_per_commit=2))
     search.skip("c1")
     for _ in range(2):
         search.record("c0", False)

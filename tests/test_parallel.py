@@ -8,6 +8,7 @@ import pytest
 from conftest import STATE_IS_GOOD, bisector
 
 from bisector.engine import RunConfig, run_bisection
+from bisector.errors import UsageError
 from bisector.executor import local_slots, parse_gpus, visible_gpus
 from bisector.search import Bisection, Term
 from scenarios.command import CommandScenario
@@ -114,7 +115,7 @@ def test_parse_gpus():
     assert parse_gpus("0,2,4") == [0, 2, 4]
     assert parse_gpus("0-1, 4, 1") == [0, 1, 4]
     for bad in ("", "a", "3-1", "1-", "-1", "0,,1"):
-        with pytest.raises(ValueError):
+        with pytest.raises(UsageError):
             parse_gpus(bad)
 
 
@@ -137,7 +138,7 @@ def test_local_slots():
     slots = local_slots(2, [0, 1, 2, 3, 4], 2)
     assert [s["ROCR_VISIBLE_DEVICES"] for s in slots] == ["0,1", "2,3"]
     assert all(s["CUDA_VISIBLE_DEVICES"] == s["HIP_VISIBLE_DEVICES"] == "0,1" for s in slots)
-    with pytest.raises(ValueError, match="--jobs 3 needs 6 GPUs"):
+    with pytest.raises(UsageError, match="--jobs 3 needs 6 GPUs"):
         local_slots(3, [0, 1, 2, 3, 4], 2)
 
 

@@ -10,7 +10,7 @@ from conftest import STATE_IS_GOOD, bisector
 from test_parallel import DECIDING_ANSWER_KILLS_THE_REST, _alive, _script
 
 from bisector.engine import RunConfig, run_bisection
-from bisector.executor import RayExecutor, ray_runtime_env
+from bisector.executor import Placement, RayExecutor, ray_runtime_env
 from bisector.store import Store
 from scenarios.command import CommandScenario
 
@@ -40,7 +40,7 @@ def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path):
     scenario = CommandScenario(["sh", "-c", f'echo "$HIP_VISIBLE_DEVICES|$ROCR_VISIBLE_DEVICES|'
                                             f'$CUDA_VISIBLE_DEVICES" >> {seen}; echo checked $(cat counter.txt); '
                                 + " ".join(STATE_IS_GOOD)])
-    executor = RayExecutor("file://" + str(repo.path), jobs=2, gpus_per_run=scenario.gpus_per_run)
+    executor = RayExecutor(Placement(2, None, scenario.gpus_per_run, scenario.gpus_per_run, "file://" + str(repo.path)))
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=2, scenario=scenario,
                                      state_dir=tmp_path / "state", executor=executor))
     assert result["culprit"]["sha"] == shas[17]
@@ -58,7 +58,7 @@ def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[3], jobs=2,
                                      scenario=_script(tmp_path, DECIDING_ANSWER_KILLS_THE_REST),
                                      state_dir=tmp_path / "state",
-                                     executor=RayExecutor(str(repo.path), jobs=2, gpus_per_run=0)))
+                                     executor=RayExecutor(Placement(2, None, 0, 0, str(repo.path)))))
     assert time.monotonic() - start < 30
     assert result["culprit"]["sha"] == shas[1]
     sleeper = int((tmp_path / "sleeper").read_text())
@@ -86,7 +86,7 @@ def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_pa
             outcome["result"] = run_bisection(RunConfig(
                 repo=repo.path, good=shas[0], bad=shas[9], jobs=2, state_dir=state,
                 scenario=_script(tmp_path, FIRST_ATTEMPT_LOSES_ITS_WORKER),
-                executor=RayExecutor(str(repo.path), jobs=2, gpus_per_run=0)))
+                executor=RayExecutor(Placement(2, None, 0, 0, str(repo.path)))))
         except BaseException as exc:
             outcome["error"] = exc
 

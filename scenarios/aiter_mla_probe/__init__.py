@@ -9,13 +9,13 @@ from pathlib import Path
 
 from scenarios.aiter_mla_probe.child import RESULT_PREFIX
 from scenarios.aiter_mla_probe.contract import ProbeConfig
-from scenarios.base import Outcome, Scenario, StepContext, Verdict, run_process
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, run_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 120.0
 
 
-class AiterMLAProbe(Scenario):
+class AiterMLAProbe(BaseScenario):
     """Builds AiterMLAMetadataBuilder for one rank's configuration and checks AITER's tiling contract."""
 
     name = "aiter-mla-probe"

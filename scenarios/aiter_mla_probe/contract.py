@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from scenarios.base import ScenarioError
+from bisector.errors import ScenarioError
 
 ARCH_CU_COUNTS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bf16", "bfloat16")

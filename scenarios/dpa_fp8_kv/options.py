@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from scenarios.base import ScenarioError
+from bisector.errors import ScenarioError
 
 OPTION_DEFAULTS = {
     "dp": "1",

@@ -7,7 +7,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from scenarios.base import Outcome, ProcessResult, Scenario, StepContext, Verdict
+from scenarios.base import BaseScenario, Outcome, ProcessResult, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine
 from scenarios.dpa_fp8_kv.config import write_model_dir
@@ -17,7 +17,7 @@ from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
 from scenarios.dpa_fp8_kv.plan import Launch, build_plan, step_devices
 
 
-class DpaFp8KvScenario(Scenario):
+class DpaFp8KvScenario(BaseScenario):
     """vLLM on a tiny DeepSeek-V3 with AITER MLA, FP8 KV cache and full decode CUDA graphs.
 
     Default: one GPU, 128 heads per rank (the data-parallel-attention layout). tp=8 spreads the

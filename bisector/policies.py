@@ -1,0 +1,203 @@
+"""Search policies: what the driver loop tests next, and what the answer is once they are done.
+
+A policy's `batches()` is a generator: it yields a Batch of (sha, role) to judge and receives the
+Steps that landed for it. `observe` hears each step as it lands (so moot steps can be cancelled
+early: `wants`). Policies hold the search state; the driver holds the I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Generator, Mapping, Protocol, Sequence
+
+from bisector.errors import EndpointError, UsageError
+from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
+from bisector.steps import Step
+
+
+@dataclass(frozen=True)
+class Batch:
+    round: int
+    commits: tuple[tuple[str, str], ...]  # (sha, role)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The range's ends in git's terms (old, new) with the user's names for them and the refs given."""
+
+    old: str
+    new: str
+    old_name: str  # good, or bad with --find-fix
+    new_name: str
+    old_ref: str
+    new_ref: str
+
+    @property
+    def find_fix(self) -> bool:
+        return self.old_name == "bad"
+
+    @property
+    def to_term(self) -> dict[str, Term]:
+        """Verdicts in git's terms: a regression hunt maps good->old; a fix hunt maps bad->old."""
+        if self.find_fix:
+            return {"bad": Term.OLD, "good": Term.NEW, "skip": Term.SKIP}
+        return {"good": Term.OLD, "bad": Term.NEW, "skip": Term.SKIP}
+
+    def check(self, step: Step) -> None:
+        """Raise EndpointError unless step's verdict is the one its endpoint must have."""
+        expected = Term.OLD if step.sha == self.old else Term.NEW
+        if self.to_term[step.verdict] is not expected:
+            name, ref = (self.old_name, self.old_ref) if step.sha == self.old else (self.new_name, self.new_ref)
+            raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) tested "
+                                f"{step.verdict}, not {name}: {step.reason}")
+
+
+class SearchPolicy(Protocol):
+    rerun: bool       # True: each step is one more execution, cached verdicts or not
+    rounds: int       # probe rounds so far
+    confirmed: bool   # a seed pair settled the answer
+
+    def batches(self) -> Generator[Batch, list[Step], None]: ...
+    def observe(self, step: Step) -> None: ...
+    def wants(self, sha: str) -> bool: ...
+    def progress(self) -> tuple[int, int]: ...  # (commits left, steps left)
+    def answer(self) -> tuple[Answer, dict]: ...  # the answer and what the result adds for it
+
+
+class BisectPolicy:
+    """Deterministic k-way bisection: a seed pair (when seeded), endpoint checks, then probe rounds."""
+
+    rerun = False
+
+    def __init__(self, search: Bisection, ends: Endpoints, size: int, cost: Callable[[str], float],
+                 seed_pair: tuple[str, str] | None = None, verify_endpoints: bool = True):
+        self.search, self.ends, self.size, self.cost = search, ends, size, cost
+        self.to_term = ends.to_term
+        self.seed_pair, self.verify_endpoints = seed_pair, verify_endpoints
+        self.rounds = 0
+        self.confirmed = False
+
+    def batches(self) -> Generator[Batch, list[Step], None]:
+        if self.seed_pair:
+            candidate, parent = self.seed_pair
+            landed = yield Batch(0, ((candidate, "seed"), (parent, "seed")))
+            self.confirmed = self._settle_seed(landed)
+        if self.verify_endpoints and not self.confirmed:
+            landed = yield Batch(0, ((self.ends.old, "endpoint"), (self.ends.new, "endpoint")))
+            for step in landed:
+                self.ends.check(step)
+        while not self.search.done:
+            self.rounds += 1
+            probes = self.search.next_probes(self.size, cost=self.cost)
+            yield Batch(self.rounds, tuple((sha, "probe") for sha in probes))
+
+    def _settle_seed(self, landed: list[Step]) -> bool:
+        """Feed the seed pair's verdicts; True when that pair alone settles the answer."""
+        candidate, parent = self.seed_pair
+        judged = {step.sha: self.to_term[step.verdict] for step in landed}
+        for sha in (parent, candidate):
+            if sha != self.ends.old:
+                try:
+                    self.search.record(sha, judged[sha])
+                except InconsistentVerdicts:
+                    pass  # the pair contradicts itself: ordinary bisection will decide
+        return (judged[parent] is Term.OLD and judged[candidate] is Term.NEW and self.search.done
+                and self.search.answer().first_new == candidate)
+
+    def observe(self, step: Step) -> None:
+        if step.role == "probe" and self.search.is_open(step.sha):  # a moot verdict adds nothing
+            self.search.record(step.sha, self.to_term[step.verdict])
+
+    def wants(self, sha: str) -> bool:
+        return self.search.is_open(sha) or sha in (self.ends.old, self.ends.new) or \
+            bool(self.seed_pair and sha in self.seed_pair)
+
+    def progress(self) -> tuple[int, int]:
+        return self.search.testable_mask.bit_count(), self.search.steps_left()
+
+    def answer(self) -> tuple[Answer, dict]:
+        return self.search.answer(), {}
+
+
+@dataclass(frozen=True)
+class FlakySettings:
+    model: FlakyModel
+    repeat: int            # clean runs the clean end must give
+    verify_endpoints: bool
+
+
+class FlakyPolicy:
+    """--flaky: one run at a time on the commit FlakyBisection picks, until it is confident.
+
+    The old endpoint must stay clean for `repeat` runs; the new one must fault within
+    max_runs_per_commit runs (with --find-fix the roles swap). Every run is stored, so a resumed
+    or repeated run starts from all earlier evidence (`history`).
+    """
+
+    rerun = True
+    confirmed = False
+
+    def __init__(self, commits: Sequence[tuple[str, Sequence[str]]], ends: Endpoints,
+                 settings: FlakySettings, history: Callable[[str], list],
+                 priors: Mapping[str, float] | None = None):
+        """history(sha): sha's stored executions, read now and after every step."""
+        if any(len(parents) > 1 for _, parents in commits):
+            raise UsageError("--flaky needs a linear range: add --first-parent")
+        shas = [sha for sha, _ in commits]
+        self.shas = shas[:shas.index(ends.new) + 1]
+        self.ends, self.settings = ends, settings
+        self.search = FlakyBisection(self.shas, ends.old, faults_mean_new=not ends.find_fix,
+                                     priors=priors, model=settings.model)
+        self.rounds = 0
+        self.history = history
+        self.seen: dict[str, int] = {}
+        for sha in {ends.old, ends.new, *self.shas}:
+            self._take_history(sha)
+
+    def _take_history(self, sha: str) -> None:
+        """Feed the stored runs of sha not yet given to the search."""
+        history = self.history(sha)
+        for execution in history[self.seen.get(sha, 0):]:
+            if execution.verdict == "skip":
+                self.search.skip(sha)
+            else:
+                self.search.record(sha, execution.verdict == "bad")
+        self.seen[sha] = len(history)
+
+    def batches(self) -> Generator[Batch, list[Step], None]:
+        search, max_runs = self.search, self.settings.model.max_runs_per_commit
+        faulty, clean = (self.ends.old, self.ends.new) if self.ends.find_fix else (self.ends.new, self.ends.old)
+        if self.settings.verify_endpoints:
+            while search.runs[search.index[clean]] < self.settings.repeat:
+                yield Batch(0, ((clean, "endpoint"),))
+            if search.faults[search.index[clean]]:
+                raise EndpointError(f"endpoint check failed: {clean[:12]} faulted, so it cannot be the "
+                                    f"{'good' if clean == self.ends.old else 'fixed'} end")
+            while not search.faults[search.index[faulty]]:
+                if search.runs[search.index[faulty]] >= max_runs:
+                    raise EndpointError(f"endpoint check failed: {faulty[:12]} never faulted in "
+                                        f"{max_runs} runs")
+                yield Batch(0, ((faulty, "endpoint"),))
+        while not search.done:
+            self.rounds += 1
+            yield Batch(self.rounds, ((search.next_probes(1)[0], "probe"),))
+
+    def observe(self, step: Step) -> None:
+        if step.details.get("build_failed"):  # not stored: no history to read it from
+            self.search.skip(step.sha)
+        self._take_history(step.sha)
+
+    def wants(self, sha: str) -> bool:
+        return True
+
+    def progress(self) -> tuple[int, int]:
+        return len(self.shas), 0
+
+    def answer(self) -> tuple[Answer, dict]:
+        best, confidence = self.search.best()
+        posterior = self.search.posterior()
+        ranked = sorted(posterior, key=lambda sha: -posterior[sha])
+        found = confidence >= self.settings.model.confidence
+        return Answer(best if found else None, tuple(ranked[:10])), {
+            "confidence": round(confidence, 6), "best_guess": best,
+            "posterior": {sha: round(posterior[sha], 6) for sha in ranked[:10]},
+            "evidence": self.search.evidence()}

@@ -1,0 +1,54 @@
+"""The plug-in seams: what a scenario and an executor must offer the engine.
+
+Implementations are found in registries (scenarios: `scenarios.available()`, which also loads the
+`bisector.scenarios` entry-point group; executors: `bisector.executor.EXECUTORS`; build strategies:
+`bisector.build.STRATEGY_REGISTRY`). See ARCHITECTURE.md for how to add one.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Mapping, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from bisector.gitrepo import WorktreePool
+    from scenarios.base import Outcome, StepContext
+
+
+@runtime_checkable
+class Scenario(Protocol):
+    """A reproduction: judges one checked-out (and built) commit good, bad or skip."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    description: ClassVar[str]
+    needs_build: ClassVar[bool]  # False: the checkout runs as it is (no build step)
+    option_defaults: ClassVar[Mapping[str, str]]
+
+    @property
+    def gpus_per_run(self) -> int: ...
+
+    def fingerprint(self) -> str:
+        """Identity of what this scenario judges: part of the verdict cache key."""
+
+    def run(self, ctx: "StepContext") -> "Outcome":
+        """Judge the commit checked out at ctx.checkout."""
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Where steps run: `size` steps at once, each a Future of the step's new executions."""
+
+    size: int
+
+    def start(self, pool: "WorktreePool", logs: Path) -> None:
+        """Bind to this run's worktree pool and log dir (before the first step)."""
+
+    def run_step(self, judge, sha: str, done: list) -> Future:
+        """Judge sha (given its earlier executions `done`) until its verdict is decided."""
+
+    def cancel(self, future: Future) -> None:
+        """Drop a queued step, or kill a running step's processes."""
+
+    def shutdown(self) -> None:
+        """Cancel what still runs and release the workers."""

@@ -1,0 +1,32 @@
+"""What a run reports as it goes: one Step per judged commit, and the Handler that hears of each."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Step:
+    sha: str
+    role: str  # endpoint | seed | probe
+    round: int
+    verdict: str
+    reason: str
+    cached: bool
+    seconds: float
+    log_path: str | None
+    build: str | None
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
+                "reason": self.reason, "cached": self.cached, "seconds": round(self.seconds, 3),
+                "log": self.log_path, "build": self.build, "details": self.details}
+
+
+class Handler:
+    """Receives engine events; the CLI's progress display overrides what it shows."""
+
+    def waiting(self, holder: str) -> None: ...
+    def started(self, run_id: int, total: int, resumed_from: int | None) -> None: ...
+    def testing(self, sha: str, role: str) -> None: ...
+    def tested(self, step: Step, left: int, steps_left: int) -> None: ...

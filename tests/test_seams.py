@@ -1,0 +1,136 @@
+"""The seams a newcomer extends: a scenario plug-in package, a registered executor, and the rules that
+keep the house in order (no import cycles, short signatures, reports that import no engine)."""
+import ast
+import subprocess
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+
+from conftest import ROOT, STATE_IS_GOOD, bisector
+
+from bisector import executor as executors
+from bisector.engine import RunConfig, run_bisection
+from scenarios.command import CommandScenario
+
+PACKAGE = ROOT / "bisector"
+
+
+def test_an_installed_plugin_package_adds_a_scenario(make_repo, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(ROOT / "examples" / "plugin-scenario")], check=True,
+                   capture_output=True)
+    env = {"PYTHONPATH": f"{ROOT}:{site}"}
+    before = bisector("scenario", "list")
+    assert "file-marker" not in before.stdout
+    listed = bisector("scenario", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "file-marker (v1, no build)" in listed.stdout
+    assert "aiter-mla-probe" in listed.stdout  # built-ins stay
+
+    repo = make_repo()
+    shas = repo.linear(12, bad_from=7)
+    run = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                   "--scenario", "file-marker", "--option", "marker=bad", "--state-dir", str(tmp_path / "s"),
+                   env=env)
+    assert run.returncode == 0, run.stderr
+    assert f"first bad commit: {shas[7][:12]}" in run.stdout or shas[7] in run.stdout
+    unknown = bisector("scenario", "run", "file-marker", "--repo", str(repo.path), "--option", "nope=1",
+                       env=env)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        "bisector: error: scenario 'file-marker' has no option 'nope' (known: marker, path)"]
+
+
+class InlineExecutor:
+    """A one-file executor: runs each step at once, in the driver's thread, in one worktree."""
+
+    def __init__(self, placement: executors.Placement):
+        self.size = 1
+        self.ran: list[str] = []
+
+    def start(self, pool, logs: Path) -> None:
+        self.pool, self.logs = pool, logs
+
+    def run_step(self, judge, sha: str, done: list) -> Future:
+        future: Future = Future()
+        with self.pool.checkout(sha) as worktree:
+            future.set_result(judge.test(worktree, sha, done, self.logs, {}, None))
+        self.ran.append(sha)
+        return future
+
+    def cancel(self, future: Future) -> None:
+        future.cancel()
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_registered_executor_runs_every_step(make_repo, tmp_path, monkeypatch):
+    monkeypatch.setitem(executors.EXECUTORS, "inline", InlineExecutor)
+    repo = make_repo()
+    shas = repo.linear(16, bad_from=11)
+    scenario = CommandScenario(STATE_IS_GOOD)
+    chosen = executors.create_executor("inline", executors.Placement(1, None, None, 0, str(repo.path)))
+    result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], scenario=scenario,
+                                     state_dir=tmp_path / "state", executor=chosen))
+    assert result["first_bad"]["sha"] == shas[11]
+    assert sorted(chosen.ran) == sorted({step["sha"] for step in result["steps"]})
+    assert len(chosen.ran) == result["executions"]
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """bisector.* module -> the bisector.* modules it imports at module level."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        imported = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        graph[name] = imported
+    return {name: {m for m in deps if m in graph and m != name} for name, deps in graph.items()}
+
+
+def test_no_import_cycle_among_core_modules():
+    graph = _module_imports()
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for dep in graph[module]:
+            assert state.get(dep) != "open", "import cycle: " + " -> ".join(path + [module, dep])
+            if dep not in state:
+                visit(dep, path + [module])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+
+
+def test_reports_import_no_engine_and_core_imports_no_scenario_utilities():
+    graph = _module_imports()
+    assert not graph["bisector.report"] & {"bisector.engine", "bisector.backport", "bisector.policies"}
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scenarios."):
+                names = {alias.name for alias in node.names}
+                assert names <= {"Cancelled", "StepContext", "Verdict", "Outcome"}, (path, names)
+
+
+def test_no_function_in_the_core_takes_more_than_six_parameters():
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("command" in ast.unparse(d) for d in node.decorator_list):
+                continue  # click commands take one parameter per option
+            args = node.args
+            names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+            names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+            assert len(names) <= 6, f"{path.name}:{node.lineno} {node.name} takes {len(names)}"
