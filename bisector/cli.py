@@ -13,10 +13,11 @@ from rich.console import Console
 
 from bisector import __version__, doctor, executor, report
 from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
-from bisector.backport import SETTLED, BackportConfig, run_backport
+from bisector.backport import BackportConfig, run_backport
 from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, default_state_dir,
                              judge_one, plan_bisection, run_bisection)
-from bisector.gitrepo import GitError, GitRepo
+from bisector.refs import GitError, GitRepo
+from bisector.results import SETTLED
 from bisector.store import Store
 from scenarios import ScenarioAbort, ScenarioError, available, create
 from scenarios.command import CommandScenario

@@ -14,11 +14,14 @@ from typing import Callable, Mapping, Sequence
 
 from bisector.build import BuildResult, NoBuild
 from bisector.executor import LocalExecutor
-from bisector.gitrepo import GitError, GitRepo, WorktreePool, blame_fix, blame_reverse
+from bisector.process import Cancelled
+from bisector.refs import GitError, GitRepo
+from bisector.blame import blame_fix, blame_reverse
 from bisector.search import Bisection, InconsistentVerdicts, Term
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.store import Execution, Store
-from scenarios.base import Cancelled, Scenario, StepContext, Verdict
+from bisector.worktrees import WorktreePool
+from scenarios.base import Scenario, StepContext, Verdict
 
 
 class UsageError(Exception):

@@ -5,10 +5,9 @@ import html
 import json
 import shlex
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Mapping
 
-from bisector.backport import VERDICTS
+from bisector.results import VERDICTS
 
 FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from bisector.process import Cancelled
 from scenarios.aiter_mla_probe import AiterMLAProbe
-from scenarios.base import Cancelled, Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
+from scenarios.base import Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict
 from scenarios.dpa_fp8_kv import DpaFp8KvScenario
 
 __all__ = ["Cancelled", "Outcome", "Scenario", "ScenarioAbort", "ScenarioError", "StepContext", "Verdict",

@@ -5,8 +5,9 @@ import hashlib
 import json
 import shutil
 
+from bisector.process import run_process
 from scenarios.base import (Outcome, Scenario, ScenarioAbort, ScenarioError, StepContext, Verdict,
-                            fault_lines, run_process)
+                            fault_lines)
 
 SKIP_EXIT = 125
 
