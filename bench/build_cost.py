@@ -82,7 +82,7 @@ def model(coverage: float, runs: int, seed: int) -> tuple[float, float, float]:
 
 
 def distinct_native_hashes(repo_path: str) -> None:
-    from bisector.gitrepo import GitRepo
+    from bisector.refs import GitRepo
     repo = GitRepo(repo_path)
     toolchain = Toolchain("7.2.1", "2.9.1", "3.12", "gfx942")
     shas = repo.git.rev_list("--first-parent", "--reverse", "main").split()

@@ -14,16 +14,15 @@ from typing import Callable, Sequence
 
 from bisector.build import NoBuild
 from bisector.engine import Judge, RepoLock, RunContext, default_state_dir, open_builder, prepare_state_dir
-from bisector.errors import UsageError
+from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.gitrepo import GitRepo, Hunk, WorktreePool
+from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
+from bisector.refs import GitRepo
+from bisector.results import SETTLED
 from bisector.seams import Scenario
 from bisector.store import Execution, Store
+from bisector.worktrees import WorktreePool
 
-VERDICTS = ("verified", "not-affected", "already-fixed", "contains", "already-picked",
-            "applies-unverified", "conflict", "fix-ineffective", "untestable")
-# Verdicts that need no further work on the branch: exit 0 when every branch has one of these.
-SETTLED = frozenset({"verified", "contains", "already-picked", "not-affected", "already-fixed"})
 MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
 
 
@@ -179,7 +178,7 @@ class _BranchChecker:
                  create_branches: bool):
         self.repo, self.pool, self.ctx = repo, pool, ctx
         self.fix, self.create_branches = fix, create_branches
-        self.fix_hunks = repo.diff_hunks(fix)
+        self.fix_hunks = diff_hunks(repo, fix)
 
     def check(self, name: str, tip: str) -> dict:
         entry = {"branch": name, "tip": tip, "pick": "none", "before": None, "after": None,
@@ -187,7 +186,7 @@ class _BranchChecker:
                  "reason": "", "before_reason": None, "after_reason": None, "backport_branch": None}
         if self.repo.is_ancestor(self.fix, tip):
             return {**entry, "verdict": "contains", "reason": "the fix is an ancestor of the tip"}
-        equivalent = self.repo.find_equivalent(self.fix, tip)
+        equivalent = find_equivalent(self.repo, self.fix, tip)
         if equivalent:
             sha, how = equivalent
             return {**entry, "verdict": "already-picked", "equivalent": sha,
@@ -198,7 +197,7 @@ class _BranchChecker:
             before = self._judge(tip, "before")
             entry["before"], entry["before_reason"] = before.verdict, before.reason
         with self.pool.checkout(tip) as worktree:
-            pick = self.repo.cherry_pick(worktree, self.fix)
+            pick = cherry_pick(self.repo, worktree, self.fix)
         entry["pick"], entry["picked"] = pick.status, pick.sha
         entry["conflicts"] = list(pick.conflicts)
         if entry["before"] == "bad" and pick.status != "conflict":
@@ -237,7 +236,7 @@ class _BranchChecker:
 
     def _create_branch(self, name: str, picked: str) -> dict:
         branch = f"backport/{self.fix[:12]}/{name}"
-        if self.repo.create_branch(branch, picked):
+        if create_branch(self.repo, branch, picked):
             return {"name": branch, "state": "created"}
         try:
             same = self.repo.resolve(f"refs/heads/{branch}") == picked

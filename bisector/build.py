@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from bisector.gitrepo import GitRepo, clean_ignored, untracked_files
+from bisector.process import run_process
+from bisector.refs import GitRepo
 from bisector.store import BuildRecord, Store
-from scenarios.base import run_process
+from bisector.worktrees import clean_ignored, untracked_files
 
 STRATEGIES = ("auto", "source", "precompiled", "python", "none")
 # Paths whose content decides the compiled extensions (vLLM's docker/Dockerfile.rocm build stage).

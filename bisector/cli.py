@@ -13,12 +13,13 @@ from rich.console import Console
 
 from bisector import __version__, doctor, report
 from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, NoBuild, parse_size
-from bisector.backport import SETTLED, BackportConfig, run_backport
+from bisector.backport import BackportConfig, run_backport
 from bisector.engine import Judge, RunConfig, default_state_dir, judge_one, plan_bisection, run_bisection
 from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, GitError,
                              UsageError)
 from bisector.executor import EXECUTORS, Placement, create_executor
-from bisector.gitrepo import GitRepo
+from bisector.refs import GitRepo
+from bisector.results import SETTLED
 from bisector.steps import Handler, Step
 from bisector.store import Store
 from scenarios import available, create

@@ -16,14 +16,17 @@ from typing import Callable, Mapping, Sequence
 from bisector.build import BuildResult, NoBuild
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.gitrepo import GitRepo, WorktreePool, blame_fix, blame_reverse
+from bisector.blame import blame_fix, blame_reverse
 from bisector.policies import Batch, BisectPolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.process import Cancelled
+from bisector.refs import GitRepo
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seams import Executor, Scenario
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
-from scenarios.base import Cancelled, StepContext, Verdict
+from bisector.worktrees import WorktreePool
+from scenarios.base import StepContext, Verdict
 
 
 @dataclass

@@ -314,7 +314,7 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judg
     """
     import ray
 
-    from bisector.gitrepo import NodeCheckout
+    from bisector.worktrees import NodeCheckout
     gpus = ray.get_gpu_ids()
     env = gpu_env(gpus) if gpus else {}
     cache = Path(cache_dir) if cache_dir else node_cache_dir()

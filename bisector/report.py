@@ -5,11 +5,10 @@ import html
 import json
 import shlex
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Mapping
 
-from bisector.backport import VERDICTS
 from bisector.errors import ReportError
+from bisector.results import VERDICTS
 
 FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Mapping, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from bisector.gitrepo import WorktreePool
+    from bisector.worktrees import WorktreePool
     from scenarios.base import Outcome, StepContext
 
 

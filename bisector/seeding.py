@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from bisector.gitrepo import BlamedCommit
+from bisector.blame import BlamedCommit
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import json
 import shutil
 
 from bisector.errors import ScenarioAbort, ScenarioError
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines, run_process
+from bisector.process import run_process
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
 SKIP_EXIT = 125
 

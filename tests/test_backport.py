@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from bisector.backport import decide, target_present
-from bisector.gitrepo import Hunk
+from bisector.picks import Hunk
 from conftest import ENV, ROOT, RepoBuilder, bisector, git
 
 BUGGY = '''import os

@@ -13,7 +13,7 @@ import pytest
 
 from bisector.build import (ArtifactCache, BuildSettings, Toolchain, native_hash, parse_size,
                             precompiled_plan, source_plan)
-from bisector.gitrepo import GitRepo
+from bisector.refs import GitRepo
 from conftest import bisector
 
 FIXTURE_SETUP = '''\

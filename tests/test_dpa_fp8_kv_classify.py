@@ -2,8 +2,8 @@
 import pytest
 
 from dpa_fp8_kv_records import ENGINE_FAILED, FAULT, HSA, RECORDS
+from bisector.process import ProcessResult
 from scenarios.base import Verdict
-from scenarios.base import ProcessResult
 from scenarios.dpa_fp8_kv.classify import classify, combine
 
 

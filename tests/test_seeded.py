@@ -3,7 +3,8 @@ import json
 
 from conftest import STATE_IS_GOOD, bisector, git
 
-from bisector.gitrepo import BlamedCommit, GitRepo, blame_fix
+from bisector.blame import BlamedCommit, blame_fix
+from bisector.refs import GitRepo
 from bisector.seeding import plan_seeds
 
 MODULE = "".join(f"line {i}\n" for i in range(1, 11))

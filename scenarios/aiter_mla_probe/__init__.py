@@ -7,9 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+from bisector.process import run_process
 from scenarios.aiter_mla_probe.child import RESULT_PREFIX
 from scenarios.aiter_mla_probe.contract import ProbeConfig
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, run_process
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 120.0

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import re
 
-from scenarios.base import ProcessResult, Verdict, fault_lines
+from bisector.process import ProcessResult
+from scenarios.base import Verdict, fault_lines
 from scenarios.dpa_fp8_kv.child import OK_MARKER, READY_MARKER
 
 ABORT_CODES = (-6, 134)  # SIGABRT as Python reports it, as a shell reports it

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from scenarios.base import Cancelled, ProcessResult, _kill_group
+from bisector.process import Cancelled, ProcessResult, _kill_group
 from scenarios.dpa_fp8_kv.child import OK_MARKER
 from scenarios.dpa_fp8_kv.plan import Launch
 

@@ -7,7 +7,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from scenarios.base import BaseScenario, Outcome, ProcessResult, StepContext, Verdict
+from bisector.process import ProcessResult
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine
 from scenarios.dpa_fp8_kv.config import write_model_dir

@@ -1,0 +1,149 @@
+"""The user's repository: refs, ranges and commit facts, read through git objects alone.
+
+GitPython with argument lists only: no ref, branch or message ever passes through a shell.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import git
+
+from bisector.errors import GitError
+
+PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    sha: str
+    subject: str
+    author: str
+    date: str
+    pr: int | None
+    files: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {"sha": self.sha, "subject": self.subject, "author": self.author, "date": self.date,
+                "pr": self.pr, "files": list(self.files)}
+
+
+class GitRepo:
+    """A user's repository, opened read-only as far as their HEAD, index, tree and refs go."""
+
+    def __init__(self, path: str | Path):
+        try:
+            self.repo = git.Repo(Path(path), search_parent_directories=True)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise GitError(f"not a git repository: {path}") from None
+        if self.repo.bare:
+            raise GitError(f"bare repositories are not supported: {path}")
+        self.git = self.repo.git
+        self.root = Path(self.repo.working_tree_dir)
+        self.common_dir = Path(self.repo.common_dir).resolve()
+
+    def resolve(self, ref: str) -> str:
+        """Full sha of the commit ref names."""
+        if not ref or ref.startswith("-"):
+            raise GitError(f"unknown ref: {ref!r}")
+        try:
+            return self.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+        except git.GitCommandError:
+            raise GitError(f"unknown ref: {ref}") from None
+
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        try:
+            self.git.merge_base("--is-ancestor", ancestor, descendant)
+            return True
+        except git.GitCommandError as exc:
+            if exc.status == 1:
+                return False
+            raise
+
+    def range_commits(self, olds: Sequence[str], new: str, first_parent: bool = False,
+                      paths: Sequence[str] = ()) -> list[tuple[str, tuple[str, ...]]]:
+        """(sha, parents) of commits reachable from new but not from any old, parents first.
+
+        With paths only commits touching them are listed (parents rewritten, as git bisect does),
+        and new is always last, standing on the heads of what was listed.
+        """
+        args = ["--parents", "--topo-order", "--reverse"]
+        if first_parent:
+            args.append("--first-parent")
+        args += [new, *(f"^{old}" for old in olds)]
+        if paths:
+            args += ["--", *paths]
+        out = self.git.rev_list(*args)
+        commits = []
+        for line in out.splitlines():
+            sha, *parents = line.split()
+            commits.append((sha, tuple(parents[:1] if first_parent else parents)))
+        if commits and commits[-1][0] != new:
+            listed = {sha for sha, _ in commits}
+            referenced = {p for _, parents in commits for p in parents}
+            heads = tuple(sha for sha, _ in commits if sha not in referenced and sha in listed)
+            commits.append((new, heads))
+        return commits
+
+    def commit_info(self, sha: str) -> CommitInfo:
+        commit = self.repo.commit(sha)
+        subject = commit.summary if isinstance(commit.summary, str) else commit.summary.decode()
+        match = PR_SUFFIX.search(subject)
+        if commit.parents:
+            files = self.git.diff("--name-only", "--no-renames", commit.parents[0].hexsha, sha)
+        else:
+            files = self.git.ls_tree("-r", "--name-only", sha)
+        return CommitInfo(sha=sha, subject=subject, author=f"{commit.author.name} <{commit.author.email}>",
+                          date=commit.authored_datetime.isoformat(),
+                          pr=int(match.group(1)) if match else None,
+                          files=tuple(f for f in files.splitlines() if f))
+
+    def tree_ids(self, sha: str, paths: Sequence[str]) -> dict[str, str]:
+        """Object ids of those paths (files or folders) present at sha, read from git objects alone."""
+        if not paths:
+            return {}
+        out = self.git.ls_tree("--full-tree", sha, "--", *paths)
+        ids = {}
+        for line in out.splitlines():
+            meta, _, name = line.partition("\t")
+            ids[name] = meta.split()[2]
+        return ids
+
+    def branches(self, pattern: str) -> list[tuple[str, str]]:
+        """(name, tip sha) of local and remote-tracking branches whose short name matches the glob.
+
+        Local branches are named as themselves (releases/v0.19), remote-tracking ones with their
+        remote (origin/releases/v0.19); symbolic refs such as origin/HEAD are left out.
+        """
+        out = self.git.for_each_ref("--format=%(refname)%00%(objectname)%00%(symref)",
+                                    "refs/heads", "refs/remotes")
+        found = []
+        for line in out.splitlines():
+            ref, sha, symref = line.split("\0")
+            if symref:
+                continue
+            name = ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
+            if fnmatch.fnmatchcase(name, pattern):
+                found.append((name, sha))
+        return found
+
+    def parents(self, sha: str) -> list[str]:
+        return self.git.rev_list("--parents", "-n", "1", sha).split()[1:]
+
+    def merge_base(self, a: str, b: str) -> str | None:
+        try:
+            return self.git.merge_base(a, b)
+        except git.GitCommandError as exc:
+            if exc.status == 1:
+                return None
+            raise
+
+    def file_text(self, sha: str, path: str) -> str | None:
+        """Content of path at sha, or None when the file is not there."""
+        try:
+            return self.git.cat_file("blob", f"{sha}:{path}", strip_newline_in_stdout=False)
+        except git.GitCommandError:
+            return None
