@@ -12,7 +12,8 @@ import click
 from rich.console import Console
 
 from bisector import __version__, doctor, executor, report
-from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
+from bisector.builds import STRATEGIES, BuildSettings
+from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import SETTLED, BackportConfig, run_backport
 from bisector.engine import (EndpointError, Handler, RunConfig, Step, UsageError, default_state_dir,
                              judge_one, plan_bisection, run_bisection)

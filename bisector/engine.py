@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bisector.build import BuildResult, NoBuild
+from bisector.builds import BuildResult, NoBuild
 from bisector.executor import LocalExecutor
 from bisector.gitrepo import GitError, GitRepo, WorktreePool, blame_fix, blame_reverse
 from bisector.search import Bisection, InconsistentVerdicts, Term

@@ -16,7 +16,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from bisector.build import NoBuild
+from bisector.builds import NoBuild
 
 GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
@@ -147,7 +147,7 @@ class RayExecutor:
                  cache_dir: str | None = None, retries: int = 3, gpus_optional: bool = False,
                  build: object = None):
         self.source, self.size, self.gpus_per_run = source, jobs, gpus_per_run
-        self.build = build  # build settings (e.g. build.BuildSettings), opened on each node; default none
+        self.build = build  # build settings (e.g. builds.BuildSettings), opened on each node; default none
         self.gpus_optional = gpus_optional  # a cluster without GPUs runs the steps on CPUs
         self.address, self.retries = address, retries
         self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()

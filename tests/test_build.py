@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bisector.build import (ArtifactCache, BuildSettings, Toolchain, native_hash, parse_size,
-                            precompiled_plan, source_plan)
+from bisector.builds import BuildSettings
+from bisector.builds.artifacts import ArtifactCache, parse_size
+from bisector.builds.native import Toolchain, native_hash
+from bisector.builds.precompiled import precompiled_plan
+from bisector.builds.source import compiler_cache_env, source_plan
 from bisector.gitrepo import GitRepo
 from conftest import bisector
 
@@ -238,14 +241,14 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path):
 
 def test_source_plan_is_vllms_rocm_build():
     rocm = Toolchain(rocm="7.2.1", torch="2.9.1+rocm7.2", python="3.12", arch="gfx942;gfx950")
-    plan = source_plan("/env/bin/python", Path("/wt"), "requirements/build/rocm.txt", rocm, 32, "ccache",
-                       Path("/state/compiler-cache"))
+    plan = source_plan("/env/bin/python", "requirements/build/rocm.txt", rocm, 32,
+                       compiler_cache_env("ccache", Path("/state/compiler-cache"), Path("/wt")))
     assert [c.argv for c in plan] == [
         ("/env/bin/python", "-m", "pip", "install", "-r", "requirements/build/rocm.txt"),
         ("/env/bin/python", "setup.py", "develop")]
     assert plan[1].env == {"PYTORCH_ROCM_ARCH": "gfx942;gfx950", "MAX_JOBS": "32",
                            "CCACHE_DIR": "/state/compiler-cache/ccache", "CCACHE_BASEDIR": "/wt"}
-    sccache = source_plan("py", Path("/wt"), None, rocm, 8, "sccache", Path("/c"))
+    sccache = source_plan("py", None, rocm, 8, compiler_cache_env("sccache", Path("/c"), Path("/wt")))
     assert [c.label for c in sccache] == ["develop"] and sccache[0].env["SCCACHE_DIR"] == "/c/sccache"
     wheel = "https://wheels.vllm.ai/rocm/abc/rocm721/vllm-0.20.0-cp38-abi3-linux_x86_64.whl"
     assert precompiled_plan("py", wheel)[0].env == {"VLLM_USE_PRECOMPILED": "1",
