@@ -76,10 +76,9 @@ class Builder:
             raise ValueError(f"unknown build strategy {settings.strategy!r} (one of {', '.join(STRATEGIES)})")
         self.settings, self.repo, self.state_dir = settings, repo, state_dir
         self.name = settings.strategy
+        self.toolchain = detect_toolchain(settings.python, settings.rocm_arch)
         self.cache = ArtifactCache(state_dir, settings.cache_size)
-        context = BuildContext(settings, detect_toolchain(settings.python, settings.rocm_arch), self.cache,
-                               state_dir)
-        self.toolchain = context.toolchain
+        context = BuildContext(settings, self.toolchain, self.cache, state_dir)
         # every strategy is opened, so its options are checked whichever one was chosen
         self.strategies = {name: strategy(context) for name, strategy in REGISTRY.items()}
         chosen = self.strategies.values() if self.name == "auto" else [self.strategies[self.name]]
