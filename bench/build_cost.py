@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bisector.build import NATIVE_PATHS, Toolchain, native_hash  # noqa: E402
+from bisector.builds.native import NATIVE_PATHS, Toolchain, native_hash  # noqa: E402
 from bisector.search import Bisection, Term  # noqa: E402
 
 COMMITS, NATIVE_SHARE, FOLLOW_UP = 1000, 0.2, 0.5

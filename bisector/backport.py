@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bisector.build import NoBuild
+from bisector.builds import NoBuild
 from bisector.engine import Judge, RepoLock, RunContext, default_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor

@@ -12,7 +12,8 @@ import click
 from rich.console import Console
 
 from bisector import __version__, doctor, report
-from bisector.build import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, NoBuild, parse_size
+from bisector.builds import STRATEGIES, BuildSettings, NoBuild
+from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import BackportConfig, run_backport
 from bisector.engine import Judge, RunConfig, default_state_dir, judge_one, plan_bisection, run_bisection
 from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, GitError,

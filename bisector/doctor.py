@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from bisector import __version__
-from bisector.build import installed_rocm_version, rocm_root
+from bisector.builds.native import installed_rocm_version, rocm_root
 from bisector.executor import GPU_VARIABLES
 
 

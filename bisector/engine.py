@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bisector.build import BuildResult, NoBuild
+from bisector.builds import BuildResult, NoBuild
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bisector.build import NoBuild
+from bisector.builds import NoBuild
 from bisector.errors import ExecutorError, UsageError
 from bisector.seams import Executor
 
@@ -178,7 +178,7 @@ class RayExecutor:
     def __init__(self, placement: Placement, cache_dir: str | None = None, retries: int = 3):
         self.source, self.size = placement.remote or placement.source, placement.jobs
         self.gpus_per_run = placement.per_run
-        self.build = placement.build  # build settings (e.g. build.BuildSettings), opened on each node
+        self.build = placement.build  # build settings (e.g. builds.BuildSettings), opened on each node
         # Without --gpus-per-run, a cluster without GPUs runs the steps on CPUs.
         self.gpus_optional = placement.gpus_per_run is None
         self.address, self.retries = placement.ray_address, retries

@@ -1,8 +1,9 @@
 """The plug-in seams: what a scenario and an executor must offer the engine.
 
 Implementations are found in registries (scenarios: `scenarios.available()`, which also loads the
-`bisector.scenarios` entry-point group; executors: `bisector.executor.EXECUTORS`; build strategies:
-`bisector.build.STRATEGY_REGISTRY`). See ARCHITECTURE.md for how to add one.
+`bisector.scenarios` entry-point group; executors: `bisector.executor.EXECUTORS`). The third seam,
+BuildStrategy, sits with its data types in `bisector.builds.base` (registry: `bisector.builds.REGISTRY`).
+See ARCHITECTURE.md for how to add one of each.
 """
 from __future__ import annotations
 

@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bisector.build import (ArtifactCache, BuildSettings, Toolchain, native_hash, parse_size,
-                            precompiled_plan, source_plan)
+from bisector import builds
+from bisector.builds import BuildSettings
+from bisector.builds.base import BuildResult, Decision
+from bisector.builds.artifacts import ArtifactCache, parse_size
+from bisector.builds.native import Toolchain, native_hash
+from bisector.builds.precompiled import precompiled_plan
+from bisector.builds.source import compiler_cache_env, source_plan
 from bisector.refs import GitRepo
 from conftest import bisector
 
@@ -238,14 +243,14 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path):
 
 def test_source_plan_is_vllms_rocm_build():
     rocm = Toolchain(rocm="7.2.1", torch="2.9.1+rocm7.2", python="3.12", arch="gfx942;gfx950")
-    plan = source_plan("/env/bin/python", Path("/wt"), "requirements/build/rocm.txt", rocm, 32, "ccache",
-                       Path("/state/compiler-cache"))
+    plan = source_plan("/env/bin/python", "requirements/build/rocm.txt", rocm, 32,
+                       compiler_cache_env("ccache", Path("/state/compiler-cache"), Path("/wt")))
     assert [c.argv for c in plan] == [
         ("/env/bin/python", "-m", "pip", "install", "-r", "requirements/build/rocm.txt"),
         ("/env/bin/python", "setup.py", "develop")]
     assert plan[1].env == {"PYTORCH_ROCM_ARCH": "gfx942;gfx950", "MAX_JOBS": "32",
                            "CCACHE_DIR": "/state/compiler-cache/ccache", "CCACHE_BASEDIR": "/wt"}
-    sccache = source_plan("py", Path("/wt"), None, rocm, 8, "sccache", Path("/c"))
+    sccache = source_plan("py", None, rocm, 8, compiler_cache_env("sccache", Path("/c"), Path("/wt")))
     assert [c.label for c in sccache] == ["develop"] and sccache[0].env["SCCACHE_DIR"] == "/c/sccache"
     wheel = "https://wheels.vllm.ai/rocm/abc/rocm721/vllm-0.20.0-cp38-abi3-linux_x86_64.whl"
     assert precompiled_plan("py", wheel)[0].env == {"VLLM_USE_PRECOMPILED": "1",
@@ -295,3 +300,87 @@ def test_bad_build_options_are_usage_errors(make_repo, tmp_path):
         assert proc.stderr.startswith("bisector: error: ") and message in proc.stderr
     assert repo.snapshot() == before
     assert parse_size("50G") == 50 * 1024 ** 3 and parse_size("512m") == 512 * 1024 ** 2
+
+
+def checkout(repo, sha: str, path: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "checkout", "-q", sha], check=True)
+    return path
+
+
+class Stamp:
+    """A strategy defined here: marks the worktree instead of building, at half a compile's cost."""
+
+    name = "stamp"
+    cost = 0.5
+
+    def __init__(self, context):
+        self.cache = context.cache
+
+    def can_serve(self, target):
+        return Decision(self.name, f"stamped {target.short}", target.native)
+
+    def prepare(self, target, decision, log_dir):
+        (target.worktree / "STAMPED").write_text(target.sha)
+        return BuildResult(self.name, True, decision.reason, None, target.env)
+
+
+class Refuses:
+    """Cheaper than anything, but serves no commit."""
+
+    name = "refuses"
+    cost = -1.0
+
+    def __init__(self, context):
+        pass
+
+    def can_serve(self, target):
+        return target.refuse("serves nothing")
+
+    def prepare(self, target, decision, log_dir):
+        raise AssertionError("a strategy that cannot serve was chosen")
+
+
+def test_auto_takes_the_cheapest_registered_strategy_that_can_serve(make_repo, tmp_path, monkeypatch):
+    monkeypatch.setitem(builds.REGISTRY, Stamp.name, Stamp)
+    monkeypatch.setitem(builds.REGISTRY, Refuses.name, Refuses)
+    repo = make_repo()
+    shas = stand_in(repo, 3, native_at={1}, bad_from=9)
+    state = tmp_path / "state"
+    builder = BuildSettings("auto", sys.executable).open(GitRepo(repo.path), state)
+    # never built, no wheels: reuse and precompiled cannot serve, refuses is passed over, stamp < source
+    assert builder.decide(shas[0]).strategy == "stamp" and builder.cost(shas[0]) == 0.5
+    work = checkout(repo, shas[0], tmp_path / "work")
+    result = builder.prepare(work, shas[0], state / "logs")
+    assert (result.ok, result.strategy) == (True, "stamp")
+    assert (work / "STAMPED").read_text() == shas[0]
+    # once the native hash has artifacts, reuse (cost 0) is cheaper than stamp
+    (work / "fixturepkg" / "_C.so").write_bytes(b"built")
+    builder.cache.save(builder.native(shas[0]), work, ["fixturepkg/_C.so"], "source", None)
+    assert builder.decide(shas[0]).strategy == "python" and builder.decide(shas[1]).strategy == "stamp"
+    # chosen by name, a strategy that cannot serve skips the commit with its reason
+    refused = BuildSettings("refuses", sys.executable).open(GitRepo(repo.path), state) \
+        .prepare(work, shas[0], state / "logs")
+    assert (refused.ok, refused.reason) == (False, "serves nothing (--build refuses)")
+
+
+def test_a_wheel_that_fails_falls_back_to_a_compile_in_auto_only(make_repo, venv_python, tmp_path):
+    repo = make_repo()
+    shas = stand_in(repo, 3, native_at=set(), bad_from=9)
+    wheels = tmp_path / "wheels"
+    (wheels / shas[1]).mkdir(parents=True)
+    (wheels / shas[1] / "fixturepkg-0-cp311-abi3-linux_x86_64.whl").write_text("not a zip")
+    state = tmp_path / "state"
+    work = checkout(repo, shas[1], tmp_path / "work")
+    precompiled = BuildSettings("precompiled", venv_python, wheels=str(wheels)).open(GitRepo(repo.path), state)
+    no_wheel = precompiled.prepare(work, shas[0], state / "logs")
+    assert not no_wheel.ok and no_wheel.reason == f"no wheel for {shas[0][:12]} (--build precompiled)"
+    broken = precompiled.prepare(work, shas[1], state / "logs")
+    assert (broken.ok, broken.strategy) == (False, "precompiled")
+    assert gcc_runs(state) == 0
+    auto = BuildSettings("auto", venv_python, wheels=str(wheels)).open(GitRepo(repo.path), state)
+    assert auto.decide(shas[1]).strategy == "precompiled"
+    result = auto.prepare(work, shas[1], state / "logs")
+    assert (result.ok, result.strategy) == (True, "source"), result.reason
+    assert "(after precompiled failed: develop-precompiled exited 1" in result.reason
+    assert gcc_runs(state) == 1 and list((work / "fixturepkg").glob("_C*.so"))

@@ -1,0 +1,95 @@
+"""Compiled outputs kept by native hash under <state_dir>/artifacts/<hash>/, with their build records."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from bisector.store import BuildRecord, Store
+
+DEFAULT_CACHE_SIZE = "50G"
+
+
+def parse_size(text: str) -> int:
+    """'50G', '512M', '10k' or plain bytes -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (e.g. 50G, 512M)")
+    return int(float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " "))
+
+
+class ArtifactCache:
+    """Compiled outputs by native hash under <state_dir>/artifacts/<hash>/, LRU-evicted to a size cap."""
+
+    def __init__(self, state_dir: Path, cap_bytes: int):
+        self.root = Path(state_dir) / "artifacts"
+        self.db_path = Path(state_dir) / "bisector.sqlite"
+        self.cap = cap_bytes
+        self.lock = threading.Lock()
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        with self._store() as store:
+            self.records = {r.native_hash: r for r in store.builds()}
+
+    def _store(self) -> Store:
+        """A connection for this thread (steps build on worker threads)."""
+        return Store(self.db_path)
+
+    def get(self, native: str) -> BuildRecord | None:
+        with self.lock:
+            return self.records.get(native)
+
+    def restore(self, native: str, worktree: Path) -> list[str]:
+        """Copy the stored outputs into the worktree; marks them used."""
+        record = self.get(native)
+        for rel in record.files:
+            target = worktree / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(record.artifact_dir) / rel, target)
+        now = time.time()
+        with self.lock, self._store() as store:
+            store.touch_build(native, now)
+            self.records[native] = dataclasses.replace(record, last_used=now)
+        return list(record.files)
+
+    def save(self, native: str, worktree: Path, files: list[str], strategy: str, log_path: str | None) -> None:
+        """Store a successful build's outputs, then evict least recently used ones over the cap."""
+        final = self.root / native
+        staging = self.root / f".{native}.{os.getpid()}.{threading.get_ident()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        for rel in files:
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(worktree / rel, staging / rel)
+        staging.mkdir(parents=True, exist_ok=True)
+        size = sum((staging / rel).stat().st_size for rel in files)
+        with self.lock:
+            shutil.rmtree(final, ignore_errors=True)
+            staging.rename(final)
+            record = BuildRecord(native, "ok", strategy, log_path, str(final), tuple(files), size,
+                                 time.time())
+            with self._store() as store:
+                store.put_build(record)
+                self.records[native] = record
+                self._evict(store, keep=native)
+
+    def fail(self, native: str, strategy: str, log_path: str | None) -> None:
+        record = BuildRecord(native, "failed", strategy, log_path, None, (), 0, time.time())
+        with self.lock, self._store() as store:
+            store.put_build(record)
+            self.records[native] = record
+
+    def _evict(self, store: Store, keep: str) -> None:
+        stored = sorted((r for r in self.records.values() if r.status == "ok"), key=lambda r: r.last_used)
+        total = sum(r.size for r in stored)
+        for record in stored:
+            if total <= self.cap:
+                break
+            if record.native_hash == keep:
+                continue
+            shutil.rmtree(record.artifact_dir, ignore_errors=True)
+            store.delete_build(record.native_hash)
+            del self.records[record.native_hash]
+            total -= record.size

@@ -1,0 +1,138 @@
+"""The build-strategy seam: what a strategy is asked (a Target), what it answers (a Decision), what it
+returns after preparing a worktree (a BuildResult), and the pieces strategies share."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Protocol
+
+from bisector.worktrees import untracked_files
+from bisector.process import run_process
+
+if TYPE_CHECKING:
+    from bisector.builds import BuildSettings
+    from bisector.builds.artifacts import ArtifactCache
+    from bisector.builds.native import Toolchain
+
+# A strategy that only copies files costs nothing; one that compiles costs a compile.
+FREE_COST, COMPILE_COST = 0.0, 1.0
+UNAVAILABLE = "unavailable"
+EXTENSION_PATTERN = "*.so"
+
+
+@dataclass(frozen=True)
+class Command:
+    label: str
+    argv: tuple[str, ...]
+    env: dict
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "argv": list(self.argv), "env": self.env}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a step's build would do, decided from git objects and the cache alone."""
+
+    strategy: str  # a registered strategy's name, or none | failed-before | unavailable
+    reason: str
+    native: str
+    commands: tuple[Command, ...] = ()
+
+    @property
+    def serves(self) -> bool:
+        return self.strategy != UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    strategy: str
+    ok: bool
+    reason: str
+    log_path: str | None = None
+    env: dict = field(default_factory=dict)
+
+    @property
+    def summary(self) -> str:
+        """What ran and why, as stored per step: 'python: native 1a2b3c4d5e6f built before'."""
+        return f"{self.strategy}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The commit a strategy is asked to serve, and the worktree it would build in."""
+
+    sha: str
+    native: str  # native-input hash (bisector.builds.native.native_hash)
+    trees: Mapping[str, str]  # native input path -> tree id, for the paths present at sha
+    worktree: Path  # a placeholder when only planning
+
+    @property
+    def short(self) -> str:
+        return self.native[:12]
+
+    @property
+    def env(self) -> dict:
+        """The scenario's environment once built: the worktree's package importable."""
+        return {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.worktree), os.environ.get("PYTHONPATH")]))}
+
+    def refuse(self, reason: str) -> Decision:
+        """A strategy's answer when it cannot serve this commit."""
+        return Decision(UNAVAILABLE, reason, self.native)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every strategy of one opened build shares."""
+
+    settings: "BuildSettings"
+    toolchain: "Toolchain"
+    cache: "ArtifactCache"
+    state_dir: Path
+
+
+class BuildStrategy(Protocol):
+    """One way to make a worktree runnable. `--build auto` takes, per commit, the cheapest registered
+    strategy that can serve it (ties: the one registered first), and falls through to the next one
+    that can serve when preparing fails. Constructed once per opened build: Strategy(context)."""
+
+    name: str  # its --build choice and the label stored per step
+    cost: float  # FREE_COST when it copies files, COMPILE_COST when it compiles
+
+    def can_serve(self, target: Target) -> Decision:
+        """The build this strategy would run for target, or target.refuse(why) when it cannot."""
+
+    def prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
+        """Make target.worktree runnable as decided (stale extension modules are already removed)."""
+
+
+def run_commands(target: Target, decision: Decision, log_dir: Path) -> BuildResult:
+    """Run the decision's commands in the worktree, one log each; fails at the first non-zero exit."""
+    log_path = None
+    for n, command in enumerate(decision.commands, 1):
+        log_path = Path(log_dir) / f"build-{target.sha[:12]}-{decision.native[:12]}-{n}-{command.label}.log"
+        result = run_process(list(command.argv), target.worktree, log_path, env=command.env)
+        if result.returncode != 0:
+            return BuildResult(decision.strategy, False,
+                               f"{command.label} exited {result.returncode} ({decision.reason})", str(log_path))
+    return BuildResult(decision.strategy, True, decision.reason, str(log_path), target.env)
+
+
+def keep_outputs(cache: "ArtifactCache", target: Target, built: BuildResult) -> BuildResult:
+    """Store a successful build's extension modules under its native hash for later reuse."""
+    files = built_outputs(target.worktree)
+    cache.save(target.native, target.worktree, files, built.strategy, built.log_path)
+    return BuildResult(built.strategy, True, f"{built.reason}, {len(files)} files stored", built.log_path,
+                       built.env)
+
+
+def built_outputs(worktree: Path) -> list[str]:
+    """Extension modules in the tree, outside the build/ scratch dir (kept for incremental builds)."""
+    return [rel for rel in untracked_files(worktree, EXTENSION_PATTERN) if not rel.startswith("build/")]
+
+
+def remove_outputs(worktree: Path) -> None:
+    """Delete extension modules a previous step left (ignored files survive `git clean`)."""
+    for rel in built_outputs(worktree):
+        (worktree / rel).unlink()
