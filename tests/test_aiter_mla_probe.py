@@ -16,6 +16,8 @@ from scenarios.aiter_mla_probe.demo import make_demo_repo, write_tree
 from scenarios.aiter_mla_probe.loader import Placeholder, make_permissive
 from scenarios.base import ScenarioError, StepContext, Verdict
 
+pytestmark = pytest.mark.integration
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")
 
