@@ -3,7 +3,9 @@
 A fixture repo of 1,000 commits; the scenario sleeps a fixed time, then judges the commit by its
 counter. Endpoints are trusted (as git bisect run does). Goal: wall ≈ rounds × step, K=4 ≥ 2× K=1.
 
-    python bench/parallel.py [--commits 1000] [--sleep 0.3] [--culprit 637] [--no-ray]
+    python bench/parallel.py [--commits 1000] [--sleep 0.3] [--culprit N] [--no-ray]
+
+--culprit defaults to the commit 63.7 % into the range; it must lie inside it (1 .. commits-1).
 """
 from __future__ import annotations
 
@@ -68,9 +70,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, default=1000)
     parser.add_argument("--sleep", type=float, default=0.3)
-    parser.add_argument("--culprit", type=int, default=637)
+    parser.add_argument("--culprit", type=int, help="index of the first bad commit (default: 63.7 %% in)")
     parser.add_argument("--no-ray", action="store_true")
     args = parser.parse_args()
+    if args.commits < 2:
+        parser.error("--commits: needs at least 2 (a good and a bad endpoint)")
+    if args.culprit is None:
+        args.culprit = min(max(1, round(args.commits * 0.637)), args.commits - 1)
+    if not 1 <= args.culprit < args.commits:
+        parser.error(f"--culprit {args.culprit}: must be inside the range, 1 .. {args.commits - 1}")
     argv = ["sh", "-c", f'sleep {args.sleep}; test "$(cat counter.txt)" -lt {args.culprit}']
     figures: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:

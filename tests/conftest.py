@@ -1,23 +1,38 @@
-"""Shared fixtures: real git repositories built in temp dirs."""
+"""Shared fixtures: real git repositories built in temp dirs, the CLI run as a subprocess.
+
+Every test module says what it is with a module-level `pytestmark`: `unit` (pure logic, in-process) or
+`integration` (real git repositories, subprocesses, the CLI); `gpu_plan` (GPU placement and launch plans,
+checked without a GPU) and `slow` (seconds or more each) come on top. A test without `unit` or
+`integration` fails at collection.
+"""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
-       "GIT_COMMITTER_NAME": "Test Committer", "GIT_COMMITTER_EMAIL": "committer@example.com",
-       "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+00:00", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+00:00"}
+_ROOT = Path(__file__).resolve().parents[1]
+_GIT_ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
+            "GIT_COMMITTER_NAME": "Test Committer", "GIT_COMMITTER_EMAIL": "committer@example.com",
+            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+00:00", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+00:00"}
+_KINDS = ("unit", "integration")
 
 
-def git(repo: Path, *args: str) -> str:
+def pytest_collection_modifyitems(config, items):
+    """Refuse a test that does not say whether it is a unit or an integration test."""
+    unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(kind) for kind in _KINDS)]
+    if unmarked:
+        raise pytest.UsageError(f"tests without a 'unit' or 'integration' marker: {', '.join(unmarked)}")
+
+
+def _git(repo: Path, *args: str) -> str:
     """Run git with an argument list in repo; returns stdout stripped."""
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, **ENV}).stdout.strip()
+                          env={**os.environ, **_GIT_ENV}).stdout.strip()
 
 
 class RepoBuilder:
@@ -26,7 +41,11 @@ class RepoBuilder:
     def __init__(self, path: Path):
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
-        git(path, "init", "-q", "-b", "main")
+        self.git("init", "-q", "-b", "main")
+
+    def git(self, *args: str) -> str:
+        """Run git in this repository; returns stdout stripped."""
+        return _git(self.path, *args)
 
     def commit(self, message: str, files: dict[str, str | None]) -> str:
         """Write (or delete, with None) files and commit them; returns the new sha."""
@@ -37,12 +56,12 @@ class RepoBuilder:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
-        git(self.path, "add", "-A")
-        git(self.path, "commit", "-q", "--allow-empty", "-m", message)
+        self.git("add", "-A")
+        self.git("commit", "-q", "--allow-empty", "-m", message)
         return self.head()
 
     def head(self) -> str:
-        return git(self.path, "rev-parse", "HEAD")
+        return self.git("rev-parse", "HEAD")
 
     def linear(self, count: int, bad_from: int | None, start: int = 0) -> list[str]:
         """count commits; from index bad_from on the file `state` says bad. Returns shas."""
@@ -55,12 +74,58 @@ class RepoBuilder:
 
     def snapshot(self) -> dict:
         """Everything a bisection must leave as it was: HEAD, refs, index, working tree status."""
-        return {"head": git(self.path, "rev-parse", "HEAD"),
-                "symbolic": git(self.path, "symbolic-ref", "-q", "HEAD"),
-                "refs": git(self.path, "for-each-ref"),
+        return {"head": self.git("rev-parse", "HEAD"),
+                "symbolic": self.git("symbolic-ref", "-q", "HEAD"),
+                "refs": self.git("for-each-ref"),
                 "index": (self.path / ".git" / "index").read_bytes(),
-                "status": git(self.path, "status", "--porcelain", "--untracked-files=all"),
-                "worktrees": git(self.path, "worktree", "list", "--porcelain")}
+                "status": self.git("status", "--porcelain", "--untracked-files=all"),
+                "worktrees": self.git("worktree", "list", "--porcelain")}
+
+
+def _run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (python -m bisector.cli) on this checkout."""
+    return subprocess.run([sys.executable, "-m", "bisector.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, **_GIT_ENV, "PYTHONPATH": str(_ROOT), **(env or {})})
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def project_root() -> Path:
+    """The checkout under test (what the CLI subprocesses get as PYTHONPATH)."""
+    return _ROOT
+
+
+@pytest.fixture(scope="session")
+def git_env() -> dict:
+    """Fixed git identities and dates, so commits are reproducible."""
+    return dict(_GIT_ENV)
+
+
+@pytest.fixture(scope="session")
+def git():
+    """git(repo, *args) -> stdout stripped; an argument list, never a shell."""
+    return _git
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """cli(*args, cwd=, env=, timeout=) -> CompletedProcess of `python -m bisector.cli *args`."""
+    return _run_cli
+
+
+@pytest.fixture(scope="session")
+def repo_builder():
+    """The RepoBuilder class, for repositories at a chosen path (e.g. in module-scoped fixtures)."""
+    return RepoBuilder
 
 
 @pytest.fixture
@@ -69,13 +134,80 @@ def make_repo(tmp_path):
     return lambda name="repo": RepoBuilder(tmp_path / name)
 
 
-def bisector(*args: str, cwd: Path | None = None, env: dict | None = None,
-             timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (python -m bisector.cli)."""
-    return subprocess.run([sys.executable, "-m", "bisector.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout,
-                          env={**os.environ, **ENV, "PYTHONPATH": str(ROOT), **(env or {})})
+@pytest.fixture
+def state_is_good() -> list[str]:
+    """A command scenario judging the checkout by its `state` file: exit 0 good, 1 bad."""
+    return ["grep", "-q", "good", "state"]
 
 
-# A command scenario judging the checkout by its `state` file: exit 0 good, 1 bad.
-STATE_IS_GOOD = ["grep", "-q", "good", "state"]
+@pytest.fixture(scope="session")
+def pid_alive():
+    """pid_alive(pid) -> whether a process with that pid still exists."""
+    return _pid_alive
+
+
+@pytest.fixture
+def script_scenario(tmp_path):
+    """script_scenario(body) -> a CommandScenario running body in sh, with $n the checkout's counter and
+    $PIDS the test's tmp_path (where the script leaves pids and flags)."""
+    from scenarios.command import CommandScenario
+
+    def make(body: str) -> CommandScenario:
+        script = tmp_path / "scenario.sh"
+        script.write_text(f'n=$(cat counter.txt)\nPIDS={tmp_path}\n{body}\n')
+        return CommandScenario(["sh", str(script)])
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def deciding_answer_kills_the_rest() -> str:
+    """Scenario body: commit 2 sleeps (recording its pid); commit 1, the culprit, answers once commit 2
+    is running. With 4 commits and 2 jobs, the culprit's answer must kill commit 2's step."""
+    return """
+case $n in
+  2) echo $$ > $PIDS/sleeper; exec sleep 60;;
+  1) while [ ! -f $PIDS/sleeper ]; do sleep 0.05; done; exit 1;;
+esac
+grep -q good state
+"""
+
+
+# Recorded-style child outputs of the dpa-fp8-kv scenario (shapes from shared/README.md and vLLM's
+# logging).
+_AITER_LINE = "(EngineCore_DP0 pid=4242) INFO 11-30 01:02:03 [rocm.py:251] Using AITER MLA backend."
+_READY = "BISECTOR-ENGINE-READY dp_rank=0"
+_OK = "BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8"
+_FAULT = ("Memory access fault by GPU node-2 (Agent handle: 0x55d1c2a0) on address 0x7f1a2c000000. "
+         "Reason: Unknown.")
+_HSA = ("HIP runtime: HSA_STATUS_ERROR_EXCEPTION: An HSAIL operation resulted in a hardware "
+       "exception. code: 0x1016")
+_ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root cause above. "
+                 "Failed core proc(s): {'EngineCore_DP0': -6}")
+_TRACEBACK = 'Traceback (most recent call last):\n  File "/tmp/w/child.py", line 70, in <module>'
+
+_RECORDS = {
+    "loading": "INFO 11-30 01:02:03 [default_loader.py:267] Loading weights took 0.52 seconds",
+    "ok": "\n".join([_AITER_LINE, "INFO Capturing CUDA graphs (decode, FULL): 100%", _READY, _OK]),
+    "ok-without-aiter": "\n".join(["INFO Using Triton MLA backend.", _READY, _OK]),
+    "fault-in-capture": "\n".join([_AITER_LINE, "INFO Capturing CUDA graphs (decode, FULL):  20%", _FAULT]),
+    "fault-then-engine-failed": "\n".join([_AITER_LINE, _FAULT, _HSA, _TRACEBACK, _ENGINE_FAILED]),
+    "fault-in-decode": "\n".join([_AITER_LINE, _READY, _FAULT]),
+    "core-abort": "\n".join([_AITER_LINE, _TRACEBACK, _ENGINE_FAILED]),
+    "import-error": "\n".join(["WARNING Failed to import from vllm._C with ImportError('x')" , _TRACEBACK,
+                               "ModuleNotFoundError: No module named 'aiter'"]),
+    "undefined-symbol": "\n".join([_TRACEBACK, "ImportError: /src/vllm/vllm/_C.abi3.so: undefined "
+                                   "symbol: _ZN3c104cuda9SetDeviceEa"]),
+    "oom": "\n".join([_AITER_LINE, _TRACEBACK, "torch.OutOfMemoryError: HIP out of memory. Tried to "
+                      "allocate 2.00 GiB. GPU 0 has a total capacity of 191.98 GiB"]),
+    "no-gpu": "\n".join([_TRACEBACK, "RuntimeError: No HIP GPUs are available"]),
+    "other-error": "\n".join([_AITER_LINE, _TRACEBACK, "ValueError: unsupported cudagraph_mode FULL",
+                              "[rank0]:[W] ProcessGroupNCCL destroyed"]),
+}
+
+
+@pytest.fixture(scope="session")
+def child_output():
+    """Recorded-style dpa-fp8-kv child outputs: .records by name, and the .fault, .hsa and
+    .engine_failed lines they quote."""
+    return SimpleNamespace(records=_RECORDS, fault=_FAULT, hsa=_HSA, engine_failed=_ENGINE_FAILED)

@@ -17,6 +17,8 @@ from scenarios.aiter_mla_probe.loader import Placeholder, make_permissive
 from bisector.errors import ScenarioError
 from scenarios.base import StepContext, Verdict
 
+pytestmark = pytest.mark.integration
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")
 

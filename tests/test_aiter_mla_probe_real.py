@@ -2,9 +2,12 @@
 
 The sdists are fetched once into ~/.cache/vllm-sdists (as shared/tools/vllm-release-repo does, through
 pip's own session); their `vllm/**.py` files are extracted once beside them, in python-sources/.
+Parallel test processes share that cache under a file lock.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -17,8 +20,9 @@ import pytest
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.base import StepContext, Verdict
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                reason="torch not installed; pip install 'bisector[probe]'")
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch not installed; pip install 'bisector[probe]'")]
 
 CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", Path.home() / ".cache" / "vllm-sdists"))
 VERSIONS = ("0.18.1", "0.19.0", "0.24.0", "0.25.0", "0.27.0")
@@ -26,6 +30,15 @@ TARGET = "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
 FIX_CONTEXT = ('        if kv_cache_dtype_str in ("fp8", "fp8_e4m3", "fp8_e5m2"):\n'
                '            kv_cache_dtype_str = "fp8"\n')
 FIX_LINE = "            q_dtype = dtypes.fp8\n"  # upstream PR 47276
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """Hold CACHE for this process: pytest-xdist workers must not fetch or extract into it at once."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def fetch_sdists(versions) -> None:
@@ -76,11 +89,12 @@ def extract_python_sources(sdist: Path, dest: Path) -> None:
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory) -> dict[str, Path]:
     """Checkouts by ref: v<version> for each of VERSIONS, and fix-47276 (v0.24.0 plus the fix)."""
-    try:
-        fetch_sdists(VERSIONS)
-    except Exception as exc:  # the registry is unreachable: nothing to check against
-        pytest.skip(f"cannot download vLLM sdists into {CACHE}: {type(exc).__name__}: {exc}")
-    trees = {f"v{version}": python_sources(version) for version in VERSIONS}
+    with cache_lock():
+        try:
+            fetch_sdists(VERSIONS)
+        except Exception as exc:  # the registry is unreachable: nothing to check against
+            pytest.skip(f"cannot download vLLM sdists into {CACHE}: {type(exc).__name__}: {exc}")
+        trees = {f"v{version}": python_sources(version) for version in VERSIONS}
     trees["fix-47276"] = tmp_path_factory.mktemp("vllm-releases") / "fix-47276"
     shutil.copytree(trees["v0.24.0"], trees["fix-47276"])
     target = trees["fix-47276"] / TARGET

@@ -9,7 +9,8 @@ import pytest
 
 from bisector.backport import decide, target_present
 from bisector.picks import Hunk
-from conftest import ENV, ROOT, RepoBuilder, bisector, git
+
+pytestmark = pytest.mark.integration
 
 BUGGY = '''import os
 
@@ -51,18 +52,17 @@ EXPECTED = {
 }
 
 
-def build_fixture(path):
+def build_fixture(repo):
     """main: c0 (no lib.py) - c1 (bug) - c2 - FIX - c4, and one release branch per verdict."""
-    repo = RepoBuilder(path)
     c0 = repo.commit("c0: start", {"README": "x\n"})
     repo.commit("c1: size metadata (#1)", {"lib.py": BUGGY})
     c2 = repo.commit("c2: docs", {"README": "y\n"})
     fix = repo.commit("Fix Q dtype for fp8 KV (#2)", {"lib.py": FIXED})
     repo.commit("c4: more docs", {"README": "z\n"})
-    git(path, "tag", "the-fix", fix)
+    repo.git("tag", "the-fix", fix)
 
     def branch(name, start, *commits):
-        git(path, "checkout", "-q", "-b", name, start)
+        repo.git("checkout", "-q", "-b", name, start)
         for message, files in commits:
             repo.commit(message, files)
 
@@ -70,7 +70,7 @@ def build_fixture(path):
     branch("rel/buggy", c2, ("release notes", {"notes": "buggy\n"}))
     branch("rel/contains", "main")
     branch("rel/picked", c2, ("release notes", {"notes": "picked\n"}))
-    git(path, "cherry-pick", "-x", fix)
+    repo.git("cherry-pick", "-x", fix)
     branch("rel/patchid", c2, ("release notes", {"notes": "patchid\n"}),
            ("same change, own words", {"lib.py": FIXED}))
     branch("rel/rewritten", c2, ("fix it another way", {"lib.py": REWRITTEN}))
@@ -78,24 +78,28 @@ def build_fixture(path):
     branch("rel/conflict", c2, ("relabel", {"lib.py": CONFLICTING}))
     branch("rel/ineffective", c2, ("second cause", {"broken": "yes\n"}))
     branch("rel/untestable", c2, ("cannot run", {"skipme": "yes\n"}))
-    git(path, "checkout", "-q", "main")
+    repo.git("checkout", "-q", "main")
     return repo, fix
 
 
 @pytest.fixture(scope="module")
-def fixture_repo(tmp_path_factory):
+def fixture_repo(tmp_path_factory, repo_builder):
     root = tmp_path_factory.mktemp("backport")
-    repo, fix = build_fixture(root / "repo")
+    repo, fix = build_fixture(repo_builder(root / "repo"))
     check = root / "check.py"
     check.write_text(CHECK)
     return repo, fix, [sys.executable, str(check)]
 
 
-def run_backport(repo, *args):
-    return bisector("backport", "--repo", str(repo.path), *args)
+@pytest.fixture
+def run_backport(cli):
+    def run(repo, *args):
+        return cli("backport", "--repo", str(repo.path), *args)
+
+    return run
 
 
-def test_every_verdict_with_a_scenario(fixture_repo, tmp_path):
+def test_every_verdict_with_a_scenario(fixture_repo, tmp_path, git, run_backport):
     repo, fix, check = fixture_repo
     before = repo.snapshot()
     out = {ext: tmp_path / f"result.{ext}" for ext in ("json", "md", "xml")}
@@ -150,7 +154,7 @@ def test_every_verdict_with_a_scenario(fixture_repo, tmp_path):
     assert [b["picked"] for b in rerun["branches"]] == [b["picked"] for b in result["branches"]]
 
 
-def test_without_a_scenario_picks_only(fixture_repo, tmp_path):
+def test_without_a_scenario_picks_only(fixture_repo, tmp_path, run_backport):
     repo, fix, _ = fixture_repo
     out = tmp_path / "r.json"
     proc = run_backport(repo, "--fix", fix, "--branches", "rel/buggy", "--branches", "rel/c*",
@@ -161,7 +165,7 @@ def test_without_a_scenario_picks_only(fixture_repo, tmp_path):
                    "rel/contains": ("contains", None), "rel/squashed": ("already-fixed", None)}
 
 
-def test_exit_0_when_every_affected_branch_is_settled(fixture_repo, tmp_path):
+def test_exit_0_when_every_affected_branch_is_settled(fixture_repo, tmp_path, run_backport):
     repo, _, check = fixture_repo
     proc = run_backport(repo, "--fix", "the-fix", "--branches", "rel/[obp]*", "--branches", "rel/contains",
                         "--state-dir", str(tmp_path / "st"), "--", *check)
@@ -169,7 +173,7 @@ def test_exit_0_when_every_affected_branch_is_settled(fixture_repo, tmp_path):
     assert "5 branches: 1 verified, 1 not-affected, 1 contains, 2 already-picked" in proc.stdout
 
 
-def test_create_branches_and_remote_tracking_globs(fixture_repo, tmp_path):
+def test_create_branches_and_remote_tracking_globs(fixture_repo, tmp_path, cli, git):
     repo, fix, check = fixture_repo
     clone = tmp_path / "clone"
     git(tmp_path, "clone", "-q", str(repo.path), str(clone))
@@ -177,7 +181,7 @@ def test_create_branches_and_remote_tracking_globs(fixture_repo, tmp_path):
     out = tmp_path / "r.json"
     args = ["backport", "--repo", str(clone), "--fix", fix, "--branches", "origin/rel/b*",
             "--branches", "origin/rel/conflict", "--create-branches", "--json", str(out), "--", *check]
-    assert bisector(*args).returncode == 1
+    assert cli(*args).returncode == 1
     entries = {b["branch"]: b for b in json.loads(out.read_text())["branches"]}
     assert sorted(entries) == ["origin/rel/buggy", "origin/rel/conflict"]
     name = f"backport/{fix[:12]}/origin/rel/buggy"
@@ -189,17 +193,18 @@ def test_create_branches_and_remote_tracking_globs(fixture_repo, tmp_path):
     assert f"(cherry picked from commit {fix})" in git(clone, "log", "-1", "--format=%B", name)
     assert git(clone, "for-each-ref").replace(f"{picked} commit\trefs/heads/{name}\n", "") == refs_before
 
-    assert bisector(*args).returncode == 1
+    assert cli(*args).returncode == 1
     again = {b["branch"]: b for b in json.loads(out.read_text())["branches"]}
     assert again["origin/rel/buggy"]["backport_branch"] == {"name": name, "state": "exists"}
 
 
-def test_pick_works_without_a_configured_identity(fixture_repo, tmp_path):
+def test_pick_works_without_a_configured_identity(fixture_repo, tmp_path, project_root):
     repo, fix, _ = fixture_repo
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     home = tmp_path / "home"
     home.mkdir()
-    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home), GIT_CONFIG_NOSYSTEM="1", PYTHONPATH=str(ROOT))
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home), GIT_CONFIG_NOSYSTEM="1",
+               PYTHONPATH=str(project_root))
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "bisector.cli", "backport", "--repo", str(repo.path),
                            "--fix", fix, "--branches", "rel/buggy", "--state-dir", str(tmp_path / "st"),
@@ -215,7 +220,8 @@ def test_pick_works_without_a_configured_identity(fixture_repo, tmp_path):
     (["--fix", "the-fix", "--branches", "rel/*", "--scenario", "x", "--", "true"], "at most one of"),
     (["--fix", "the-fix", "--branches", "rel/*", "--option", "a=b"], "--option needs --scenario"),
 ])
-def test_bad_input_exits_2_and_leaves_the_repository_alone(fixture_repo, tmp_path, args, message):
+def test_bad_input_exits_2_and_leaves_the_repository_alone(fixture_repo, tmp_path, args, message,
+                                                           run_backport):
     repo, _, _ = fixture_repo
     before = repo.snapshot()
     proc = run_backport(repo, "--state-dir", str(tmp_path / "st"), *args)
@@ -248,22 +254,22 @@ def test_target_present_needs_distinctive_context():
     assert not target_present([hunk], lambda path: "def other():\n    return dtype\n")
 
 
-def test_backport_builds_each_tested_commit_with_the_build_option(tmp_path):
+def test_backport_builds_each_tested_commit_with_the_build_option(tmp_path, cli, git, repo_builder):
     """--build reaches backport's scenario runs: with `python` (reuse only) and nothing built yet,
     a commit that has a setup.py cannot be served, so the branch is untestable, naming the build."""
-    repo = RepoBuilder(tmp_path / "repo")
+    repo = repo_builder(tmp_path / "repo")
     repo.commit("c0: start", {"setup.py": "from setuptools import setup\nsetup()\n", "lib.py": BUGGY})
     fix = repo.commit("Fix Q dtype for fp8 KV (#2)", {"lib.py": FIXED})
     git(repo.path, "branch", "rel/buggy", "HEAD~1")
     (tmp_path / "check.py").write_text(CHECK)
     common = ["backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel/*",
               "--json", str(tmp_path / "out.json"), "--", sys.executable, str(tmp_path / "check.py")]
-    proc = bisector(*common[:5], "--build", "python", *common[5:])
+    proc = cli(*common[:5], "--build", "python", *common[5:])
     assert proc.returncode == 1, proc.stderr
     (entry,) = json.loads((tmp_path / "out.json").read_text())["branches"]
     assert entry["verdict"] == "untestable"
     assert entry["before_reason"].startswith("build failed: ")
-    proc = bisector(*common[:5], "--build", "none", *common[5:])
+    proc = cli(*common[:5], "--build", "none", *common[5:])
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads((tmp_path / "out.json").read_text())["branches"]
     assert entry["verdict"] == "verified"

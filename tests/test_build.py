@@ -19,7 +19,8 @@ from bisector.builds.native import Toolchain, native_hash
 from bisector.builds.precompiled import precompiled_plan
 from bisector.builds.source import compiler_cache_env, source_plan
 from bisector.refs import GitRepo
-from conftest import bisector
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FIXTURE_SETUP = '''\
 import io, os, urllib.request, zipfile
@@ -87,10 +88,14 @@ def stand_in(repo, count: int, native_at: set[int], bad_from: int, broken: set[i
     return shas
 
 
-def run_auto(repo, shas, python, state_dir, *extra):
-    return bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--state-dir", str(state_dir), "--python", python, "--json", str(state_dir / "r.json"),
-                    *extra, "--", python, "check.py", env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+@pytest.fixture
+def run_auto(cli):
+    def run(repo, shas, python, state_dir, *extra):
+        return cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                   "--state-dir", str(state_dir), "--python", python, "--json", str(state_dir / "r.json"),
+                   *extra, "--", python, "check.py", env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+
+    return run
 
 
 def gcc_runs(state_dir: Path) -> int:
@@ -98,7 +103,8 @@ def gcc_runs(state_dir: Path) -> int:
     return sum("gcc" in log.read_text() for log in (state_dir / "logs").glob("build-*-develop.log"))
 
 
-def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv_python, tmp_path):
+def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv_python, tmp_path, cli,
+                                                                 run_auto):
     repo = make_repo()
     shas = stand_in(repo, 40, native_at={6, 7, 25}, bad_from=17)
     before = repo.snapshot()
@@ -121,9 +127,9 @@ def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv
     assert repo.snapshot() == before
 
     # a second bisection of another range reuses every artifact: no compile at all
-    again = bisector("run", "--repo", str(repo.path), "--good", shas[1], "--bad", shas[30],
-                     "--state-dir", str(state), "--python", venv_python, "--json", str(tmp_path / "2.json"),
-                     "--", venv_python, "check.py")
+    again = cli("run", "--repo", str(repo.path), "--good", shas[1], "--bad", shas[30],
+                "--state-dir", str(state), "--python", venv_python, "--json", str(tmp_path / "2.json"),
+                "--", venv_python, "check.py")
     assert again.returncode == 0, again.stderr
     second = json.loads((tmp_path / "2.json").read_text())
     assert second["first_bad"]["sha"] == shas[17]
@@ -190,7 +196,7 @@ def make_wheels(repo, shas, python, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("served", [False, True], ids=["dir", "url"])
-def test_precompiled_wheels_replace_compiles(make_repo, venv_python, tmp_path, served):
+def test_precompiled_wheels_replace_compiles(make_repo, venv_python, tmp_path, served, run_auto):
     repo = make_repo()
     shas = stand_in(repo, 16, native_at={3, 12}, bad_from=9)
     wheels = make_wheels(repo, shas, venv_python, tmp_path)
@@ -215,14 +221,14 @@ def test_precompiled_wheels_replace_compiles(make_repo, venv_python, tmp_path, s
     assert all(s["verdict"] in ("good", "bad") for s in result["steps"])
 
 
-def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path):
+def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path, cli):
     repo = make_repo()
     shas = stand_in(repo, 12, native_at={5}, bad_from=8, build_reqs="requirements/rocm-build.txt")
     before = repo.snapshot()
     state = tmp_path / "state"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--plan",
-                    "--rocm-arch", "gfx950", "--state-dir", str(state), "--json", str(tmp_path / "plan.json"),
-                    "--", "true", env={"MAX_JOBS": "7"})
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--plan",
+               "--rocm-arch", "gfx950", "--state-dir", str(state), "--json", str(tmp_path / "plan.json"),
+               "--", "true", env={"MAX_JOBS": "7"})
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     roles = [p["role"] for p in plan["probes"]]
@@ -286,7 +292,7 @@ def test_artifact_cache_evicts_least_recently_used(tmp_path):
     assert (work / "pkg" / "_C.so").read_bytes() == b"a" * 100
 
 
-def test_bad_build_options_are_usage_errors(make_repo, tmp_path):
+def test_bad_build_options_are_usage_errors(make_repo, tmp_path, cli):
     repo = make_repo()
     shas = stand_in(repo, 3, native_at=set(), bad_from=2)
     before = repo.snapshot()
@@ -295,7 +301,7 @@ def test_bad_build_options_are_usage_errors(make_repo, tmp_path):
     for extra, message in ((("--cache-size", "lots"), "--cache-size"),
                            (("--wheels", str(tmp_path / "missing")), "neither a directory"),
                            (("--wheels", "https://example.invalid/wheels/"), "needs {commit}")):
-        proc = bisector(*common, *extra, "--", "true")
+        proc = cli(*common, *extra, "--", "true")
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("bisector: error: ") and message in proc.stderr
     assert repo.snapshot() == before

@@ -10,9 +10,10 @@ import yaml
 
 from bisector import report
 from bisector.cli import main
-from conftest import ROOT
 
-EXAMPLES = ROOT / "examples" / "ci"
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "ci"
 WORKFLOWS = sorted((EXAMPLES / "github-actions").glob("*.yml"))
 PIPELINES = sorted((EXAMPLES / "buildkite").glob("*.yml"))
 AMD_QUEUES = {f"mi{gpu}_{n}" for gpu in (300, 325) for n in (1, 2, 4, 8)} | {f"mi355_{n}" for n in (1, 2, 4)}

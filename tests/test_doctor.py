@@ -4,7 +4,9 @@ import sys
 import venv
 from pathlib import Path
 
-from conftest import STATE_IS_GOOD, bisector
+import pytest
+
+pytestmark = pytest.mark.integration
 
 
 def facts(stdout: str) -> dict[str, list[str]]:
@@ -15,16 +17,16 @@ def facts(stdout: str) -> dict[str, list[str]]:
     return found
 
 
-def test_doctor_reports_versions_gpus_and_state_sizes(make_repo, tmp_path):
+def test_doctor_reports_versions_gpus_and_state_sizes(make_repo, tmp_path, cli, state_is_good):
     repo = make_repo()
     shas = repo.linear(6, bad_from=3)
-    assert bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--", *STATE_IS_GOOD).returncode == 0
+    assert cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+               "--", *state_is_good).returncode == 0
     before = repo.snapshot()
     bare = tmp_path / "bare-venv"
     venv.create(bare, with_pip=False)
-    proc = bisector("doctor", "--repo", str(repo.path), "--python", str(bare / "bin" / "python"),
-                    env={"HIP_VISIBLE_DEVICES": "3,5"})
+    proc = cli("doctor", "--repo", str(repo.path), "--python", str(bare / "bin" / "python"),
+               env={"HIP_VISIBLE_DEVICES": "3,5"})
     assert proc.returncode == 0, proc.stderr
     found = facts(proc.stdout)
     git_version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
@@ -42,16 +44,16 @@ def test_doctor_reports_versions_gpus_and_state_sizes(make_repo, tmp_path):
     assert repo.snapshot() == before
 
 
-def test_doctor_outside_a_repository_says_so(tmp_path):
-    proc = bisector("doctor", "--repo", str(tmp_path))
+def test_doctor_outside_a_repository_says_so(tmp_path, cli):
+    proc = cli("doctor", "--repo", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "state dir: none (not in a git repository" in proc.stdout
     assert not any(tmp_path.iterdir())
 
 
-def test_doctor_reads_the_rocm_release_under_rocm_path(tmp_path):
+def test_doctor_reads_the_rocm_release_under_rocm_path(tmp_path, cli):
     (tmp_path / "rocm" / ".info").mkdir(parents=True)
     (tmp_path / "rocm" / ".info" / "version").write_text("6.4.1-120\n")
-    proc = bisector("doctor", "--repo", str(tmp_path), env={"ROCM_PATH": str(tmp_path / "rocm")})
+    proc = cli("doctor", "--repo", str(tmp_path), env={"ROCM_PATH": str(tmp_path / "rocm")})
     assert proc.returncode == 0, proc.stderr
     assert facts(proc.stdout)["ROCm"] == [f"6.4.1-120 ({tmp_path / 'rocm' / '.info' / 'version'})"]

@@ -1,60 +1,68 @@
 """Classification of recorded-style child outputs, and the verdict across DP ranks. Pure."""
 import pytest
 
-from dpa_fp8_kv_records import ENGINE_FAILED, FAULT, HSA, RECORDS
 from bisector.process import ProcessResult
 from scenarios.base import Verdict
 from scenarios.dpa_fp8_kv.classify import classify, combine
 
-
-def result(record, returncode=1, timed_out=False, seconds=12.0):
-    return ProcessResult(returncode, timed_out, seconds, RECORDS[record])
+pytestmark = pytest.mark.unit
 
 
-def test_fault_during_capture_is_bad_quoting_the_lines():
+@pytest.fixture
+def result(child_output):
+    """result(record name, ...) -> the ProcessResult of a child that printed that record."""
+    def make(record, returncode=1, timed_out=False, seconds=12.0):
+        return ProcessResult(returncode, timed_out, seconds, child_output.records[record])
+
+    return make
+
+
+def test_fault_during_capture_is_bad_quoting_the_lines(child_output, result):
     verdict, reason = classify(result("fault-in-capture", returncode=-6))
     assert verdict is Verdict.BAD
-    assert reason == f"GPU memory fault during engine start-up/graph capture: {FAULT}"
+    assert reason == f"GPU memory fault during engine start-up/graph capture: {child_output.fault}"
 
 
-def test_fault_behind_engine_core_failure_is_bad_with_all_fault_lines():
+def test_fault_behind_engine_core_failure_is_bad_with_all_fault_lines(child_output, result):
     verdict, reason = classify(result("fault-then-engine-failed", returncode=1))
     assert verdict is Verdict.BAD
-    assert reason == f"GPU memory fault during engine start-up/graph capture: {FAULT} | {HSA}"
+    assert reason == ("GPU memory fault during engine start-up/graph capture: "
+                      f"{child_output.fault} | {child_output.hsa}")
 
 
-def test_fault_after_the_engine_was_ready_is_a_decode_fault():
+def test_fault_after_the_engine_was_ready_is_a_decode_fault(result):
     verdict, reason = classify(result("fault-in-decode", returncode=134))
     assert verdict is Verdict.BAD
     assert reason.startswith("GPU memory fault during decode: Memory access fault by GPU node-2")
 
 
-def test_engine_core_sigabrt_without_fault_lines_is_bad():
+def test_engine_core_sigabrt_without_fault_lines_is_bad(child_output, result):
     verdict, reason = classify(result("core-abort", returncode=1))
     assert verdict is Verdict.BAD
     assert reason == ("SIGABRT during engine start-up/graph capture: "
                       "Failed core proc(s): {'EngineCore_DP0': -6}")
-    assert ENGINE_FAILED.endswith(reason.split(": ", 1)[1])
+    assert child_output.engine_failed.endswith(reason.split(": ", 1)[1])
 
 
 @pytest.mark.parametrize("returncode", [-6, 134])
-def test_child_sigabrt_is_bad(returncode):
-    verdict, reason = classify(ProcessResult(returncode, False, 3.0, RECORDS["ok-without-aiter"][:20]))
+def test_child_sigabrt_is_bad(returncode, child_output):
+    verdict, reason = classify(ProcessResult(returncode, False, 3.0,
+                                             child_output.records["ok-without-aiter"][:20]))
     assert verdict is Verdict.BAD
     assert reason == f"SIGABRT during engine start-up/graph capture: exit {returncode}"
 
 
-def test_marker_on_aiter_mla_is_good():
+def test_marker_on_aiter_mla_is_good(result):
     verdict, reason = classify(result("ok", returncode=0))
     assert verdict is Verdict.GOOD
     assert reason.endswith("BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8")
 
 
-def test_marker_is_good_even_when_teardown_is_killed():
+def test_marker_is_good_even_when_teardown_is_killed(result):
     assert classify(result("ok", returncode=None))[0] is Verdict.GOOD
 
 
-def test_marker_without_aiter_mla_is_skip():
+def test_marker_without_aiter_mla_is_skip(result):
     verdict, reason = classify(result("ok-without-aiter", returncode=0))
     assert verdict is Verdict.SKIP
     assert "never names the AITER MLA backend" in reason
@@ -69,12 +77,13 @@ def test_marker_without_aiter_mla_is_skip():
     ("no-gpu", "no GPU: RuntimeError: No HIP GPUs are available"),
     ("other-error", "exit 1 before the marker: ValueError: unsupported cudagraph_mode FULL"),
 ])
-def test_failures_before_the_marker_are_skips_with_precise_reasons(record, expected):
+def test_failures_before_the_marker_are_skips_with_precise_reasons(record, expected, result):
     assert classify(result(record)) == (Verdict.SKIP, expected)
 
 
-def test_timeout_is_skip():
-    verdict, reason = classify(ProcessResult(None, True, 3600.4, RECORDS["ok"].split("BISECTOR")[0]))
+def test_timeout_is_skip(child_output):
+    verdict, reason = classify(ProcessResult(None, True, 3600.4,
+                                             child_output.records["ok"].split("BISECTOR")[0]))
     assert (verdict, reason) == (Verdict.SKIP, "timed out after 3600s during engine start-up/graph capture")
 
 
@@ -88,24 +97,25 @@ def judge(*results):
     return combine(results, [classify(r) for r in results])
 
 
-def test_one_bad_rank_makes_the_step_bad():
+def test_one_bad_rank_makes_the_step_bad(child_output, result):
     stopped = ProcessResult(None, False, 40.0, "INFO waiting")
     assert judge(stopped, result("fault-in-capture", -6)) == (
-        Verdict.BAD, f"DP rank 1: GPU memory fault during engine start-up/graph capture: {FAULT}")
+        Verdict.BAD,
+        f"DP rank 1: GPU memory fault during engine start-up/graph capture: {child_output.fault}")
 
 
-def test_all_good_ranks():
+def test_all_good_ranks(result):
     verdict, reason = judge(result("ok", 0), result("ok", 0))
     assert verdict is Verdict.GOOD
     assert reason.startswith("all 2 DP ranks: graph capture and a decode step finished on AITER MLA")
 
 
-def test_skip_reason_comes_from_the_rank_that_failed_not_the_one_stopped():
+def test_skip_reason_comes_from_the_rank_that_failed_not_the_one_stopped(result):
     stopped = ProcessResult(None, False, 40.0, "INFO waiting")
     assert judge(stopped, result("oom")) == (
         Verdict.SKIP, "DP rank 1: out of GPU memory: torch.OutOfMemoryError: HIP out of memory. Tried "
                       "to allocate 2.00 GiB. GPU 0 has a total capacity of 191.98 GiB")
 
 
-def test_single_rank_reason_has_no_rank_prefix():
+def test_single_rank_reason_has_no_rank_prefix(result):
     assert judge(result("no-gpu")) == (Verdict.SKIP, "no GPU: RuntimeError: No HIP GPUs are available")

@@ -13,6 +13,8 @@ from scenarios.dpa_fp8_kv.gpu import gfx_name, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
 from scenarios.dpa_fp8_kv.plan import DEFAULT_TIMEOUT, build_plan, step_devices
 
+pytestmark = [pytest.mark.unit, pytest.mark.gpu_plan]
+
 NAME = "dpa-fp8-kv-graph-capture"
 
 

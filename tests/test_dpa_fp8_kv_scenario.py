@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from dpa_fp8_kv_records import FAULT, RECORDS
 from scenarios import create
 from scenarios.base import Cancelled, StepContext, Verdict
 from scenarios.dpa_fp8_kv import launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 
 NAME = "dpa-fp8-kv-graph-capture"
 
@@ -76,16 +77,21 @@ def run(tmp_path, root, python, options=None, env=None, timeout=60):
     return scenario.run(ctx)
 
 
-def replay(records, **per_rank):
-    """ctx.env making the fake python replay RECORDS[name] and then act, per rank."""
-    env = {"FAKE_RECORD_DIR": str(records)}
-    for rank, (record, action) in per_rank.items():
-        env[f"FAKE_OUTPUT_{rank[-1]}"] = RECORDS[record]
-        env[f"FAKE_ACTION_{rank[-1]}"] = action
-    return env
+@pytest.fixture
+def replay(child_output):
+    """replay(records, r0=(name, action), ...) -> ctx.env making the fake python print the recorded
+    output `name` and then act, per rank."""
+    def env_for(records, **per_rank):
+        env = {"FAKE_RECORD_DIR": str(records)}
+        for rank, (record, action) in per_rank.items():
+            env[f"FAKE_OUTPUT_{rank[-1]}"] = child_output.records[record]
+            env[f"FAKE_ACTION_{rank[-1]}"] = action
+        return env
+
+    return env_for
 
 
-def test_no_rocm_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records):
+def test_no_rocm_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records, replay):
     outcome = run(tmp_path, tmp_path / "empty-root", fake_python, env=replay(records, r0=("ok", "exit 0")))
     assert outcome.verdict is Verdict.SKIP
     assert outcome.reason == "no ROCm GPU visible on this machine (/dev/kfd missing)"
@@ -108,17 +114,17 @@ def test_too_few_gpus_for_dp_times_tp_skips(tmp_path, gpu_root, fake_python):
     assert outcome.reason == "needs 4 GPUs (dp=2 x tp=2), this step has 2"
 
 
-def test_recorded_fault_then_abort_is_bad(tmp_path, gpu_root, fake_python, records):
+def test_recorded_fault_then_abort_is_bad(tmp_path, gpu_root, fake_python, records, child_output, replay):
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("fault-in-capture", "abort")))
     assert outcome.verdict is Verdict.BAD
-    assert outcome.reason == f"GPU memory fault during engine start-up/graph capture: {FAULT}"
+    assert outcome.reason == f"GPU memory fault during engine start-up/graph capture: {child_output.fault}"
     assert outcome.details["ranks"][0]["returncode"] == -6
     assert outcome.details["gpu_targets"] == ["gfx942", "gfx942"]
     log = Path(outcome.log_path).read_text()
-    assert FAULT in log and "VLLM_ROCM_USE_AITER=1" in log
+    assert child_output.fault in log and "VLLM_ROCM_USE_AITER=1" in log
 
 
-def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records):
+def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records, replay):
     env = {**replay(records, r0=("ok", "exit 0")), "PYTHONPATH": "/elsewhere"}
     outcome = run(tmp_path, gpu_root, fake_python, env=env)
     assert outcome.verdict is Verdict.GOOD
@@ -143,14 +149,14 @@ def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records):
     ("no-gpu", "exit 1", "no GPU: RuntimeError: No HIP GPUs are available"),
 ])
 def test_recorded_outputs_from_real_processes(tmp_path, gpu_root, fake_python, records, record, action,
-                                              reason):
+                                              reason, replay):
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=(record, action)))
     expected = Verdict.BAD if reason.startswith(("GPU", "SIGABRT")) else Verdict.SKIP
     assert outcome.verdict is expected
     assert outcome.reason.startswith(reason)
 
 
-def test_hang_times_out_as_skip_and_leaves_no_process(tmp_path, gpu_root, fake_python, records):
+def test_hang_times_out_as_skip_and_leaves_no_process(tmp_path, gpu_root, fake_python, records, replay):
     start = time.monotonic()
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("loading", "hang")),
                   timeout=2)
@@ -175,7 +181,7 @@ def _gone_soon(pid, seconds=5.0):
     return False
 
 
-def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, records, monkeypatch):
+def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, records, monkeypatch, replay):
     monkeypatch.setattr(launch, "GRACE", 0.5)
     start = time.monotonic()
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("ok", "hang")))
@@ -184,7 +190,7 @@ def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, rec
     assert outcome.details["ranks"][0]["returncode"] is None
 
 
-def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_python, records):
+def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_python, records, replay):
     outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2"},
                   env=replay(records, r0=("ok", "exit 0"), r1=("ok", "exit 0")))
     assert outcome.verdict is Verdict.GOOD
@@ -198,18 +204,20 @@ def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_pyth
     assert "===== rank 0: " in log and "===== rank 1: " in log
 
 
-def test_dp2_fault_on_one_rank_stops_the_other(tmp_path, gpu_root, fake_python, records, monkeypatch):
+def test_dp2_fault_on_one_rank_stops_the_other(tmp_path, gpu_root, fake_python, records, monkeypatch,
+                                               child_output, replay):
     monkeypatch.setattr(launch, "GRACE", 0.5)
     start = time.monotonic()
     outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2"},
                   env=replay(records, r0=("loading", "hang"), r1=("fault-in-capture", "abort")))
     assert time.monotonic() - start < 10
     assert outcome.verdict is Verdict.BAD
-    assert outcome.reason == f"DP rank 1: GPU memory fault during engine start-up/graph capture: {FAULT}"
+    assert outcome.reason == ("DP rank 1: GPU memory fault during engine start-up/graph capture: "
+                              f"{child_output.fault}")
     assert [rank["returncode"] for rank in outcome.details["ranks"]] == [None, -6]
 
 
-def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records):
+def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records, replay):
     cancel = threading.Event()
     threading.Timer(1.5, cancel.set).start()
     scenario = create(NAME, {"dp": "2"})

@@ -3,9 +3,10 @@ import json
 import random
 
 import pytest
-from conftest import ROOT, bisector
 
 from bisector.search import FlakyBisection, FlakyModel, InconsistentVerdicts
+
+pytestmark = pytest.mark.integration
 
 SHAS = [f"c{i}" for i in range(30)]
 
@@ -95,15 +96,18 @@ def flaky_env(tmp_path, seed: int, p: float) -> dict:
     return {"FLAKY_COUNTER_DIR": str(counters), "FLAKY_SEED": str(seed), "FLAKY_P": str(p)}
 
 
-FAULT = ["python3", str(ROOT / "bench" / "flaky_fault.py")]
+@pytest.fixture
+def flaky_fault(project_root):
+    """The command scenario of bench/flaky_fault.py: a fault that shows with probability FLAKY_P."""
+    return ["python3", str(project_root / "bench" / "flaky_fault.py")]
 
 
-def test_repeat_makes_plain_bisection_catch_an_intermittent_fault(make_repo, tmp_path):
+def test_repeat_makes_plain_bisection_catch_an_intermittent_fault(make_repo, tmp_path, cli, flaky_fault):
     repo = make_repo()
     shas = repo.linear(16, bad_from=7)
     out = tmp_path / "r.json"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--repeat", "12",
-                    "--json", str(out), "--", *FAULT, env=flaky_env(tmp_path, 3, 0.5))
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--repeat", "12",
+               "--json", str(out), "--", *flaky_fault, env=flaky_env(tmp_path, 3, 0.5))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["first_bad"]["sha"] == shas[7]
@@ -111,13 +115,13 @@ def test_repeat_makes_plain_bisection_catch_an_intermittent_fault(make_repo, tmp
     assert good_steps and all(s["reason"] == "12 clean runs" for s in good_steps)
 
 
-def test_flaky_cli_names_culprit_with_confidence_and_evidence(make_repo, tmp_path):
+def test_flaky_cli_names_culprit_with_confidence_and_evidence(make_repo, tmp_path, cli, flaky_fault):
     repo = make_repo()
     shas = repo.linear(16, bad_from=7)
     before = repo.snapshot()
     out = tmp_path / "r.json"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--flaky",
-                    "--json", str(out), "--", *FAULT, env=flaky_env(tmp_path, 1, 0.5))
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--flaky",
+               "--json", str(out), "--", *flaky_fault, env=flaky_env(tmp_path, 1, 0.5))
     assert proc.returncode == 0, proc.stderr
     assert "flaky search: confidence " in proc.stdout and " fault(s) in " in proc.stdout
     result = json.loads(out.read_text())

@@ -1,11 +1,9 @@
 """k-way rounds, cancellation of moot steps, and local GPU/CPU slots."""
 import json
 import math
-import os
 import time
 
 import pytest
-from conftest import STATE_IS_GOOD, bisector
 
 from bisector.engine import RunConfig, run_bisection
 from bisector.errors import UsageError
@@ -13,13 +11,7 @@ from bisector.executor import local_slots, parse_gpus, visible_gpus
 from bisector.search import Bisection, Term
 from scenarios.command import CommandScenario
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 
 
 @pytest.mark.parametrize("n", [2, 3, 7, 16, 100, 1000])
@@ -57,32 +49,18 @@ def test_rounds_in_result_count_probe_rounds(make_repo, tmp_path, jobs):
     assert max(per_round) == jobs
 
 
-def _script(tmp_path, body: str) -> CommandScenario:
-    script = tmp_path / "scenario.sh"
-    script.write_text(f'n=$(cat counter.txt)\nPIDS={tmp_path}\n{body}\n')
-    return CommandScenario(["sh", str(script)])
-
-
-# Commit 2 sleeps (recording its pid); commit 1, the culprit, answers once commit 2 is running.
-DECIDING_ANSWER_KILLS_THE_REST = """
-case $n in
-  2) echo $$ > $PIDS/sleeper; exec sleep 60;;
-  1) while [ ! -f $PIDS/sleeper ]; do sleep 0.05; done; exit 1;;
-esac
-grep -q good state
-"""
-
-
-def test_result_deciding_the_answer_kills_the_running_step(make_repo, tmp_path):
+def test_result_deciding_the_answer_kills_the_running_step(make_repo, tmp_path,
+                                                           deciding_answer_kills_the_rest, pid_alive,
+                                                           script_scenario):
     repo = make_repo()
     shas = repo.linear(4, bad_from=1)
     start = time.monotonic()
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[3], jobs=2,
-                                     scenario=_script(tmp_path, DECIDING_ANSWER_KILLS_THE_REST),
+                                     scenario=script_scenario(deciding_answer_kills_the_rest),
                                      state_dir=tmp_path / "state"))
     assert time.monotonic() - start < 30
     assert result["culprit"]["sha"] == shas[1]
-    assert not _alive(int((tmp_path / "sleeper").read_text()))
+    assert not pid_alive(int((tmp_path / "sleeper").read_text()))
     assert shas[2] not in [s["sha"] for s in result["steps"]]
 
 
@@ -98,11 +76,11 @@ grep -q good state
 """
 
 
-def test_probe_made_moot_mid_round_is_killed_while_the_round_goes_on(make_repo, tmp_path):
+def test_probe_made_moot_mid_round_is_killed_while_the_round_goes_on(make_repo, tmp_path, script_scenario):
     repo = make_repo()
     shas = repo.linear(9, bad_from=4)
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[8], jobs=3, timeout=20,
-                                     scenario=_script(tmp_path, MOOT_PROBE_IS_KILLED_MID_ROUND),
+                                     scenario=script_scenario(MOOT_PROBE_IS_KILLED_MID_ROUND),
                                      state_dir=tmp_path / "state"))
     first = {s["sha"]: s["verdict"] for s in result["steps"] if s["round"] == 1}
     assert first == {shas[2]: "good", shas[4]: "bad"}
@@ -142,33 +120,37 @@ def test_local_slots():
         local_slots(3, [0, 1, 2, 3, 4], 2)
 
 
-def _seen_devices_run(repo, tmp_path, *options, env):
-    shas = repo.linear(20, bad_from=11)
-    seen = tmp_path / "seen"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], *options,
-                    "--json", str(tmp_path / "r.json"), "--", "sh", "-c",
-                    f'echo "$HIP_VISIBLE_DEVICES|$ROCR_VISIBLE_DEVICES|$CUDA_VISIBLE_DEVICES" >> {seen}; '
-                    + " ".join(STATE_IS_GOOD), env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["culprit"]["sha"] == shas[11]
-    return set(seen.read_text().splitlines())
+@pytest.fixture
+def seen_devices_run(cli, state_is_good):
+    def run(repo, tmp_path, *options, env):
+        shas = repo.linear(20, bad_from=11)
+        seen = tmp_path / "seen"
+        proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], *options,
+                   "--json", str(tmp_path / "r.json"), "--", "sh", "-c",
+                   f'echo "$HIP_VISIBLE_DEVICES|$ROCR_VISIBLE_DEVICES|$CUDA_VISIBLE_DEVICES" >> {seen}; '
+                   + " ".join(state_is_good), env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((tmp_path / "r.json").read_text())["culprit"]["sha"] == shas[11]
+        return set(seen.read_text().splitlines())
+
+    return run
 
 
-def test_each_step_sees_only_its_gpu_slot(make_repo, tmp_path):
-    seen = _seen_devices_run(make_repo(), tmp_path, "--jobs", "2", "--gpus-per-run", "2",
-                             env={"HIP_VISIBLE_DEVICES": "0,1,2,3"})
+def test_each_step_sees_only_its_gpu_slot(make_repo, tmp_path, seen_devices_run):
+    seen = seen_devices_run(make_repo(), tmp_path, "--jobs", "2", "--gpus-per-run", "2",
+                            env={"HIP_VISIBLE_DEVICES": "0,1,2,3"})
     assert seen == {"0,1|0,1|0,1", "0,1|2,3|0,1"}  # HIP|ROCR|CUDA: ROCR physical, HIP/CUDA within it
 
 
-def test_gpus_option_picks_the_devices(make_repo, tmp_path):
-    seen = _seen_devices_run(make_repo(), tmp_path, "--jobs", "2", "--gpus", "5,7",
-                             env={"HIP_VISIBLE_DEVICES": ""})
+def test_gpus_option_picks_the_devices(make_repo, tmp_path, seen_devices_run):
+    seen = seen_devices_run(make_repo(), tmp_path, "--jobs", "2", "--gpus", "5,7",
+                            env={"HIP_VISIBLE_DEVICES": ""})
     assert seen == {"0|5|0", "0|7|0"}  # HIP|ROCR|CUDA
 
 
-def test_no_gpus_visible_means_cpu_slots(make_repo, tmp_path):
-    seen = _seen_devices_run(make_repo(), tmp_path, "--jobs", "3",
-                             env={"HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": "",
+def test_no_gpus_visible_means_cpu_slots(make_repo, tmp_path, seen_devices_run):
+    seen = seen_devices_run(make_repo(), tmp_path, "--jobs", "3",
+                            env={"HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": "",
                                   "CUDA_VISIBLE_DEVICES": ""})
     assert seen == {"||"}
 
@@ -181,12 +163,12 @@ def test_no_gpus_visible_means_cpu_slots(make_repo, tmp_path):
     (["--remote", "/elsewhere"], "--ray-address and --remote need --executor ray"),
     (["--executor", "ray", "--gpus", "0"], "--gpus is for --executor local"),
 ])
-def test_bad_placement_options_are_usage_errors(make_repo, options, message):
+def test_bad_placement_options_are_usage_errors(make_repo, options, message, cli, state_is_good):
     repo = make_repo()
     shas = repo.linear(3, bad_from=2)
     before = repo.snapshot()
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], *options,
-                    "--", *STATE_IS_GOOD, env={"HIP_VISIBLE_DEVICES": ""})
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], *options,
+               "--", *state_is_good, env={"HIP_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2
     assert proc.stderr.startswith("bisector: error: ") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -6,20 +6,20 @@ import threading
 import time
 
 import pytest
-from conftest import STATE_IS_GOOD, bisector
-from test_parallel import DECIDING_ANSWER_KILLS_THE_REST, _alive, _script
 
 from bisector.engine import RunConfig, run_bisection
 from bisector.executor import Placement, RayExecutor, ray_runtime_env
 from bisector.store import Store
 from scenarios.command import CommandScenario
 
-ray = pytest.importorskip("ray")
+# One local Ray cluster per module run: under pytest-xdist (--dist loadgroup) all of it on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """One small cluster for the module; workers keep their repo clones in a temp cache."""
+    ray = pytest.importorskip("ray")  # here, not at import: only the worker running these tests pays for it
     cache = tmp_path_factory.mktemp("node-cache")
     saved = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(cache)
@@ -33,13 +33,13 @@ def cluster(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = saved
 
 
-def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path):
+def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path, state_is_good):
     repo = make_repo()
     shas = repo.linear(30, bad_from=17)
     seen = tmp_path / "seen"
     scenario = CommandScenario(["sh", "-c", f'echo "$HIP_VISIBLE_DEVICES|$ROCR_VISIBLE_DEVICES|'
                                             f'$CUDA_VISIBLE_DEVICES" >> {seen}; echo checked $(cat counter.txt); '
-                                + " ".join(STATE_IS_GOOD)])
+                                + " ".join(state_is_good)])
     executor = RayExecutor(Placement(2, None, scenario.gpus_per_run, scenario.gpus_per_run, "file://" + str(repo.path)))
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=2, scenario=scenario,
                                      state_dir=tmp_path / "state", executor=executor))
@@ -51,21 +51,23 @@ def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path):
         assert log.read_text() == f"checked {shas.index(step['sha'])}\n"
 
 
-def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp_path):
+def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp_path,
+                                                         deciding_answer_kills_the_rest, pid_alive,
+                                                         script_scenario):
     repo = make_repo()
     shas = repo.linear(4, bad_from=1)
     start = time.monotonic()
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[3], jobs=2,
-                                     scenario=_script(tmp_path, DECIDING_ANSWER_KILLS_THE_REST),
+                                     scenario=script_scenario(deciding_answer_kills_the_rest),
                                      state_dir=tmp_path / "state",
                                      executor=RayExecutor(Placement(2, None, 0, 0, str(repo.path)))))
     assert time.monotonic() - start < 30
     assert result["culprit"]["sha"] == shas[1]
     sleeper = int((tmp_path / "sleeper").read_text())
     deadline = time.monotonic() + 10
-    while _alive(sleeper) and time.monotonic() < deadline:
+    while pid_alive(sleeper) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(sleeper)
+    assert not pid_alive(sleeper)
 
 
 # The first attempt on commit 3 records its Ray worker's pid and sleeps until the test kills the worker.
@@ -75,7 +77,7 @@ grep -q good state
 """
 
 
-def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_path):
+def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_path, script_scenario):
     repo = make_repo()
     shas = repo.linear(10, bad_from=5)
     state = tmp_path / "state"
@@ -85,7 +87,7 @@ def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_pa
         try:
             outcome["result"] = run_bisection(RunConfig(
                 repo=repo.path, good=shas[0], bad=shas[9], jobs=2, state_dir=state,
-                scenario=_script(tmp_path, FIRST_ATTEMPT_LOSES_ITS_WORKER),
+                scenario=script_scenario(FIRST_ATTEMPT_LOSES_ITS_WORKER),
                 executor=RayExecutor(Placement(2, None, 0, 0, str(repo.path)))))
         except BaseException as exc:
             outcome["error"] = exc
@@ -111,13 +113,13 @@ def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_pa
     store.close()
 
 
-def test_cli_runs_on_an_existing_ray_cluster(cluster, make_repo, tmp_path):
+def test_cli_runs_on_an_existing_ray_cluster(cluster, make_repo, tmp_path, cli, state_is_good):
     repo = make_repo()
     shas = repo.linear(12, bad_from=8)
     before = repo.snapshot()
     out = tmp_path / "r.json"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--jobs", "3",
-                    "--executor", "ray", "--ray-address", cluster, "--json", str(out), "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--jobs", "3",
+               "--executor", "ray", "--ray-address", cluster, "--json", str(out), "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["culprit"]["sha"] == shas[8]
@@ -125,11 +127,11 @@ def test_cli_runs_on_an_existing_ray_cluster(cluster, make_repo, tmp_path):
     assert repo.snapshot() == before
 
 
-def test_unreachable_remote_stops_the_run_with_exit_4(cluster, make_repo, tmp_path):
+def test_unreachable_remote_stops_the_run_with_exit_4(cluster, make_repo, tmp_path, cli, state_is_good):
     repo = make_repo()
     shas = repo.linear(3, bad_from=2)
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--executor", "ray",
-                    "--ray-address", cluster, "--remote", str(tmp_path / "nowhere"), "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--executor", "ray",
+               "--ray-address", cluster, "--remote", str(tmp_path / "nowhere"), "--", *state_is_good)
     assert proc.returncode == 4, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("bisector: error: aborted: on Ray node ") and "nowhere" in last

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from bisector.store import Store
-from conftest import RepoBuilder, bisector
+
+pytestmark = pytest.mark.integration
 
 SKIPPED, FIRST_BAD, COUNT = {13, 14, 15}, 21, 30
 # Logs carry HTML-special characters and a GPU fault line (as text: there is no GPU here).
@@ -20,29 +21,33 @@ SCENARIO = ["sh", "-c", 'echo "checking $(cat counter.txt) <b>&amp; \\"q\\"</b>"
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def recorded(tmp_path_factory, cli, repo_builder):
     """One real bisection, state kept outside the repo; the repo is deleted afterwards."""
     base = tmp_path_factory.mktemp("recorded")
-    repo = RepoBuilder(base / "repo")
+    repo = repo_builder(base / "repo")
     shas = []
     for i in range(COUNT):
         state = "skip" if i in SKIPPED else ("bad" if i >= FIRST_BAD else "good")
         shas.append(repo.commit(f"change {i} (#{2000 + i})", {"counter.txt": f"{i}\n", "state": state}))
     state_dir = base / "state"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--state-dir", str(state_dir), "--json", str(base / "run.json"),
-                    "--markdown", str(base / "run.md"), "--", *SCENARIO)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+               "--state-dir", str(state_dir), "--json", str(base / "run.json"),
+               "--markdown", str(base / "run.md"), "--", *SCENARIO)
     assert proc.returncode == 0, proc.stderr
     shutil.rmtree(repo.path)
     return {"shas": shas, "state": state_dir, "stdout": proc.stdout, "base": base,
             "json": (base / "run.json").read_text(), "markdown": (base / "run.md").read_text()}
 
 
-def report(recorded, *args):
-    return bisector("report", *args, "--state-dir", str(recorded["state"]), cwd=recorded["base"])
+@pytest.fixture
+def report(cli):
+    def run(recorded, *args):
+        return cli("report", *args, "--state-dir", str(recorded["state"]), cwd=recorded["base"])
+
+    return run
 
 
-def test_text_json_markdown_match_what_the_run_printed(recorded):
+def test_text_json_markdown_match_what_the_run_printed(recorded, report):
     for fmt, expected in (("text", recorded["stdout"]), ("json", recorded["json"]),
                           ("markdown", recorded["markdown"])):
         proc = report(recorded, "latest", "--format", fmt)
@@ -55,7 +60,7 @@ def test_result_records_the_ordered_range(recorded):
     assert json.loads(recorded["json"])["range"] == recorded["shas"]
 
 
-def test_junit_has_one_testcase_per_step(recorded):
+def test_junit_has_one_testcase_per_step(recorded, report):
     proc = report(recorded, "latest", "--format", "junit")
     assert proc.returncode == 0, proc.stderr
     suite = ET.fromstring(proc.stdout).find("testsuite")
@@ -75,14 +80,18 @@ def test_junit_has_one_testcase_per_step(recorded):
     assert props["first_bad_commit"] == recorded["shas"][FIRST_BAD]
 
 
-def html_report(recorded, tmp_path):
-    out = tmp_path / "report.html"
-    proc = report(recorded, "latest", "--format", "html", "--output", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+@pytest.fixture
+def html_report(report):
+    def run(recorded, tmp_path):
+        out = tmp_path / "report.html"
+        proc = report(recorded, "latest", "--format", "html", "--output", str(out))
+        assert proc.returncode == 0, proc.stderr
+        return out
+
+    return run
 
 
-def test_html_is_self_contained_timeline_with_culprit_and_escaped_logs(recorded, tmp_path):
+def test_html_is_self_contained_timeline_with_culprit_and_escaped_logs(recorded, tmp_path, html_report):
     page = html_report(recorded, tmp_path).read_text()
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=|https?://", page)
     shas, steps = recorded["shas"], json.loads(recorded["json"])["steps"]
@@ -104,7 +113,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium)")
-def test_html_renders_in_headless_chromium_and_click_shows_the_log(recorded, tmp_path):
+def test_html_renders_in_headless_chromium_and_click_shows_the_log(recorded, tmp_path, html_report):
     page = html_report(recorded, tmp_path)
     culprit = recorded["shas"][FIRST_BAD]
     clicked = tmp_path / "clicked.html"
@@ -129,7 +138,7 @@ def test_html_renders_in_headless_chromium_and_click_shows_the_log(recorded, tmp
     assert len(data) > 40_000  # a blank page of this size is ~5 kB
 
 
-def test_backport_run_html_branch_matrix(tmp_path):
+def test_backport_run_html_branch_matrix(tmp_path, cli):
     state = tmp_path / "state"
     state.mkdir()
     store = Store(state / "bisector.sqlite")
@@ -141,7 +150,7 @@ def test_backport_run_html_branch_matrix(tmp_path):
     run_id, _ = store.start_run("backport", "k", {"fix": "f" * 40}, 1)
     store.finish_run(run_id, "finished", result)
     store.close()
-    proc = bisector("report", str(run_id), "--state-dir", str(state), "--format", "html", cwd=tmp_path)
+    proc = cli("report", str(run_id), "--state-dir", str(state), "--format", "html", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = re.findall(r'<tr class="pick" data-target="b-\d"><td><b>([^<]+)</b>.*?</tr>', proc.stdout)
     assert rows == ["releases/v0.18", "releases/v0.24"]
@@ -150,14 +159,14 @@ def test_backport_run_html_branch_matrix(tmp_path):
     assert "<code>vllm/&lt;attn&gt;.py</code>" in proc.stdout
 
 
-def test_report_errors_are_one_line_and_exit_2(recorded, tmp_path, make_repo):
+def test_report_errors_are_one_line_and_exit_2(recorded, tmp_path, make_repo, cli, report):
     repo = make_repo()
     repo.linear(2, bad_from=None)
     before = repo.snapshot()
     cases = [(report(recorded, "99"), "no run 99"),
              (report(recorded, "abc"), "RUN_ID must be a run number or 'latest'"),
-             (bisector("report", "latest", "--repo", str(repo.path)), "no bisector record in"),
-             (bisector("report", "latest", "--repo", str(tmp_path)), "not a git repository"),
+             (cli("report", "latest", "--repo", str(repo.path)), "no bisector record in"),
+             (cli("report", "latest", "--repo", str(tmp_path)), "not a git repository"),
              (report(recorded, "latest", "--format", "pdf"), "Invalid value for '--format'")]
     for proc, message in cases:
         assert proc.returncode == 2, proc.stderr
@@ -167,10 +176,10 @@ def test_report_errors_are_one_line_and_exit_2(recorded, tmp_path, make_repo):
     assert not (repo.path / ".git" / "bisector").exists()
 
 
-def test_unfinished_run_has_no_report(tmp_path):
+def test_unfinished_run_has_no_report(tmp_path, cli):
     store = Store(tmp_path / "bisector.sqlite")
     run_id, _ = store.start_run("bisect", "k", {}, 1)
     store.close()
-    proc = bisector("report", "latest", "--state-dir", str(tmp_path))
+    proc = cli("report", "latest", "--state-dir", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr == f"bisector: error: run {run_id} is running: it has no result to report\n"

@@ -1,10 +1,12 @@
 """--find-fix --culprit: reverse SZZ from the commit that brought the fault (real repos, real CLI)."""
 import json
 
-from conftest import STATE_IS_GOOD, bisector, git
+import pytest
 
 from bisector.blame import BlamedCommit, blame_reverse
 from bisector.refs import GitRepo
+
+pytestmark = pytest.mark.integration
 
 MODULE = "".join(f"line {i}\n" for i in range(1, 11))
 CULPRIT, FIX, COUNT = 3, 25, 40
@@ -62,12 +64,16 @@ def test_reverse_blame_credits_the_removal_of_a_file(make_repo):
     assert blame_reverse(GitRepo(repo.path), culprit, good) == [BlamedCommit(removal, 2, 0)]
 
 
-def run_find_fix(repo, shas, culprit, out):
-    return bisector("run", "--repo", str(repo.path), "--find-fix", "--bad", shas[CULPRIT + 1],
-                    "--good", shas[-1], "--culprit", culprit, "--json", str(out), "--", *STATE_IS_GOOD)
+@pytest.fixture
+def run_find_fix(cli, state_is_good):
+    def run(repo, shas, culprit, out):
+        return cli("run", "--repo", str(repo.path), "--find-fix", "--bad", shas[CULPRIT + 1],
+                   "--good", shas[-1], "--culprit", culprit, "--json", str(out), "--", *state_is_good)
+
+    return run
 
 
-def test_confirmed_culprit_seed_needs_two_executions(make_repo, tmp_path):
+def test_confirmed_culprit_seed_needs_two_executions(make_repo, tmp_path, run_find_fix):
     repo = make_repo()
     shas = history(repo)
     before = repo.snapshot()
@@ -86,7 +92,7 @@ def test_confirmed_culprit_seed_needs_two_executions(make_repo, tmp_path):
     assert repo.snapshot() == before
 
 
-def test_wrong_culprit_falls_back_to_weighted_bisection(make_repo, tmp_path):
+def test_wrong_culprit_falls_back_to_weighted_bisection(make_repo, tmp_path, run_find_fix):
     repo = make_repo()
     shas = history(repo)
     out = tmp_path / "r.json"
@@ -99,7 +105,7 @@ def test_wrong_culprit_falls_back_to_weighted_bisection(make_repo, tmp_path):
     assert [s["role"] for s in result["steps"][:4]] == ["seed", "seed", "endpoint", "endpoint"]
 
 
-def test_culprit_usage_errors(make_repo):
+def test_culprit_usage_errors(make_repo, cli, git, state_is_good):
     repo = make_repo()
     shas = history(repo)
     git(repo.path, "checkout", "-q", "-b", "side", shas[2])
@@ -115,7 +121,7 @@ def test_culprit_usage_errors(make_repo):
         ((*find_fix, "--culprit", side), f"--culprit: culprit {side[:12]} is not an ancestor of good "
                                          f"{shas[-1][:12]}"),
     ]:
-        proc = bisector("run", "--repo", str(repo.path), *args, "--", *STATE_IS_GOOD)
+        proc = cli("run", "--repo", str(repo.path), *args, "--", *state_is_good)
         assert proc.returncode == 2
         assert proc.stderr == f"bisector: error: {message}\n"
     assert repo.snapshot() == before

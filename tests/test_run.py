@@ -10,21 +10,25 @@ import time
 
 import pytest
 
-from conftest import ENV, ROOT, STATE_IS_GOOD, bisector, git
+pytestmark = pytest.mark.integration
 
 
-def run_json(repo, tmp_path, *args, name="result.json"):
-    out = tmp_path / name
-    proc = bisector("run", "--repo", str(repo.path), "--json", str(out), *args)
-    return proc, (json.loads(out.read_text()) if out.exists() else None)
+@pytest.fixture
+def run_json(cli):
+    def run(repo, tmp_path, *args, name="result.json"):
+        out = tmp_path / name
+        proc = cli("run", "--repo", str(repo.path), "--json", str(out), *args)
+        return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+    return run
 
 
-def test_two_hundred_commits_within_log2_plus_two(make_repo, tmp_path):
+def test_two_hundred_commits_within_log2_plus_two(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     shas = repo.linear(220, bad_from=137)
     before = repo.snapshot()
     proc, result = run_json(repo, tmp_path, "--good", shas[0], "--bad", shas[-1], "--markdown",
-                            str(tmp_path / "r.md"), "--", *STATE_IS_GOOD)
+                            str(tmp_path / "r.md"), "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     assert result["first_bad"]["sha"] == shas[137]
     assert result["first_bad"]["subject"] == "change 137 (#1137)"
@@ -40,10 +44,10 @@ def test_two_hundred_commits_within_log2_plus_two(make_repo, tmp_path):
     assert not list((repo.path / ".git" / "bisector" / "worktrees").iterdir())
 
 
-def test_warm_rerun_executes_nothing(make_repo, tmp_path):
+def test_warm_rerun_executes_nothing(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     shas = repo.linear(50, bad_from=20)
-    args = ("--good", shas[0], "--bad", shas[-1], "--", *STATE_IS_GOOD)
+    args = ("--good", shas[0], "--bad", shas[-1], "--", *state_is_good)
     first = run_json(repo, tmp_path, *args, name="a.json")[1]
     proc, second = run_json(repo, tmp_path, *args, name="b.json")
     assert proc.returncode == 0
@@ -56,31 +60,31 @@ def merge_history(repo):
     """main: base -> m1 -> merge(feature) -> m2 ; feature: f1 (bug appears) -> f2."""
     base = repo.commit("base", {"state": "good\n", "main.txt": "0\n"})
     m1 = repo.commit("main work 1", {"main.txt": "1\n"})
-    git(repo.path, "checkout", "-q", "-b", "feature", base)
+    repo.git("checkout", "-q", "-b", "feature", base)
     f1 = repo.commit("feature breaks it", {"state": "bad\n", "feature.txt": "1\n"})
     f2 = repo.commit("feature more", {"feature.txt": "2\n"})
-    git(repo.path, "checkout", "-q", "main")
-    git(repo.path, "merge", "-q", "--no-ff", "-m", "Merge feature (#77)", "feature")
+    repo.git("checkout", "-q", "main")
+    repo.git("merge", "-q", "--no-ff", "-m", "Merge feature (#77)", "feature")
     merge = repo.head()
     m2 = repo.commit("main work 2", {"main.txt": "2\n"})
     return base, m1, f1, f2, merge, m2
 
 
-def test_first_parent_names_the_merge_full_dag_names_the_commit(make_repo, tmp_path):
+def test_first_parent_names_the_merge_full_dag_names_the_commit(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     base, m1, f1, f2, merge, m2 = merge_history(repo)
-    proc, full = run_json(repo, tmp_path, "--good", base, "--bad", m2, "--", *STATE_IS_GOOD, name="f.json")
+    proc, full = run_json(repo, tmp_path, "--good", base, "--bad", m2, "--", *state_is_good, name="f.json")
     assert proc.returncode == 0, proc.stderr
     assert full["first_bad"]["sha"] == f1
     proc, fp = run_json(repo, tmp_path, "--good", base, "--bad", m2, "--first-parent", "--",
-                        *STATE_IS_GOOD, name="p.json")
+                        *state_is_good, name="p.json")
     assert proc.returncode == 0, proc.stderr
     assert fp["first_bad"]["sha"] == merge
     assert fp["first_bad"]["pr"] == 77
     assert f1 not in {s["sha"] for s in fp["steps"]}
 
 
-def test_path_restricts_candidates(make_repo, tmp_path):
+def test_path_restricts_candidates(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     shas = [repo.commit("start", {"state": "good\n", "src/a.py": "0\n"})]
     for i in range(1, 30):
@@ -91,7 +95,7 @@ def test_path_restricts_candidates(make_repo, tmp_path):
             files["state"] = "bad\n"
         shas.append(repo.commit(f"c{i}", files))
     proc, result = run_json(repo, tmp_path, "--good", shas[0], "--bad", shas[-1], "--path", "src",
-                            "--", *STATE_IS_GOOD)
+                            "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     assert result["first_bad"]["sha"] == shas[15]
     tested = {s["sha"] for s in result["steps"] if s["role"] == "probe"}
@@ -109,7 +113,7 @@ def skip_script(tmp_path, skipped):
     return [sys.executable, str(script)]
 
 
-def test_skips_around_culprit_report_the_smallest_range(make_repo, tmp_path):
+def test_skips_around_culprit_report_the_smallest_range(make_repo, tmp_path, run_json):
     repo = make_repo()
     shas = repo.linear(60, bad_from=31)
     proc, result = run_json(repo, tmp_path, "--good", shas[0], "--bad", shas[-1], "--",
@@ -121,7 +125,7 @@ def test_skips_around_culprit_report_the_smallest_range(make_repo, tmp_path):
     assert {s["verdict"] for s in result["steps"]} >= {"skip"}
 
 
-def test_skip_next_to_culprit_is_stepped_around(make_repo, tmp_path):
+def test_skip_next_to_culprit_is_stepped_around(make_repo, tmp_path, run_json):
     repo = make_repo()
     shas = repo.linear(60, bad_from=31)
     proc, result = run_json(repo, tmp_path, "--good", shas[0], "--bad", shas[-1], "--",
@@ -130,32 +134,32 @@ def test_skip_next_to_culprit_is_stepped_around(make_repo, tmp_path):
     assert result["first_bad"]["sha"] == shas[31]
 
 
-def test_find_fix_names_the_first_good_commit(make_repo, tmp_path):
+def test_find_fix_names_the_first_good_commit(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     shas = [repo.commit(f"c{i}", {"state": ("good\n" if i >= 33 else "bad\n"), "n": f"{i}"})
             for i in range(50)]
     proc, result = run_json(repo, tmp_path, "--bad", shas[0], "--good", shas[-1], "--find-fix",
-                            "--", *STATE_IS_GOOD)
+                            "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     assert result["mode"] == "find-fix"
     assert result["first_good"]["sha"] == shas[33]
     assert "first good commit (the fix)" in proc.stdout
 
 
-def test_endpoint_that_does_not_test_as_claimed_exits_3(make_repo, tmp_path):
+def test_endpoint_that_does_not_test_as_claimed_exits_3(make_repo, tmp_path, cli, state_is_good):
     repo = make_repo()
     shas = repo.linear(20, bad_from=5)
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[6], "--bad", shas[-1],
-                    "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[6], "--bad", shas[-1],
+               "--", *state_is_good)
     assert proc.returncode == 3
     assert f"good {shas[6]}" in proc.stderr and "tested bad" in proc.stderr
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[6], "--bad", shas[-1],
-                    "--no-verify-endpoints", "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[6], "--bad", shas[-1],
+               "--no-verify-endpoints", "--", *state_is_good)
     assert proc.returncode == 0  # trusted: answer is the bad endpoint's first descendant rule
     assert shas[7] in proc.stdout
 
 
-def test_signal_is_bad_timeout_is_skip_and_kills_the_group(make_repo, tmp_path):
+def test_signal_is_bad_timeout_is_skip_and_kills_the_group(make_repo, tmp_path, run_json):
     repo = make_repo()
     shas = repo.linear(12, bad_from=6)
     pidfile = tmp_path / "grandchild.pid"
@@ -182,11 +186,11 @@ def test_signal_is_bad_timeout_is_skip_and_kills_the_group(make_repo, tmp_path):
             open(f"/proc/{grandchild}/stat").read().split()[2] == "Z"
 
 
-def test_exit_at_or_above_128_aborts(make_repo, tmp_path):
+def test_exit_at_or_above_128_aborts(make_repo, tmp_path, cli):
     repo = make_repo()
     shas = repo.linear(8, bad_from=4)
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--", sys.executable, "-c", "import sys; sys.exit(200)")
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+               "--", sys.executable, "-c", "import sys; sys.exit(200)")
     assert proc.returncode == 4
     assert "exited 200" in proc.stderr
 
@@ -199,7 +203,8 @@ def slow_judge(tmp_path, seconds):
     return script
 
 
-def test_kill_9_mid_run_resumes_without_losing_a_verdict(make_repo, tmp_path):
+def test_kill_9_mid_run_resumes_without_losing_a_verdict(make_repo, tmp_path, git, git_env, project_root,
+                                                         run_json):
     repo = make_repo()
     shas = repo.linear(200, bad_from=77)
     script = slow_judge(tmp_path, 0.4)
@@ -208,7 +213,7 @@ def test_kill_9_mid_run_resumes_without_losing_a_verdict(make_repo, tmp_path):
     db = repo.path / ".git" / "bisector" / "bisector.sqlite"
     victim = subprocess.Popen([sys.executable, "-m", "bisector.cli", *args], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, **git_env, "PYTHONPATH": str(project_root)})
     deadline = time.monotonic() + 60
     recorded = 0
     while time.monotonic() < deadline and recorded < 4:
@@ -234,13 +239,13 @@ def test_kill_9_mid_run_resumes_without_losing_a_verdict(make_repo, tmp_path):
     assert git(repo.path, "worktree", "list").count("\n") == 0
 
 
-def test_two_runs_on_one_repository_are_serialized(make_repo, tmp_path):
+def test_two_runs_on_one_repository_are_serialized(make_repo, tmp_path, git_env, project_root):
     repo = make_repo()
     shas = repo.linear(10, bad_from=5)
     script = slow_judge(tmp_path, 0.3)
     args = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0],
             "--bad", shas[-1], "--", sys.executable, str(script)]
-    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **git_env, "PYTHONPATH": str(project_root)}
     first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
     second = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -254,7 +259,8 @@ def test_two_runs_on_one_repository_are_serialized(make_repo, tmp_path):
 @pytest.mark.parametrize("case", ["not-a-repo", "unknown-ref", "same", "not-ancestor", "empty-range",
                                   "unknown-scenario", "command-not-found", "state-dir", "both",
                                   "option-ref"])
-def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_path, case):
+def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_path, case, cli, git,
+                                                               state_is_good):
     repo = make_repo()
     shas = repo.linear(10, bad_from=5)
     git(repo.path, "checkout", "-q", "-b", "side", shas[3])
@@ -263,7 +269,7 @@ def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_pa
     (repo.path / "untracked.txt").write_text("mine")
     (repo.path / "counter.txt").write_text("local edit\n")
     before = repo.snapshot()
-    good, bad, tail = shas[0], shas[-1], ["--", *STATE_IS_GOOD]
+    good, bad, tail = shas[0], shas[-1], ["--", *state_is_good]
     where = ["--repo", str(repo.path)]
     if case == "not-a-repo":
         where = ["--repo", str(tmp_path)]
@@ -286,7 +292,7 @@ def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_pa
         tail = ["--scenario", "x", *tail]
     elif case == "option-ref":
         good = "--upload-pack=touch /tmp/pwned"
-    proc = bisector("run", *where, "--good", good, "--bad", bad, *tail)
+    proc = cli("run", *where, "--good", good, "--bad", bad, *tail)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bisector: error: "), proc.stderr
@@ -294,7 +300,7 @@ def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_pa
     assert not (repo.path / ".git" / "bisector").exists()
 
 
-def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path):
+def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path, git, git_env, project_root):
     repo = make_repo()
     shas = repo.linear(100, bad_from=40)
     started = tmp_path / "started"
@@ -303,7 +309,7 @@ def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path):
                       "time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path),
                              "--good", shas[0], "--bad", shas[-1], "--", sys.executable, str(script)],
-                            env={**os.environ, **ENV, "PYTHONPATH": str(ROOT)},
+                            env={**os.environ, **git_env, "PYTHONPATH": str(project_root)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline:
@@ -319,32 +325,32 @@ def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path):
     assert status == "interrupted"
 
 
-def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path):
+def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path, cli):
     repo = make_repo()
     shas = repo.linear(3, bad_from=2)
     script = tmp_path / "slow.py"
     script.write_text("import time\ntime.sleep(1.5)\n")
-    short = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                     "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "a.json"),
-                     "--", sys.executable, str(script))
+    short = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "a.json"),
+                "--", sys.executable, str(script))
     assert short.returncode == 1, short.stderr
     first = json.loads((tmp_path / "a.json").read_text())
     assert [s["reason"] for s in first["steps"]] == ["timed out after 0.5s"]
-    again = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                     "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "b.json"),
-                     "--", sys.executable, str(script))
+    again = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "b.json"),
+                "--", sys.executable, str(script))
     assert json.loads((tmp_path / "b.json").read_text())["executions"] == 0
-    longer = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                      "--no-verify-endpoints", "--timeout", "30", "--json", str(tmp_path / "c.json"),
-                      "--", sys.executable, str(script))
+    longer = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+                 "--no-verify-endpoints", "--timeout", "30", "--json", str(tmp_path / "c.json"),
+                 "--", sys.executable, str(script))
     assert longer.returncode == 0, longer.stderr
     third = json.loads((tmp_path / "c.json").read_text())
     assert third["executions"] == 1 and third["first_bad"]["sha"] == shas[2]
 
 
-def test_demo_bisects_the_planted_q_dtype_bug_with_the_probe(tmp_path):
+def test_demo_bisects_the_planted_q_dtype_bug_with_the_probe(tmp_path, cli):
     pytest.importorskip("torch")
-    proc = bisector("demo", "--dir", str(tmp_path / "demo"), "--commits", "12", "--culprit", "7")
+    proc = cli("demo", "--dir", str(tmp_path / "demo"), "--commits", "12", "--culprit", "7")
     assert proc.returncode == 0, proc.stderr
     assert "demo: the probe named the planted commit" in proc.stdout
     assert "q dtype mismatch changes AITER tiling" in proc.stdout

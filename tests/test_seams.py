@@ -6,36 +6,38 @@ import sys
 from concurrent.futures import Future
 from pathlib import Path
 
-from conftest import ROOT, STATE_IS_GOOD, bisector
+import pytest
 
 from bisector import executor as executors
 from bisector.engine import RunConfig, run_bisection
 from scenarios.command import CommandScenario
 
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "bisector"
+pytestmark = pytest.mark.integration
 
 
-def test_an_installed_plugin_package_adds_a_scenario(make_repo, tmp_path):
+def test_an_installed_plugin_package_adds_a_scenario(make_repo, tmp_path, cli):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(ROOT / "examples" / "plugin-scenario")], check=True,
                    capture_output=True)
     env = {"PYTHONPATH": f"{ROOT}:{site}"}
-    before = bisector("scenario", "list")
+    before = cli("scenario", "list")
     assert "file-marker" not in before.stdout
-    listed = bisector("scenario", "list", env=env)
+    listed = cli("scenario", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     assert "file-marker (v1, no build)" in listed.stdout
     assert "aiter-mla-probe" in listed.stdout  # built-ins stay
 
     repo = make_repo()
     shas = repo.linear(12, bad_from=7)
-    run = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+    run = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                    "--scenario", "file-marker", "--option", "marker=bad", "--state-dir", str(tmp_path / "s"),
                    env=env)
     assert run.returncode == 0, run.stderr
     assert f"first bad commit: {shas[7][:12]}" in run.stdout or shas[7] in run.stdout
-    unknown = bisector("scenario", "run", "file-marker", "--repo", str(repo.path), "--option", "nope=1",
+    unknown = cli("scenario", "run", "file-marker", "--repo", str(repo.path), "--option", "nope=1",
                        env=env)
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
@@ -66,11 +68,11 @@ class InlineExecutor:
         pass
 
 
-def test_a_registered_executor_runs_every_step(make_repo, tmp_path, monkeypatch):
+def test_a_registered_executor_runs_every_step(make_repo, tmp_path, monkeypatch, state_is_good):
     monkeypatch.setitem(executors.EXECUTORS, "inline", InlineExecutor)
     repo = make_repo()
     shas = repo.linear(16, bad_from=11)
-    scenario = CommandScenario(STATE_IS_GOOD)
+    scenario = CommandScenario(state_is_good)
     chosen = executors.create_executor("inline", executors.Placement(1, None, None, 0, str(repo.path)))
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], scenario=scenario,
                                      state_dir=tmp_path / "state", executor=chosen))

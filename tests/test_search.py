@@ -5,6 +5,8 @@ import pytest
 
 from bisector.search import Bisection, InconsistentVerdicts, Term
 
+pytestmark = pytest.mark.unit
+
 
 def chain(n):
     shas = [f"c{i:04d}" for i in range(n)]

@@ -1,11 +1,13 @@
 """--fix: SZZ blame of a known fix seeds the search (real repos, real CLI)."""
 import json
 
-from conftest import STATE_IS_GOOD, bisector, git
+import pytest
 
 from bisector.blame import BlamedCommit, blame_fix
 from bisector.refs import GitRepo
 from bisector.seeding import plan_seeds
+
+pytestmark = pytest.mark.integration
 
 MODULE = "".join(f"line {i}\n" for i in range(1, 11))
 
@@ -37,11 +39,11 @@ def grow(repo, culprit_at: int, count: int = 12) -> list[str]:
 
 def add_fix(repo, old: str, new: str, name: str, state: bool = True) -> str:
     """A fix on its own branch off main's head (turning state good too); main stays checked out."""
-    git(repo.path, "checkout", "-q", "-b", name)
+    repo.git("checkout", "-q", "-b", name)
     module = (repo.path / "mod.py").read_text()
     files = {"mod.py": buggy(module, old, new), **({"state": "good\n"} if state else {})}
     sha = repo.commit(f"fix {name}", files)
-    git(repo.path, "checkout", "-q", "main")
+    repo.git("checkout", "-q", "main")
     return sha
 
 
@@ -77,14 +79,14 @@ def test_plan_keeps_range_and_pairs_with_testable_parent():
         plan_seeds(commits, "old", "fix", [])
 
 
-def test_confirmed_seed_needs_two_executions(make_repo, tmp_path):
+def test_confirmed_seed_needs_two_executions(make_repo, tmp_path, cli, state_is_good):
     repo = make_repo()
     shas = grow(repo, culprit_at=9, count=40)
     fix = add_fix(repo, "q_dtype  =  out_dtype\n", "q_dtype = fp8\n", "fix")
     before = repo.snapshot()
     out = tmp_path / "r.json"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--fix", "fix",
-                    "--json", str(out), "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--fix", "fix",
+               "--json", str(out), "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     assert "seeded from fix " in proc.stdout and "confirmed against its parent" in proc.stdout
     result = json.loads(out.read_text())
@@ -97,13 +99,13 @@ def test_confirmed_seed_needs_two_executions(make_repo, tmp_path):
     assert repo.snapshot() == before
 
 
-def test_unconfirmed_seed_falls_back_to_weighted_bisection(make_repo, tmp_path):
+def test_unconfirmed_seed_falls_back_to_weighted_bisection(make_repo, tmp_path, cli, state_is_good):
     repo = make_repo()
     shas = grow(repo, culprit_at=9, count=40)
     add_fix(repo, "line eight\n", "line 8\n", "wrong-fix", state=False)  # blames shas[38], not the culprit
     out = tmp_path / "r.json"
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--fix", "wrong-fix", "--json", str(out), "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+               "--fix", "wrong-fix", "--json", str(out), "--", *state_is_good)
     assert "not confirmed; bisected on" in proc.stdout
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
@@ -113,22 +115,22 @@ def test_unconfirmed_seed_falls_back_to_weighted_bisection(make_repo, tmp_path):
     assert [s["role"] for s in result["steps"][:4]] == ["seed", "seed", "endpoint", "endpoint"]
 
 
-def test_unknown_fix_is_a_usage_error(make_repo):
+def test_unknown_fix_is_a_usage_error(make_repo, cli, state_is_good):
     repo = make_repo()
     shas = grow(repo, culprit_at=3, count=6)
     before = repo.snapshot()
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--fix", "no-such-fix", "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+               "--fix", "no-such-fix", "--", *state_is_good)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "bisector: error: --fix: unknown ref: no-such-fix"
     assert repo.snapshot() == before
 
 
-def test_fix_with_find_fix_is_a_usage_error(make_repo):
+def test_fix_with_find_fix_is_a_usage_error(make_repo, cli, state_is_good):
     repo = make_repo()
     shas = grow(repo, culprit_at=3, count=6)
     add_fix(repo, "q_dtype  =  out_dtype\n", "q_dtype = fp8\n", "fix")
-    proc = bisector("run", "--repo", str(repo.path), "--good", shas[-1], "--bad", shas[0], "--find-fix",
-                    "--fix", "fix", "--", *STATE_IS_GOOD)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[-1], "--bad", shas[0], "--find-fix",
+               "--fix", "fix", "--", *state_is_good)
     assert proc.returncode == 2
     assert proc.stderr.startswith("bisector: error: --fix seeds a regression hunt")
