@@ -17,12 +17,14 @@ from bisector.builds import BuildResult, NoBuild
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse
-from bisector.policies import Batch, BisectPolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
+                               SearchPolicy)
 from bisector.process import Cancelled
 from bisector.refs import GitRepo
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seams import Executor, Scenario
 from bisector.seeding import SeedPlan, plan_seeds
+from bisector.signatures import SignatureRule, normalise
 from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
@@ -52,6 +54,7 @@ class RunConfig:
     confidence: float = 0.95
     fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
     max_runs_per_commit: int = 20
+    signature: str | None = None      # any | auto | a regex; default: the scenario's default_signature
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -97,6 +100,11 @@ class RepoLock:
         self.fh.close()
 
 
+def signature_of(run: Execution) -> str:
+    """The failure signature a scenario gave its run, else its reason normalised."""
+    return run.details.get("signature") or normalise(run.reason)
+
+
 @dataclass(frozen=True)
 class Judge:
     """How one checked-out commit is judged: build, then run the scenario until its verdict is decided.
@@ -109,6 +117,7 @@ class Judge:
     timeout: float | None
     python: str
     repeat: int = 1
+    signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
 
     @property
     def key(self) -> str:
@@ -122,6 +131,10 @@ class Judge:
         """
         runs = [run for run in runs if not self._outgrown_timeout(run)]
         for run in runs:
+            if run.verdict == Verdict.BAD.value and not self.signature.accepts(signature_of(run)):
+                return dataclasses.replace(run, verdict=Verdict.SKIP.value,
+                                           reason=f"different failure: {signature_of(run)} ({run.reason})",
+                                           details={**run.details, "different_failure": True})
             if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
                 return run
         if len(runs) >= self.repeat:
@@ -210,6 +223,8 @@ class RunContext:
         landed: list[Step] = []
 
         def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
+            if execution.verdict == Verdict.BAD.value and (role == "endpoint" or not policy.verify_endpoints):
+                self.judge.signature.learn(signature_of(execution))  # --signature auto: the bad end's
             step = self.add_step(sha, role, batch.round, execution, cached)
             landed.append(step)
             policy.observe(step)
@@ -256,7 +271,8 @@ class RunContext:
 def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
-                       cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else []))
+                       cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
+                      + ([cfg.signature] if cfg.signature else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -365,7 +381,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         store = Store(state_dir / "bisector.sqlite")
         builder = open_builder(cfg, repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
-                      1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
+                      1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                      signature_rule(cfg.signature or cfg.scenario.default_signature))
         params = {"repo": str(repo.root), "good": asked.good, "bad": asked.bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
@@ -396,6 +413,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                     "executions": ctx.executions,
                     "rounds": rounds,
                     "scenario": judge.key,
+                    "signature": judge.signature.as_dict(),
                     "resumed_from": run.resumed_from,
                     **extra,
                 }
@@ -403,6 +421,13 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         finally:
             executor.shutdown()
             store.close()
+
+
+def signature_rule(text: str) -> SignatureRule:
+    try:
+        return SignatureRule.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:
@@ -443,3 +468,27 @@ def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = 
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
             "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
             "scenario": judge.key, "details": execution.details}
+
+
+def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, state_dir: Path | None = None) -> dict:
+    """Run both ends `runs` times afresh (each run recorded) and report the reproduction rate and the
+    settings it calls for. judge.builder holds build settings, opened here."""
+    repo = GitRepo(repo_path)
+    good_sha, bad_sha = repo.resolve(good), repo.resolve(bad)
+    if good_sha == bad_sha:
+        raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
+    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
+    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        executor = LocalExecutor([{}])
+        try:
+            executor.start(pool, state_dir / "logs")
+            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir))
+            policy = CalibratePolicy(good_sha, bad_sha, runs)
+            ctx = RunContext(store, judge, executor)
+            ctx.drive(policy)
+        finally:
+            executor.shutdown()
+            store.close()
+    return {"scenario": judge.key, "runs": runs, **policy.answer()[1],
+            "steps": [step.as_dict() for step in ctx.steps]}

@@ -42,6 +42,10 @@ def _search_notes(result: dict) -> list[str]:
             if pair else "none testable; bisected"
         notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
                      + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+    signature = result.get("signature") or {}
+    if signature.get("mode", "any") != "any":
+        hunted = signature.get("signature") or signature.get("pattern") or "none seen"
+        notes.append(f"signature ({signature['mode']}): {hunted}; other failures are skips")
     if "confidence" in result:
         notes.append(f"flaky search: confidence {result['confidence']:.3f} that "
                      f"{result['best_guess'][:12]} is the {_culprit_label(result)}")
