@@ -167,6 +167,10 @@ def _sigterm(signum, frame):
               help="Which failures count as bad: any; auto = the bad endpoint's fault signature (others are "
                    "skips); or a regex over the signature. Default: the scenario's (auto for the GPU "
                    "scenario, any for -- CMD).")
+@click.option("--prefilter", "prefilter_name", metavar="SCENARIO",
+              help="Bisect with this cheap scenario first; the main one confirms its culprit and parent.")
+@click.option("--prefilter-option", "prefilter_options", multiple=True, metavar="KEY=VALUE",
+              help="Option of the --prefilter scenario.")
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
@@ -179,13 +183,17 @@ def _sigterm(signum, frame):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
-        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature, plan, executor_kind, gpus,
+        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature, prefilter_name,
+        prefilter_options, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    if prefilter_options and not prefilter_name:
+        raise UsageError("--prefilter-option needs --prefilter")
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
         else CommandScenario(list(command))
+    prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     builder = build_settings(build, python, rocm_arch, wheels, cache_size)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
@@ -195,7 +203,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
                     max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
-                    signature=signature)
+                    signature=signature, prefilter=prefilter)
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from bisector.builds import BuildResult, NoBuild
-from bisector.errors import GitError, UsageError
+from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse
 from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
@@ -55,6 +55,7 @@ class RunConfig:
     fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
     max_runs_per_commit: int = 20
     signature: str | None = None      # any | auto | a regex; default: the scenario's default_signature
+    prefilter: Scenario | None = None  # a cheap scenario bisected first; this one confirms its culprit
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -272,7 +273,8 @@ def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
                        cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
-                      + ([cfg.signature] if cfg.signature else []))
+                      + ([cfg.signature] if cfg.signature else [])
+                      + ([cfg.prefilter.name, cfg.prefilter.fingerprint()] if cfg.prefilter else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -374,7 +376,11 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     handler = handler or Handler()
     asked = _resolve_range(cfg)
     repo, ends = asked.repo, asked.ends
-    seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
+    extra: dict = {}
+    if cfg.prefilter:
+        seeds, extra["prefilter"] = _prefilter_seeds(cfg, asked, handler)
+    else:
+        seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
 
     with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
@@ -388,7 +394,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
-                     for kind in ("fix", "culprit")}}
+                     for kind in ("fix", "culprit", "prefilter")}}
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
             executor.start(pool, state_dir / "logs")
@@ -397,7 +403,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 ctx = RunContext(store, judge, executor, run.id, handler)
                 policy = _policy(cfg, asked, seeds, ctx, builder.cost)
                 rounds = ctx.drive(policy)
-                answer, extra = policy.answer()
+                answer, found = policy.answer()
+                extra.update(found)
                 if seeds:
                     extra["seeded"] = seeds.as_dict(policy.confirmed)
                 culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
@@ -421,6 +428,30 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         finally:
             executor.shutdown()
             store.close()
+
+
+def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[SeedPlan | None, dict]:
+    """Bisect with the cheap prefilter scenario; its culprit and that commit's parent become the seed
+    pair the expensive scenario tests first (2 executions when both tiers agree), and its culprit holds
+    half the prior mass when they do not."""
+    if cfg.fix or cfg.culprit:
+        raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
+    cheap = dataclasses.replace(cfg, scenario=cfg.prefilter, prefilter=None, executor=None, signature=None,
+                                flaky=False, repeat=1)
+    try:
+        result = run_bisection(cheap, handler)
+    except EndpointError as exc:  # the cheap tier cannot tell these ends apart: it predicts nothing here
+        return None, {"scenario": cheap.scenario.name, "culprit": None, "error": str(exc)}
+    culprit = result["culprit"]["sha"] if result["culprit"] else None
+    info = {"scenario": result["scenario"], "run_id": result["run_id"], "culprit": culprit,
+            "candidates": result["candidates"], "executions": result["executions"], "steps": result["steps"]}
+    if culprit is None:
+        return None, info
+    parents = dict(asked.commits)
+    parent = (parents[culprit] or (None,))[0]
+    testable = parent in parents or parent == asked.ends.old
+    return SeedPlan(culprit, (), (culprit, parent) if testable else None,
+                    {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
 
 
 def signature_rule(text: str) -> SignatureRule:
