@@ -15,7 +15,8 @@ from bisector import __version__, doctor, report
 from bisector.builds import STRATEGIES, BuildSettings, NoBuild
 from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import BackportConfig, run_backport
-from bisector.engine import Judge, RunConfig, default_state_dir, judge_one, plan_bisection, run_bisection
+from bisector.engine import (Judge, RunConfig, calibrate, default_state_dir, judge_one, plan_bisection,
+                             run_bisection)
 from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, GitError,
                              UsageError)
 from bisector.executor import EXECUTORS, Placement, create_executor
@@ -162,6 +163,14 @@ def _sigterm(signum, frame):
 @click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
               help="--flaky: runs on one commit at most.")
 @build_options
+@click.option("--signature", metavar="auto|any|REGEX",
+              help="Which failures count as bad: any; auto = the bad endpoint's fault signature (others are "
+                   "skips); or a regex over the signature. Default: the scenario's (auto for the GPU "
+                   "scenario, any for -- CMD).")
+@click.option("--prefilter", "prefilter_name", metavar="SCENARIO",
+              help="Bisect with this cheap scenario first; the main one confirms its culprit and parent.")
+@click.option("--prefilter-option", "prefilter_options", multiple=True, metavar="KEY=VALUE",
+              help="Option of the --prefilter scenario.")
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
@@ -174,13 +183,17 @@ def _sigterm(signum, frame):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
-        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, plan, executor_kind, gpus,
+        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature, prefilter_name,
+        prefilter_options, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    if prefilter_options and not prefilter_name:
+        raise UsageError("--prefilter-option needs --prefilter")
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
         else CommandScenario(list(command))
+    prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     builder = build_settings(build, python, rocm_arch, wheels, cache_size)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
@@ -189,7 +202,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
-                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor)
+                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
+                    signature=signature, prefilter=prefilter)
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)
@@ -323,6 +337,38 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
     sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
+
+
+@scenario.command("calibrate")
+@click.argument("name")
+@click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
+@click.option("--good", required=True, help="A commit without the fault.")
+@click.option("--bad", required=True, help="A commit with the fault.")
+@click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True, help="Runs of each end.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-run timeout in seconds (skip).")
+@state_dir_option
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the calibration as JSON.")
+@python_option("Python environment the scenario runs in.")
+@build_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir, json_file, python, build,
+                       rocm_arch, wheels, cache_size, command):
+    """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
+
+    NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
+    if (name == CommandScenario.name) != bool(command):
+        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
+    scenario = CommandScenario(list(command)) if command else create(name, parse_options(options))
+    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size), timeout, python)
+    result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
+    if json_file:
+        json_file.write_text(json.dumps(result, indent=2) + "\n")
+    for end in ("bad", "good"):
+        seen = result[end]
+        click.echo(f"{end} end {seen['sha'][:12]}: {seen['bad']} bad, {seen['skip']} skip in {seen['runs']} runs")
+    click.echo(f"reproduction rate: {result['reproduction_rate']:.0%}; signature: {result['signature'] or 'none'}")
+    click.echo(f"recommendation: {result['recommendation']}")
 
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:

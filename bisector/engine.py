@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from bisector.builds import BuildResult, NoBuild
-from bisector.errors import GitError, UsageError
+from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse
-from bisector.policies import Batch, BisectPolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
+                               SearchPolicy)
 from bisector.process import Cancelled
 from bisector.refs import GitRepo
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seams import Executor, Scenario
 from bisector.seeding import SeedPlan, plan_seeds
+from bisector.signatures import SignatureRule, normalise
 from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
@@ -52,6 +54,8 @@ class RunConfig:
     confidence: float = 0.95
     fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
     max_runs_per_commit: int = 20
+    signature: str | None = None      # any | auto | a regex; default: the scenario's default_signature
+    prefilter: Scenario | None = None  # a cheap scenario bisected first; this one confirms its culprit
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -97,6 +101,11 @@ class RepoLock:
         self.fh.close()
 
 
+def signature_of(run: Execution) -> str:
+    """The failure signature a scenario gave its run, else its reason normalised."""
+    return run.details.get("signature") or normalise(run.reason)
+
+
 @dataclass(frozen=True)
 class Judge:
     """How one checked-out commit is judged: build, then run the scenario until its verdict is decided.
@@ -109,6 +118,7 @@ class Judge:
     timeout: float | None
     python: str
     repeat: int = 1
+    signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
 
     @property
     def key(self) -> str:
@@ -122,6 +132,10 @@ class Judge:
         """
         runs = [run for run in runs if not self._outgrown_timeout(run)]
         for run in runs:
+            if run.verdict == Verdict.BAD.value and not self.signature.accepts(signature_of(run)):
+                return dataclasses.replace(run, verdict=Verdict.SKIP.value,
+                                           reason=f"different failure: {signature_of(run)} ({run.reason})",
+                                           details={**run.details, "different_failure": True})
             if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
                 return run
         if len(runs) >= self.repeat:
@@ -210,6 +224,8 @@ class RunContext:
         landed: list[Step] = []
 
         def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
+            if execution.verdict == Verdict.BAD.value and (role == "endpoint" or not policy.verify_endpoints):
+                self.judge.signature.learn(signature_of(execution))  # --signature auto: the bad end's
             step = self.add_step(sha, role, batch.round, execution, cached)
             landed.append(step)
             policy.observe(step)
@@ -256,7 +272,9 @@ class RunContext:
 def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
-                       cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else []))
+                       cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
+                      + ([cfg.signature] if cfg.signature else [])
+                      + ([cfg.prefilter.name, cfg.prefilter.fingerprint()] if cfg.prefilter else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -358,20 +376,25 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
     handler = handler or Handler()
     asked = _resolve_range(cfg)
     repo, ends = asked.repo, asked.ends
-    seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
+    extra: dict = {}
+    if cfg.prefilter:
+        seeds, extra["prefilter"] = _prefilter_seeds(cfg, asked, handler)
+    else:
+        seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
     state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
 
     with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         builder = open_builder(cfg, repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
-                      1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
+                      1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                      signature_rule(cfg.signature or cfg.scenario.default_signature))
         params = {"repo": str(repo.root), "good": asked.good, "bad": asked.bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
-                     for kind in ("fix", "culprit")}}
+                     for kind in ("fix", "culprit", "prefilter")}}
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
             executor.start(pool, state_dir / "logs")
@@ -380,7 +403,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 ctx = RunContext(store, judge, executor, run.id, handler)
                 policy = _policy(cfg, asked, seeds, ctx, builder.cost)
                 rounds = ctx.drive(policy)
-                answer, extra = policy.answer()
+                answer, found = policy.answer()
+                extra.update(found)
                 if seeds:
                     extra["seeded"] = seeds.as_dict(policy.confirmed)
                 culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
@@ -396,6 +420,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                     "executions": ctx.executions,
                     "rounds": rounds,
                     "scenario": judge.key,
+                    "signature": judge.signature.as_dict(),
                     "resumed_from": run.resumed_from,
                     **extra,
                 }
@@ -403,6 +428,37 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         finally:
             executor.shutdown()
             store.close()
+
+
+def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[SeedPlan | None, dict]:
+    """Bisect with the cheap prefilter scenario; its culprit and that commit's parent become the seed
+    pair the expensive scenario tests first (2 executions when both tiers agree), and its culprit holds
+    half the prior mass when they do not."""
+    if cfg.fix or cfg.culprit:
+        raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
+    cheap = dataclasses.replace(cfg, scenario=cfg.prefilter, prefilter=None, executor=None, signature=None,
+                                flaky=False, repeat=1)
+    try:
+        result = run_bisection(cheap, handler)
+    except EndpointError as exc:  # the cheap tier cannot tell these ends apart: it predicts nothing here
+        return None, {"scenario": cheap.scenario.name, "culprit": None, "error": str(exc)}
+    culprit = result["culprit"]["sha"] if result["culprit"] else None
+    info = {"scenario": result["scenario"], "run_id": result["run_id"], "culprit": culprit,
+            "candidates": result["candidates"], "executions": result["executions"], "steps": result["steps"]}
+    if culprit is None:
+        return None, info
+    parents = dict(asked.commits)
+    parent = (parents[culprit] or (None,))[0]
+    testable = parent in parents or parent == asked.ends.old
+    return SeedPlan(culprit, (), (culprit, parent) if testable else None,
+                    {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
+
+
+def signature_rule(text: str) -> SignatureRule:
+    try:
+        return SignatureRule.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:
@@ -443,3 +499,27 @@ def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = 
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
             "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
             "scenario": judge.key, "details": execution.details}
+
+
+def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, state_dir: Path | None = None) -> dict:
+    """Run both ends `runs` times afresh (each run recorded) and report the reproduction rate and the
+    settings it calls for. judge.builder holds build settings, opened here."""
+    repo = GitRepo(repo_path)
+    good_sha, bad_sha = repo.resolve(good), repo.resolve(bad)
+    if good_sha == bad_sha:
+        raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
+    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
+    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
+        store = Store(state_dir / "bisector.sqlite")
+        executor = LocalExecutor([{}])
+        try:
+            executor.start(pool, state_dir / "logs")
+            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir))
+            policy = CalibratePolicy(good_sha, bad_sha, runs)
+            ctx = RunContext(store, judge, executor)
+            ctx.drive(policy)
+        finally:
+            executor.shutdown()
+            store.close()
+    return {"scenario": judge.key, "runs": runs, **policy.answer()[1],
+            "steps": [step.as_dict() for step in ctx.steps]}

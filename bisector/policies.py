@@ -6,6 +6,7 @@ early: `wants`). Policies hold the search state; the driver holds the I/O.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Generator, Mapping, Protocol, Sequence
 
@@ -55,6 +56,7 @@ class SearchPolicy(Protocol):
     rerun: bool       # True: each step is one more execution, cached verdicts or not
     rounds: int       # probe rounds so far
     confirmed: bool   # a seed pair settled the answer
+    verify_endpoints: bool  # the endpoints are tested (and the bad one defines --signature auto)
 
     def batches(self) -> Generator[Batch, list[Step], None]: ...
     def observe(self, step: Step) -> None: ...
@@ -181,6 +183,10 @@ class FlakyPolicy:
             self.rounds += 1
             yield Batch(self.rounds, ((search.next_probes(1)[0], "probe"),))
 
+    @property
+    def verify_endpoints(self) -> bool:
+        return self.settings.verify_endpoints
+
     def observe(self, step: Step) -> None:
         if step.details.get("build_failed"):  # not stored: no history to read it from
             self.search.skip(step.sha)
@@ -201,3 +207,61 @@ class FlakyPolicy:
             "confidence": round(confidence, 6), "best_guess": best,
             "posterior": {sha: round(posterior[sha], 6) for sha in ranked[:10]},
             "evidence": self.search.evidence()}
+
+
+class CalibratePolicy:
+    """Runs both ends `runs` times afresh and tallies how often each fails, and with what signature."""
+
+    rerun = True
+    confirmed = False
+    verify_endpoints = True
+
+    def __init__(self, good: str, bad: str, runs: int):
+        self.good, self.bad, self.runs = good, bad, runs
+        self.rounds = 0
+        self.tally = {sha: {"sha": sha, "runs": 0, "bad": 0, "skip": 0, "signatures": {}} for sha in (good, bad)}
+
+    def batches(self) -> Generator[Batch, list[Step], None]:
+        while self.rounds < self.runs:
+            self.rounds += 1
+            yield Batch(self.rounds, ((self.bad, "bad end"), (self.good, "good end")))
+
+    def observe(self, step: Step) -> None:
+        seen = self.tally[step.sha]
+        seen["runs"] += 1
+        if step.verdict in ("bad", "skip"):
+            seen[step.verdict] += 1
+        if step.verdict == "bad":
+            signature = step.details.get("signature") or step.reason
+            seen["signatures"][signature] = seen["signatures"].get(signature, 0) + 1
+
+    def wants(self, sha: str) -> bool:
+        return True
+
+    def progress(self) -> tuple[int, int]:
+        return 2, 2 * (self.runs - self.rounds)
+
+    def answer(self) -> tuple[Answer, dict]:
+        return Answer(None, ()), calibration(self.tally[self.good], self.tally[self.bad])
+
+
+def calibration(good: dict, bad: dict) -> dict:
+    """Reproduction rate at the bad end, false alarms at the good end, and the settings they call for."""
+    judged = bad["runs"] - bad["skip"]
+    rate = bad["bad"] / judged if judged else 0.0
+    signature = max(bad["signatures"], key=bad["signatures"].get) if bad["signatures"] else None
+    if not judged:
+        advice = "the bad end never ran to a verdict (every run skipped): fix the scenario or its options first"
+    elif good["bad"]:
+        advice = (f"the good end failed {good['bad']} of {good['runs']} runs: pick an older good end, or narrow "
+                  f"the failures counted with --signature REGEX")
+    elif rate == 0:
+        advice = f"the bad end never failed in {judged} runs: it does not reproduce here; check the options"
+    elif rate == 1:
+        advice = "reproduces on every run: plain bisection (no --repeat, no --flaky)"
+    else:
+        repeat = math.ceil(math.log(0.05) / math.log(1 - rate))
+        advice = (f"reproduces {rate:.0%} of runs: --flaky --fault-rate {rate:.2f}, or --repeat {repeat} "
+                  f"(a clean commit then passes {repeat} runs; a faulty one escapes with p <= 0.05)")
+    return {"good": good, "bad": bad, "reproduction_rate": round(rate, 4), "signature": signature,
+            "recommendation": advice}

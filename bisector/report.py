@@ -34,14 +34,25 @@ def _culprit_label(result: dict) -> str:
 def _search_notes(result: dict) -> list[str]:
     """How the search went beyond plain bisection: fix-seeded candidates, flaky confidence and evidence."""
     notes = []
+    prefilter = result.get("prefilter")
+    if prefilter:
+        found = f"culprit {prefilter['culprit'][:12]}" if prefilter.get("culprit") else \
+            f"no culprit ({prefilter.get('error') or 'inconclusive'})"
+        notes.append(f"prefilter {prefilter['scenario'].split('/')[0]}: {found}"
+                     + (f" in {prefilter['executions']} execution(s)" if "executions" in prefilter else ""))
     seeded = result.get("seeded")
     if seeded:
-        source = f"fix {seeded['fix'][:12]}" if seeded.get("fix") else f"culprit {seeded['culprit'][:12]}"
+        kind = next(k for k in ("fix", "culprit", "prefilter") if seeded.get(k))
+        source = f"{kind} {seeded[kind][:12]}"
         pair = seeded.get("pair")
         how = ("confirmed against its parent" if seeded["confirmed"] else "not confirmed; bisected on") \
             if pair else "none testable; bisected"
         notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
                      + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+    signature = result.get("signature") or {}
+    if signature.get("mode", "any") != "any":
+        hunted = signature.get("signature") or signature.get("pattern") or "none seen"
+        notes.append(f"signature ({signature['mode']}): {hunted}; other failures are skips")
     if "confidence" in result:
         notes.append(f"flaky search: confidence {result['confidence']:.3f} that "
                      f"{result['best_guess'][:12]} is the {_culprit_label(result)}")

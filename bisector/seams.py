@@ -25,6 +25,7 @@ class Scenario(Protocol):
     description: ClassVar[str]
     needs_build: ClassVar[bool]  # False: the checkout runs as it is (no build step)
     option_defaults: ClassVar[Mapping[str, str]]
+    default_signature: ClassVar[str]  # --signature when not given: any | auto | a regex
 
     @property
     def gpus_per_run(self) -> int: ...

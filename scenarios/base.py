@@ -49,6 +49,7 @@ class BaseScenario(ABC):
     description: ClassVar[str] = ""
     needs_build: ClassVar[bool] = True
     option_defaults: ClassVar[dict[str, str]] = {}
+    default_signature: ClassVar[str] = "any"  # --signature when not given: any | auto | a regex
 
     def __init__(self, options: Mapping[str, str] | None = None):
         options = dict(options or {})

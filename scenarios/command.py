@@ -7,6 +7,7 @@ import shutil
 
 from bisector.errors import ScenarioAbort, ScenarioError
 from bisector.process import run_process
+from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
 SKIP_EXIT = 125
@@ -50,17 +51,18 @@ class CommandScenario(BaseScenario):
             return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
         code = result.returncode
         faults = fault_lines(result.output)
+        failed = {"signature": failure_signature(result.output, code)}
         if result.signal_name:
             reason = f"killed by {result.signal_name}"
-            return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log)
+            return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)
         if code == 0:
             return Outcome(Verdict.GOOD, "exit 0", log)
         if code == SKIP_EXIT:
             return Outcome(Verdict.SKIP, "exit 125 (skip)", log)
         if code < 128:
-            return Outcome(Verdict.BAD, f"exit {code}" + (f": {faults[0]}" if faults else ""), log)
+            return Outcome(Verdict.BAD, f"exit {code}" + (f": {faults[0]}" if faults else ""), log, failed)
         if faults:
-            return Outcome(Verdict.BAD, f"exit {code}: {faults[0]}", log)
+            return Outcome(Verdict.BAD, f"exit {code}: {faults[0]}", log, failed)
         raise ScenarioAbort(f"command exited {code} (>= 128, not a signal): aborting as git bisect run "
                             f"does; see {log}")
 

@@ -30,6 +30,7 @@ class DpaFp8KvScenario(BaseScenario):
     description = ("tiny DeepSeek-V3 on AITER MLA with FP8 KV cache and full decode graphs; "
                    "GPU memory fault or SIGABRT is bad")
     option_defaults = OPTION_DEFAULTS
+    default_signature = "auto"  # a long bisection meets other crashes: blame only the bad end's fault
     system_root = Path("/")  # where /dev/kfd and /sys are looked up; tests point it at a fake tree
 
     def __init__(self, options=None):
