@@ -3,7 +3,6 @@ import importlib.util
 import json
 
 import pytest
-from conftest import bisector
 
 from scenarios.aiter_mla_probe.demo import make_demo_repo
 
@@ -25,9 +24,9 @@ def executions(tmp_path) -> int:
 
 
 @pytest.mark.parametrize("bad_from, agrees", [(25, True), (28, False)])
-def test_prefilter_localizes_and_the_expensive_tier_confirms(tmp_path, bad_from, agrees):
+def test_prefilter_localizes_and_the_expensive_tier_confirms(tmp_path, bad_from, agrees, cli):
     good, bad, planted = make_demo_repo(tmp_path / "repo", commits=40, culprit_index=25)
-    out = bisector("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
+    out = cli("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
                    "--prefilter", "aiter-mla-probe", "--state-dir", str(tmp_path / "state"),
                    "--json", str(tmp_path / "result.json"), "--", expensive(tmp_path, bad_from))
     assert out.returncode == 0, out.stderr
@@ -45,17 +44,17 @@ def test_prefilter_localizes_and_the_expensive_tier_confirms(tmp_path, bad_from,
         assert executions(tmp_path) == result["executions"] > 2
     assert f"prefilter aiter-mla-probe: culprit {planted[:12]}" in out.stdout
 
-    again = bisector("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
+    again = cli("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
                      "--prefilter", "aiter-mla-probe", "--state-dir", str(tmp_path / "state"), "--",
                      expensive(tmp_path, bad_from))
     assert again.returncode == 0 and executions(tmp_path) == result["executions"]  # both tiers cached
 
 
-def test_prefilter_usage_errors(tmp_path):
+def test_prefilter_usage_errors(tmp_path, cli):
     good, bad, _ = make_demo_repo(tmp_path / "repo", commits=5, culprit_index=2)
     for extra, message in ((["--prefilter", "nope", "--", "true"], "unknown scenario 'nope'"),
                            (["--prefilter-option", "heads=16", "--", "true"], "--prefilter-option needs"),
                            (["--prefilter", "aiter-mla-probe", "--fix", bad, "--", "true"], "without --fix")):
-        out = bisector("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
+        out = cli("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
                        "--state-dir", str(tmp_path / "state"), *extra)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr

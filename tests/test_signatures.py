@@ -4,7 +4,6 @@ import json
 import textwrap
 
 import pytest
-from conftest import bisector
 
 from bisector.signatures import SignatureRule, failure_signature
 
@@ -66,15 +65,15 @@ def crash_history(make_repo, tmp_path):
     return repo, shas, judge
 
 
-def test_another_crash_is_never_blamed_with_signature_auto(crash_history, tmp_path):
+def test_another_crash_is_never_blamed_with_signature_auto(crash_history, tmp_path, cli):
     repo, shas, judge = crash_history
     common = ("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
               str(tmp_path / "state"))
-    anything = bisector(*common, "--json", str(tmp_path / "any.json"), "--", "python3", str(judge))
+    anything = cli(*common, "--json", str(tmp_path / "any.json"), "--", "python3", str(judge))
     assert anything.returncode == 0, anything.stderr
     assert json.loads((tmp_path / "any.json").read_text())["first_bad"]["sha"] == shas[10]  # the ImportError
 
-    auto = bisector(*common, "--signature", "auto", "--json", str(tmp_path / "auto.json"), "--",
+    auto = cli(*common, "--signature", "auto", "--json", str(tmp_path / "auto.json"), "--",
                     "python3", str(judge))
     result = json.loads((tmp_path / "auto.json").read_text())
     assert result["signature"] == {"mode": "auto", "pattern": None,
@@ -90,18 +89,18 @@ def test_another_crash_is_never_blamed_with_signature_auto(crash_history, tmp_pa
     assert "signature (auto): GPU memory access fault during CUDA-graph capture" in auto.stdout
 
     # A regex names the hunted fault directly: the ImportErrors are skips there too (inconclusive).
-    assert bisector(*common, "--signature", "GPU memory", "--no-verify-endpoints", "--", "python3",
+    assert cli(*common, "--signature", "GPU memory", "--no-verify-endpoints", "--", "python3",
                     str(judge)).returncode == 1
 
 
-def test_calibrate_measures_both_ends(crash_history, tmp_path):
+def test_calibrate_measures_both_ends(crash_history, tmp_path, cli):
     repo, shas, judge = crash_history
     flaky = tmp_path / "flaky.sh"  # the bad end faults on every other run; the good end never fails
     flaky.write_text(f"#!/bin/sh\ngrep -q fault state || exit 0\n"
                      f"n=$(cat {tmp_path}/count 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {tmp_path}/count\n"
                      f"[ $((n % 2)) -eq 0 ] && exit 0\nexec python3 {judge}\n")
     flaky.chmod(0o755)
-    out = bisector("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
+    out = cli("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
                    "--bad", shas[-1], "--runs", "4", "--state-dir", str(tmp_path / "state"),
                    "--json", str(tmp_path / "cal.json"), "--", str(flaky))
     assert out.returncode == 0, out.stderr
@@ -112,10 +111,10 @@ def test_calibrate_measures_both_ends(crash_history, tmp_path):
     assert "--repeat 5" in result["recommendation"] and "--fault-rate 0.50" in result["recommendation"]
     assert "reproduction rate: 50%" in out.stdout
 
-    steady = bisector("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
+    steady = cli("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
                       "--bad", shas[-1], "--runs", "2", "--state-dir", str(tmp_path / "state"), "--",
                       "python3", str(judge))
     assert "reproduces on every run: plain bisection" in steady.stdout, steady.stderr
-    missing = bisector("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
+    missing = cli("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
                        "--bad", shas[-1])
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
