@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
 import tempfile
 import sys
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from bisector import __version__, doctor, report
 from bisector.builds import STRATEGIES, BuildSettings, NoBuild
@@ -27,7 +30,7 @@ from bisector.store import Store
 from scenarios import available, create
 from scenarios.command import CommandScenario
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)  # one event, one line: never wrapped
 
 
 class BisectorGroup(click.Group):
@@ -91,32 +94,67 @@ def build_settings(build: str, python: str, rocm_arch: str | None, wheels: str |
 
 
 class ProgressHandler(Handler):
-    """One line per step on stderr: step n of about m, commits left, commit, elapsed, ETA."""
+    """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
+    log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
 
     def __init__(self):
-        self.start = time.monotonic()
         self.count = 0
+        self.start = time.monotonic()
+        self.logs: Path | None = None
+        self.running: dict[str, float] = {}  # sha -> when it started
+        self.shown: dict[str, str] = {}      # sha -> the last progress line printed for it
+        self.period = float(os.environ.get("BISECTOR_PROGRESS_SECONDS") or 30)
 
     def waiting(self, holder: str) -> None:
-        console.print(f"waiting for another bisector run on this repository ({holder}) …")
+        console.print(f"waiting for another bisector run on this repository ({escape(holder)}) …")
 
-    def started(self, run_id: int, total: int, resumed_from: int | None) -> None:
+    def started(self, run_id: int, total: int, resumed_from: int | None, logs: Path) -> None:
+        self.start = time.monotonic()  # the ETA counts from here, not from the wait for the lock
+        self.logs = logs
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")
+        if self.count == 0 and not self.running:  # one heartbeat for the whole command (--prefilter runs twice)
+            threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
     def testing(self, sha: str, role: str) -> None:
+        self.running[sha] = time.monotonic()
         console.print(f"  testing {sha[:12]} ({role}) …", style="dim")
 
     def tested(self, step: Step, left: int, steps_left: int) -> None:
+        self.running.pop(step.sha, None)
         self.count += 1
         elapsed = time.monotonic() - self.start
         eta = elapsed / self.count * steps_left
         colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
         cached = " cached" if step.cached else ""
-        build = f" [build {step.build}]" if step.build else ""
-        console.print(f"step {self.count} of ~{self.count + steps_left}: {step.sha[:12]} "
-                      f"[{colour}]{step.verdict}[/{colour}]{cached} ({step.reason}){build} | {left} left | "
+        build = f" [build {escape(step.build)}]" if step.build else ""
+        console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
+                      f"({escape(step.reason)}){build} | {left} commits left, ~{steps_left} steps to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
+        if step.log_path:
+            console.print(f"  log: {escape(step.log_path)}", markup=True)
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(self.period)
+            for sha, since in list(self.running.items()):
+                line = self._progress(sha)
+                if line and line != self.shown.get(sha):
+                    self.shown[sha] = line
+                    console.print(f"  … {sha[:12]} {time.monotonic() - since:.0f}s {escape(line)}", markup=True)
+
+    def _progress(self, sha: str) -> str | None:
+        """The step's phase (build command or scenario) and the last line its newest log holds."""
+        logs = sorted(self.logs.glob(f"*{sha[:12]}*.log"), key=lambda p: p.stat().st_mtime) \
+            if self.logs and self.logs.is_dir() else []
+        if not logs:
+            return None
+        newest = logs[-1]
+        phase = "build " + newest.stem.rsplit("-", 1)[-1] if newest.name.startswith("build-") else "scenario"
+        with open(newest, "rb") as handle:
+            handle.seek(max(0, newest.stat().st_size - 4096))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+        return f"{phase}: {lines[-1][:200]}" if lines else f"{phase}: (no output yet)"
 
 
 @click.group(cls=BisectorGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -228,7 +266,8 @@ class BackportProgress:
 
     def checked(self, entry: dict) -> None:
         colour = "green" if entry["verdict"] in SETTLED else "red"
-        console.print(f"{entry['branch']}: [{colour}]{entry['verdict']}[/{colour}] ({entry['reason']})")
+        console.print(f"{escape(entry['branch'])}: [{colour}]{entry['verdict']}[/{colour}] "
+                      f"({escape(entry['reason'])})")
 
 
 @main.command()

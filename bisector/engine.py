@@ -399,7 +399,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         try:
             executor.start(pool, state_dir / "logs")
             with store.recording("bisect", run_key(cfg, ends.old, ends.new, judge.key), params) as run:
-                handler.started(run.id, len(asked.commits), run.resumed_from)
+                handler.started(run.id, len(asked.commits), run.resumed_from, state_dir / "logs")
                 ctx = RunContext(store, judge, executor, run.id, handler)
                 policy = _policy(cfg, asked, seeds, ctx, builder.cost)
                 rounds = ctx.drive(policy)

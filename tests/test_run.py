@@ -39,7 +39,7 @@ def test_two_hundred_commits_within_log2_plus_two(make_repo, tmp_path, state_is_
     assert {s["verdict"] for s in result["steps"]} == {"good", "bad"}
     assert all(s["cached"] is False for s in result["steps"])
     assert f"`{shas[137]}`" in (tmp_path / "r.md").read_text()
-    assert "step 3 of ~" in proc.stderr and "left" in proc.stderr and "ETA" in proc.stderr
+    assert "step 3: " in proc.stderr and "steps to go" in proc.stderr and "ETA" in proc.stderr
     assert repo.snapshot() == before
     assert not list((repo.path / ".git" / "bisector" / "worktrees").iterdir())
 
