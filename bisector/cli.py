@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import tempfile
 import sys
@@ -278,23 +279,30 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
 
 @main.command()
 @click.option("--dir", "directory", type=click.Path(path_type=Path),
-              help="Where to create the demo repository (default: a new temp dir, kept).")
+              help="Where to create the demo repository, kept (default: a temp dir, removed at the end).")
+@click.option("--keep", is_flag=True, help="Keep the default temp dir.")
 @click.option("--commits", type=click.IntRange(min=3), default=40, show_default=True)
 @click.option("--culprit", type=click.IntRange(min=1), default=25, show_default=True,
               help="Index of the commit that introduces the q_dtype bug.")
 @python_option("Python environment the probe runs in (needs torch).")
-def demo(directory, commits, culprit, python):
+def demo(directory, commits, culprit, python, keep):
     """Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."""
     from scenarios.aiter_mla_probe.demo import make_demo_repo
 
     if culprit >= commits:
         fail(f"--culprit must be below --commits ({commits})")
-    directory = directory or Path(tempfile.mkdtemp(prefix="bisector-demo-")) / "vllm-demo"
-    if directory.exists():
+    scratch = None
+    if directory is None:
+        scratch = Path(tempfile.mkdtemp(prefix="bisector-demo-"))
+        if not keep:  # removed however the command ends
+            click.get_current_context().call_on_close(lambda: shutil.rmtree(scratch, ignore_errors=True))
+        directory = scratch / "vllm-demo"
+    elif directory.exists():
         fail(f"{directory} already exists; pick a new --dir")
     good, bad, planted = make_demo_repo(directory, commits, culprit)
+    kept = "kept" if keep or scratch is None else "removed at the end; --keep keeps it"
     console.print(f"demo repository: {directory} ({commits} commits, q_dtype bug planted at "
-                  f"{planted[:12]})")
+                  f"{planted[:12]}; {kept})")
     console.print(f"running: bisector run --repo {directory} --good {good[:12]} --bad {bad[:12]} "
                   f"--scenario aiter-mla-probe")
     cfg = RunConfig(repo=directory, good=good, bad=bad, scenario=create("aiter-mla-probe"),
