@@ -45,6 +45,22 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
                                 help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
 
+pr_url_template_option = click.option(
+    "--pr-url-template", metavar="URL",
+    help="Link PR numbers in Markdown: a URL with {pr} (default: origin's pull URL when it is GitHub).")
+
+
+def pr_links(repo: str, template: str | None) -> str | None:
+    """--pr-url-template as given (it must hold {pr}), else origin's GitHub pull URL, else None."""
+    if template is not None:
+        if "{pr}" not in template:
+            fail(f"--pr-url-template needs {{pr}} where the PR number goes, got {template!r}")
+        return template
+    try:
+        return report.github_pull_url_template(GitRepo(Path(repo)).origin_url())
+    except GitError:
+        return None
+
 
 def python_option(purpose: str):
     """--python: the interpreter (environment) scenarios run in, default this one."""
@@ -132,6 +148,7 @@ def _sigterm(signum, frame):
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
+@pr_url_template_option
 @click.option("--no-verify-endpoints", is_flag=True, help="Trust --good/--bad without testing them.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Commits tested per round.")
@@ -161,7 +178,7 @@ def _sigterm(signum, frame):
 @click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
+        json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
         fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
@@ -172,6 +189,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
             else CommandScenario(list(command))
     except ScenarioError as exc:
         fail(str(exc))
+    pr_url_template = pr_links(repo, pr_url_template)
     builder = build_settings(build, python, rocm_arch, wheels, cache_size)
     try:
         slots, step_executor = executor.placement(executor_kind, jobs, gpus, gpus_per_run, scenario.gpus_per_run,
@@ -210,7 +228,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     if json_file:
         json_file.write_text(report.bisect_json(result))
     if markdown_file:
-        markdown_file.write_text(report.bisect_markdown(result))
+        markdown_file.write_text(report.bisect_markdown(result, pr_url_template))
     click.echo(report.bisect_text(result))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
 
@@ -374,10 +392,12 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 @state_dir_option
 @click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
-def report_command(run_id, repo, state_dir, fmt, output):
+@pr_url_template_option
+def report_command(run_id, repo, state_dir, fmt, output, pr_url_template):
     """Regenerate a run's report from the stored record (bisection or backport)."""
     if run_id != "latest" and not run_id.isdigit():
         fail(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    pr_url_template = pr_links(repo, pr_url_template)
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
         fail(f"not a git repository: {repo} (give --repo or --state-dir)")
@@ -389,7 +409,7 @@ def report_command(run_id, repo, state_dir, fmt, output):
         row = store.run(run_id)
         if row is None:
             fail(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
-        text = report.render(row, fmt)
+        text = report.render(row, fmt, pr_url_template)
     except report.ReportError as exc:
         fail(str(exc))
     finally:

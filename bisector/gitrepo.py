@@ -262,6 +262,9 @@ class GitRepo:
                 env[variable] = default
         return env
 
+    def origin_url(self) -> str | None:
+        return self._config("remote.origin.url")
+
     def _config(self, key: str) -> str | None:
         try:
             return self.git.config("--get", key)
