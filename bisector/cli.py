@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import tempfile
@@ -60,6 +61,22 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 
 state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
                                 help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+
+pr_url_template_option = click.option(
+    "--pr-url-template", metavar="URL",
+    help="Link PR numbers in Markdown: a URL with {pr} (default: origin's pull URL when it is GitHub).")
+
+
+def pr_links(repo: str, template: str | None) -> str | None:
+    """--pr-url-template as given (it must hold {pr}), else origin's GitHub pull URL, else None."""
+    if template is not None:
+        if "{pr}" not in template:
+            raise UsageError(f"--pr-url-template needs {{pr}} where the PR number goes, got {template!r}")
+        return template
+    try:
+        return report.github_pull_url_template(GitRepo(Path(repo)).origin_url())
+    except GitError:
+        return None
 
 
 def python_option(purpose: str):
@@ -183,6 +200,7 @@ def _sigterm(signum, frame):
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
+@pr_url_template_option
 @click.option("--no-verify-endpoints", is_flag=True, help="Trust --good/--bad without testing them.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Commits tested per round.")
@@ -220,7 +238,7 @@ def _sigterm(signum, frame):
 @click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
+        json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
         fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature, prefilter_name,
         prefilter_options, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, command):
@@ -232,6 +250,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
         else CommandScenario(list(command))
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
+    pr_url_template = pr_links(repo, pr_url_template)
     builder = build_settings(build, python, rocm_arch, wheels, cache_size)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
@@ -253,7 +272,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     if json_file:
         json_file.write_text(report.bisect_json(result))
     if markdown_file:
-        markdown_file.write_text(report.bisect_markdown(result))
+        markdown_file.write_text(report.bisect_markdown(result, pr_url_template))
     click.echo(report.bisect_text(result))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
 
@@ -312,23 +331,30 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
 
 @main.command()
 @click.option("--dir", "directory", type=click.Path(path_type=Path),
-              help="Where to create the demo repository (default: a new temp dir, kept).")
+              help="Where to create the demo repository, kept (default: a temp dir, removed at the end).")
+@click.option("--keep", is_flag=True, help="Keep the default temp dir.")
 @click.option("--commits", type=click.IntRange(min=3), default=40, show_default=True)
 @click.option("--culprit", type=click.IntRange(min=1), default=25, show_default=True,
               help="Index of the commit that introduces the q_dtype bug.")
 @python_option("Python environment the probe runs in (needs torch).")
-def demo(directory, commits, culprit, python):
+def demo(directory, commits, culprit, python, keep):
     """Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."""
     from scenarios.aiter_mla_probe.demo import make_demo_repo
 
     if culprit >= commits:
         raise UsageError(f"--culprit must be below --commits ({commits})")
-    directory = directory or Path(tempfile.mkdtemp(prefix="bisector-demo-")) / "vllm-demo"
-    if directory.exists():
+    scratch = None
+    if directory is None:
+        scratch = Path(tempfile.mkdtemp(prefix="bisector-demo-"))
+        if not keep:  # removed however the command ends
+            click.get_current_context().call_on_close(lambda: shutil.rmtree(scratch, ignore_errors=True))
+        directory = scratch / "vllm-demo"
+    elif directory.exists():
         raise UsageError(f"{directory} already exists; pick a new --dir")
     good, bad, planted = make_demo_repo(directory, commits, culprit)
+    kept = "kept" if keep or scratch is None else "removed at the end; --keep keeps it"
     console.print(f"demo repository: {directory} ({commits} commits, q_dtype bug planted at "
-                  f"{planted[:12]})")
+                  f"{planted[:12]}; {kept})")
     console.print(f"running: bisector run --repo {directory} --good {good[:12]} --bad {bad[:12]} "
                   f"--scenario aiter-mla-probe")
     cfg = RunConfig(repo=directory, good=good, bad=bad, scenario=create("aiter-mla-probe"),
@@ -426,10 +452,12 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 @state_dir_option
 @click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
-def report_command(run_id, repo, state_dir, fmt, output):
+@pr_url_template_option
+def report_command(run_id, repo, state_dir, fmt, output, pr_url_template):
     """Regenerate a run's report from the stored record (bisection or backport)."""
     if run_id != "latest" and not run_id.isdigit():
         raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    pr_url_template = pr_links(repo, pr_url_template)
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
         raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
@@ -441,7 +469,7 @@ def report_command(run_id, repo, state_dir, fmt, output):
         row = store.run(run_id)
         if row is None:
             raise UsageError(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
-        text = report.render(row, fmt)
+        text = report.render(row, fmt, pr_url_template)
     finally:
         store.close()
     if output:

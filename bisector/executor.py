@@ -57,22 +57,33 @@ def parse_gpus(text: str) -> list[int]:
     return ids
 
 
-def visible_gpus(environ: Mapping[str, str] = os.environ, kfd_nodes: Path = KFD_NODES) -> list[int]:
-    """Physical ids of the GPUs this process may use.
+def env_gpus(environ: Mapping[str, str]) -> list[int] | None:
+    """Physical ids of the GPUs the environment grants; None when no GPU variable is set.
 
-    ROCR_VISIBLE_DEVICES (as a scheduler or container sets it, and as the slots do) narrowed by
-    HIP_VISIBLE_DEVICES, which indexes within it; else HIP_VISIBLE_DEVICES; else the KFD topology's
-    GPU nodes. Steps keep to these: a slot never reaches a GPU the parent was not given.
+    One rule for slots and scenarios: unset = every GPU the machine has, set but empty = none.
+    ROCR_VISIBLE_DEVICES holds physical ids (as a scheduler, container or slot sets it);
+    HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) indexes within it, or is physical without it.
     """
-    if environ.get("ROCR_VISIBLE_DEVICES", "").strip():
-        physical = parse_gpus(environ["ROCR_VISIBLE_DEVICES"])
-        if "HIP_VISIBLE_DEVICES" in environ:
-            text = environ["HIP_VISIBLE_DEVICES"].strip()
-            return [physical[i] for i in parse_gpus(text) if i < len(physical)] if text else []
-        return physical
-    if "HIP_VISIBLE_DEVICES" in environ:
-        text = environ["HIP_VISIBLE_DEVICES"].strip()
+    def ids(name: str) -> list[int]:
+        text = environ[name].strip()
         return parse_gpus(text) if text else []
+
+    physical = ids("ROCR_VISIBLE_DEVICES") if "ROCR_VISIBLE_DEVICES" in environ else None
+    selector = next((name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if name in environ), None)
+    if selector is None:
+        return physical
+    chosen = ids(selector)
+    return chosen if physical is None else [physical[i] for i in chosen if i < len(physical)]
+
+
+def visible_gpus(environ: Mapping[str, str] = os.environ, kfd_nodes: Path = KFD_NODES) -> list[int]:
+    """Physical ids of the GPUs this process may use: env_gpus, else the KFD topology's GPU nodes.
+
+    Steps keep to these: a slot never reaches a GPU the parent was not given.
+    """
+    granted = env_gpus(environ)
+    if granted is not None:
+        return granted
     count = 0
     for props in sorted(kfd_nodes.glob("*/properties")):
         for line in props.read_text(errors="replace").splitlines():

@@ -112,6 +112,13 @@ class GitRepo:
             ids[name] = meta.split()[2]
         return ids
 
+    def origin_url(self) -> str | None:
+        """The `origin` remote's URL, when there is one."""
+        try:
+            return self.git.config("--get", "remote.origin.url")
+        except git.GitCommandError:
+            return None
+
     def branches(self, pattern: str) -> list[tuple[str, str]]:
         """(name, tip sha) of local and remote-tracking branches whose short name matches the glob.
 

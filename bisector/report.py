@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shlex
 import xml.etree.ElementTree as ET
 from typing import Mapping
@@ -12,10 +13,12 @@ from bisector.results import VERDICTS
 
 FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000
+MARKDOWN_FILES = 30  # files listed for a culprit in Markdown; the rest are counted
 
 
-def render(run: Mapping, fmt: str) -> str:
-    """The single entry point: a stored run row (store.runs) rendered as fmt, by the run's kind."""
+def render(run: Mapping, fmt: str, pr_url_template: str | None = None) -> str:
+    """The single entry point: a stored run row (store.runs) rendered as fmt, by the run's kind;
+    pr_url_template links PR numbers in bisection Markdown."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (known: {', '.join(FORMATS)})")
     if run["result"] is None:
@@ -23,7 +26,15 @@ def render(run: Mapping, fmt: str) -> str:
     renderer = globals().get(f"{run['kind']}_{fmt}")
     if renderer is None:
         raise ReportError(f"no {fmt} report for {run['kind']} runs in this version")
-    return renderer(json.loads(run["result"]))
+    result = json.loads(run["result"])
+    return renderer(result, pr_url_template) if renderer is bisect_markdown else renderer(result)
+
+
+def github_pull_url_template(remote_url: str | None) -> str | None:
+    """https://github.com/OWNER/REPO/pull/{pr} for a GitHub remote URL (https or ssh), else None."""
+    match = re.fullmatch(r"(?:https://(?:[^@/]+@)?|ssh://git@|git@)github\.com[:/]([\w.-]+)/([\w.-]+?)(?:\.git)?/?",
+                         (remote_url or "").strip())
+    return f"https://github.com/{match[1]}/{match[2]}/pull/{{pr}}" if match else None
 
 
 
@@ -95,15 +106,20 @@ def bisect_text(result: dict) -> str:
     return "\n".join(lines)
 
 
-def bisect_markdown(result: dict) -> str:
+def bisect_markdown(result: dict, pr_url_template: str | None = None) -> str:
+    """pr_url_template: a URL with {pr} where the PR number goes; PR numbers are links with one."""
     culprit = result.get("culprit")
     out = ["## bisector result", ""]
     if culprit:
-        pr = f" (PR #{culprit['pr']})" if culprit.get("pr") else ""
+        pr = culprit.get("pr")
+        pr = "" if not pr else f" ([PR #{pr}]({pr_url_template.replace('{pr}', str(pr))}))" \
+            if pr_url_template else f" (PR #{pr})"
+        files = culprit["files"]
+        more = f" (+{len(files) - MARKDOWN_FILES} more)" if len(files) > MARKDOWN_FILES else ""
         out += [f"**{_culprit_label(result).capitalize()}:** `{culprit['sha']}`{pr}", "",
                 f"> {culprit['subject']}", "",
                 f"- author: {culprit['author']}", f"- date: {culprit['date']}",
-                "- files: " + ", ".join(f"`{f}`" for f in culprit["files"][:30])]
+                "- files: " + ", ".join(f"`{f}`" for f in files[:MARKDOWN_FILES]) + more]
     else:
         out += [f"**Inconclusive:** {_inconclusive(result)}", ""]
         out += [f"- `{sha}`" for sha in result["candidates"]]

@@ -5,10 +5,12 @@ A package adds a scenario without forking bisector by declaring an entry point i
 """
 from __future__ import annotations
 
+import os
 from importlib.metadata import entry_points
 from typing import Mapping
 
 from bisector.errors import ScenarioError
+from bisector.executor import GPU_VARIABLES, env_gpus
 from bisector.seams import Scenario
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.dpa_fp8_kv import DpaFp8KvScenario
@@ -30,7 +32,8 @@ def available() -> dict[str, type[Scenario]]:
 
 
 def create(name: str, options: Mapping[str, str] | None = None) -> Scenario:
-    """The scenario called name, configured with options (KEY=VALUE strings)."""
+    """The scenario called name, configured with options (KEY=VALUE strings); ScenarioError when it
+    needs GPUs and the environment grants none."""
     found = available()
     for entry in entry_points(group=ENTRY_POINT_GROUP, name=name):
         if name not in found:
@@ -41,4 +44,10 @@ def create(name: str, options: Mapping[str, str] | None = None) -> Scenario:
                                     f"{type(exc).__name__}: {exc}") from None
     if name not in found:
         raise ScenarioError(f"unknown scenario {name!r} (available: {', '.join(sorted(found)) or 'none'})")
-    return found[name](options)
+    scenario = found[name](options)
+    if scenario.gpus_per_run:
+        if env_gpus(os.environ) == []:
+            given = " ".join(f"{var}={os.environ[var]!r}" for var in GPU_VARIABLES if var in os.environ)
+            raise ScenarioError(f"scenario {name!r} needs {scenario.gpus_per_run} GPU(s) per step but {given} "
+                                f"grants none (set but empty = no GPUs; unset = all the runner gives)")
+    return scenario

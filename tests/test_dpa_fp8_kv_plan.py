@@ -137,8 +137,9 @@ def test_plan_refuses_too_few_devices():
     ({"HIP_VISIBLE_DEVICES": "2,3"}, 8, ["2", "3"]),
     ({"CUDA_VISIBLE_DEVICES": "5"}, 8, ["5"]),
     ({"ROCR_VISIBLE_DEVICES": "6,7"}, 8, ["6", "7"]),
-    ({name: "4,5" for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}, 8,
-     ["4", "5"]),
+    ({"ROCR_VISIBLE_DEVICES": "4,5,6", "HIP_VISIBLE_DEVICES": "1,2"}, 8, ["5", "6"]),  # HIP indexes within ROCR
+    ({"HIP_VISIBLE_DEVICES": ""}, 8, []),  # set but empty grants none, as for bisector's slots
+    ({"ROCR_VISIBLE_DEVICES": "6,7", "CUDA_VISIBLE_DEVICES": ""}, 8, []),
     (gpu_env([6, 7]), 8, ["6", "7"]),
     ({}, 3, ["0", "1", "2"]),
 ])

@@ -108,6 +108,27 @@ def test_visible_gpus_from_hip_variable_then_kfd_topology(tmp_path):
     # a scheduler's ROCR_VISIBLE_DEVICES holds physical ids; HIP ids index within it
     assert visible_gpus({"ROCR_VISIBLE_DEVICES": "4,5,6,7"}, tmp_path) == [4, 5, 6, 7]
     assert visible_gpus({"ROCR_VISIBLE_DEVICES": "4,5,6,7", "HIP_VISIBLE_DEVICES": "1,3"}, tmp_path) == [5, 7]
+    # one rule for every variable: set but empty grants no GPU; CUDA_ stands in for HIP_
+    assert visible_gpus({"ROCR_VISIBLE_DEVICES": ""}, tmp_path) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2"}, tmp_path) == [2]
+    assert visible_gpus({"ROCR_VISIBLE_DEVICES": "4,5", "CUDA_VISIBLE_DEVICES": "1"}, tmp_path) == [5]
+
+
+@pytest.mark.parametrize("command", [["run", "--good", "HEAD~1", "--bad", "HEAD"],
+                                     ["backport", "--fix", "HEAD", "--branches", "main"],
+                                     ["scenario", "run"]])
+def test_gpu_scenario_with_empty_hip_visible_devices_is_a_usage_error(make_repo, command):
+    repo = make_repo()
+    repo.linear(2, bad_from=1)
+    before = repo.snapshot()
+    args = [*command, "dpa-fp8-kv-graph-capture"] if command[0] == "scenario" else \
+        [*command, "--scenario", "dpa-fp8-kv-graph-capture"]
+    proc = bisector(*args, "--repo", str(repo.path), cwd=repo.path, env={"HIP_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("bisector: error: scenario 'dpa-fp8-kv-graph-capture' needs 1 GPU(s) per "
+                                   "step but HIP_VISIBLE_DEVICES='' grants none (set but empty = no GPUs; "
+                                   "unset = all the runner gives)")
+    assert repo.snapshot() == before
 
 
 def test_local_slots():

@@ -354,3 +354,16 @@ def test_demo_bisects_the_planted_q_dtype_bug_with_the_probe(tmp_path, cli):
     assert proc.returncode == 0, proc.stderr
     assert "demo: the probe named the planted commit" in proc.stdout
     assert "q dtype mismatch changes AITER tiling" in proc.stdout
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_demo_removes_its_temp_repo_unless_kept(tmp_path, keep):
+    pytest.importorskip("torch")
+    proc = bisector("demo", "--commits", "5", "--culprit", "3", *(["--keep"] if keep else []),
+                    env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    left = list(tmp_path.glob("bisector-demo-*"))
+    assert [p.name for p in left if (p / "vllm-demo" / ".git").is_dir()] == (
+        [left[0].name] if keep else [])
+    assert len(left) == (1 if keep else 0)
+    assert ("kept)" if keep else "removed at the end; --keep keeps it)") in " ".join(proc.stderr.split())

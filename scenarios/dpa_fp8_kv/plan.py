@@ -24,12 +24,12 @@ class Launch:
 
 
 def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
-    """Physical GPU ids the step may use: ROCR_VISIBLE_DEVICES (bisector's GPU slots put the physical
-    ids there), else HIP_/CUDA_VISIBLE_DEVICES, else every detected GPU."""
-    for var in ("ROCR_VISIBLE_DEVICES", *DEVICE_VARS):
-        if env.get(var):
-            return env[var].split(",")
-    return [str(i) for i in range(detected)]
+    """Physical GPU ids the step may use, by bisector's one rule (bisector.executor.env_gpus): what
+    the GPU variables grant (set but empty = none), else every detected GPU. ValueError on a bad list."""
+    from bisector.executor import env_gpus  # here, not at the top: bisector.executor imports scenarios
+
+    granted = env_gpus(env)
+    return [str(i) for i in (range(detected) if granted is None else granted)]
 
 
 def child_argv(python: str, child_script: Path, model_dir: Path, options: Options) -> list[str]:

@@ -46,7 +46,10 @@ class DpaFp8KvScenario(BaseScenario):
         if probe.problem:
             return self._unrun(ctx, f"no ROCm GPU visible on this machine ({probe.problem})")
         env = {**os.environ, **ctx.env}
-        devices = step_devices(env, len(probe.targets))
+        try:
+            devices = step_devices(env, len(probe.targets))
+        except ValueError as exc:
+            return self._unrun(ctx, str(exc))
         if len(devices) < self.gpus_per_run:
             return self._unrun(ctx, f"needs {self.gpus_per_run} GPUs (dp={self.settings.dp} x "
                                     f"tp={self.settings.tp}), this step has {len(devices)}")
