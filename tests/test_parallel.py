@@ -117,13 +117,13 @@ def test_visible_gpus_from_hip_variable_then_kfd_topology(tmp_path):
 @pytest.mark.parametrize("command", [["run", "--good", "HEAD~1", "--bad", "HEAD"],
                                      ["backport", "--fix", "HEAD", "--branches", "main"],
                                      ["scenario", "run"]])
-def test_gpu_scenario_with_empty_hip_visible_devices_is_a_usage_error(make_repo, command):
+def test_gpu_scenario_with_empty_hip_visible_devices_is_a_usage_error(make_repo, command, cli):
     repo = make_repo()
     repo.linear(2, bad_from=1)
     before = repo.snapshot()
     args = [*command, "dpa-fp8-kv-graph-capture"] if command[0] == "scenario" else \
         [*command, "--scenario", "dpa-fp8-kv-graph-capture"]
-    proc = bisector(*args, "--repo", str(repo.path), cwd=repo.path, env={"HIP_VISIBLE_DEVICES": ""})
+    proc = cli(*args, "--repo", str(repo.path), cwd=repo.path, env={"HIP_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == ("bisector: error: scenario 'dpa-fp8-kv-graph-capture' needs 1 GPU(s) per "
                                    "step but HIP_VISIBLE_DEVICES='' grants none (set but empty = no GPUs; "

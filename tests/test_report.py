@@ -199,7 +199,7 @@ def test_github_pull_url_template(url, template):
     assert github_pull_url_template(url) == template
 
 
-def test_markdown_links_the_pr_to_origin_and_counts_files_past_the_list(make_repo, tmp_path):
+def test_markdown_links_the_pr_to_origin_and_counts_files_past_the_list(make_repo, tmp_path, cli):
     repo = make_repo()
     good = repo.commit("start", {"state": "good\n"})
     files = {f"src/f{i:02}.py": "x\n" for i in range(33)}
@@ -207,19 +207,19 @@ def test_markdown_links_the_pr_to_origin_and_counts_files_past_the_list(make_rep
     subprocess.run(["git", "-C", str(repo.path), "remote", "add", "origin",
                     "git@github.com:vllm-project/vllm.git"], check=True)
     state = tmp_path / "state"
-    proc = bisector("run", "--repo", str(repo.path), "--good", good, "--bad", bad, "--state-dir", str(state),
+    proc = cli("run", "--repo", str(repo.path), "--good", good, "--bad", bad, "--state-dir", str(state),
                     "--markdown", str(tmp_path / "r.md"), "--", "grep", "-q", "good", "state")
     assert proc.returncode == 0, proc.stderr
     markdown = (tmp_path / "r.md").read_text()
     assert f"`{bad}` ([PR #4242](https://github.com/vllm-project/vllm/pull/4242))" in markdown
     assert markdown.count("`src/f") == 30 and "`src/f29.py` (+4 more)" in markdown  # 33 files + state
-    linked = bisector("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format",
+    linked = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format",
                       "markdown", "--pr-url-template", "https://mirror.example/pr/{pr}")
     assert "[PR #4242](https://mirror.example/pr/4242)" in linked.stdout
     subprocess.run(["git", "-C", str(repo.path), "remote", "set-url", "origin", "/srv/vllm"], check=True)
-    plain = bisector("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format", "markdown")
+    plain = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format", "markdown")
     assert f"`{bad}` (PR #4242)" in plain.stdout
-    bad_template = bisector("report", "1", "--repo", str(repo.path), "--state-dir", str(state),
+    bad_template = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state),
                             "--pr-url-template", "https://mirror.example/pr/")
     assert bad_template.returncode == 2
     assert bad_template.stderr == ("bisector: error: --pr-url-template needs {pr} where the PR number goes, "

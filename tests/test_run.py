@@ -357,9 +357,9 @@ def test_demo_bisects_the_planted_q_dtype_bug_with_the_probe(tmp_path, cli):
 
 
 @pytest.mark.parametrize("keep", [False, True])
-def test_demo_removes_its_temp_repo_unless_kept(tmp_path, keep):
+def test_demo_removes_its_temp_repo_unless_kept(tmp_path, keep, cli):
     pytest.importorskip("torch")
-    proc = bisector("demo", "--commits", "5", "--culprit", "3", *(["--keep"] if keep else []),
+    proc = cli("demo", "--commits", "5", "--culprit", "3", *(["--keep"] if keep else []),
                     env={"TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     left = list(tmp_path.glob("bisector-demo-*"))
