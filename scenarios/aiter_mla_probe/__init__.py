@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from scenarios.aiter_mla_probe.child import RESULT_PREFIX
-from scenarios.aiter_mla_probe.contract import ProbeConfig
+from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
 from scenarios.base import Outcome, Scenario, StepContext, Verdict, run_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +38,11 @@ class AiterMLAProbe(Scenario):
         env = {**ctx.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), inherited]))}
         timeout = ctx.timeout or DEFAULT_TIMEOUT
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env)
+            result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log)
         if result.timed_out:
-            return Outcome(Verdict.SKIP, f"probe timed out after {timeout:g}s", log)
+            return Outcome(Verdict.SKIP, f"timed out after {timeout:g}s", log, {"timed_out": True})
         reported = [line for line in result.output.splitlines() if line.startswith(RESULT_PREFIX)]
         if not reported:
             last = result.output.strip().splitlines()[-1:] or ["no output"]
