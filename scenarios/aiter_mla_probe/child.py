@@ -1,6 +1,6 @@
 """The probe proper, run in a fresh interpreter per commit:
 
-    python -m scenarios.aiter_mla_probe.child CHECKOUT CONFIG_JSON
+    python -m scenarios.aiter_mla_probe.child CHECKOUT CONFIG_JSON AITER_JSON
 
 Prints diagnostics, then one line `PROBE-RESULT {"verdict": ..., "reason": ..., "details": {...}}`.
 It fails closed: a verdict needs real torch dtypes at the sizing call, no placeholder on the way there,
@@ -9,6 +9,8 @@ the checkout's own decision about the decode query dtype, and every module on th
 from __future__ import annotations
 
 import ast
+import builtins
+import dis
 import importlib
 import inspect
 import json
@@ -36,7 +38,15 @@ class Unjudgeable(Exception):
     """The probe lacks the evidence for a verdict: skip, with this reason."""
 
 
-def probe(checkout: Path, config: ProbeConfig) -> dict:
+def aiter_label(aiter: dict) -> str:
+    """"AITER v0.1.13 (1a2b3c4d5e)", or the rule's name when no AITER source is used."""
+    if not aiter.get("path"):
+        return "hand-written AITER tile rule"
+    commit = (aiter.get("commit") or "")[:10]
+    return f"AITER {aiter['version']} ({commit})" if aiter.get("version") != aiter.get("commit") else f"AITER {commit}"
+
+
+def probe(checkout: Path, config: ProbeConfig, aiter: dict | None = None) -> dict:
     """Judge the checkout: a dict with verdict, reason and details."""
     target = checkout / TARGET_FILE
     if not target.is_file():
@@ -50,7 +60,7 @@ def probe(checkout: Path, config: ProbeConfig) -> dict:
         return _result("skip", f"torch not installed in {sys.executable}; pip install 'bisector[probe]'")
     details: dict = {}
     try:
-        return Probe(checkout, config, details).run()
+        return Probe(checkout, config, details, aiter or {"path": None}).run()
     except Unjudgeable as exc:
         return _result("skip", str(exc), details)
 
@@ -58,14 +68,15 @@ def probe(checkout: Path, config: ProbeConfig) -> dict:
 class Probe:
     """One checkout, one configuration: loads the code, builds the metadata builder, judges."""
 
-    def __init__(self, checkout: Path, config: ProbeConfig, details: dict):
+    def __init__(self, checkout: Path, config: ProbeConfig, details: dict, aiter: dict):
         from scenarios.aiter_mla_probe import environment as env
         from scenarios.aiter_mla_probe.loader import PLACEHOLDERS
         self.env, self.placeholders = env, PLACEHOLDERS
-        self.checkout, self.config, self.details = checkout, config, details
+        self.checkout, self.config, self.details, self.aiter = checkout, config, details, aiter
         self.calls: list[dict] = []
         self.sizing = env.rule_sizing(config)
-        details["aiter"] = {"source": "hand-written tile rule (no AITER source)"}
+        details["aiter"] = aiter if aiter.get("path") else {**aiter, "source": "hand-written tile rule"}
+        self.label = aiter_label(aiter)
 
     def run(self) -> dict:
         from scenarios.aiter_mla_probe.loader import SourceImporter, available_top_levels
@@ -73,11 +84,19 @@ class Probe:
         env.answer_hardware_queries(config)
         vllm_config = env.vllm_config(config)
         proxy = env.PlatformProxy(lambda: env.modelled_platform(config))
-        stand_ins = {"aiter": env.aiter_stand_in(config, self._recording_sizing()),
-                     "vllm.platforms": env.platforms_stand_in(proxy),
-                     "vllm.distributed": env.distributed_stand_in(), "vllm.config": env.config_stand_in(vllm_config)}
+        recorder = self._recording_sizing()
+        stand_ins = {"vllm.platforms": env.platforms_stand_in(proxy), "vllm.distributed": env.distributed_stand_in(),
+                     "vllm.config": env.config_stand_in(vllm_config)}
+        roots = {}
+        if self.aiter.get("path"):
+            stand_ins.update(env.aiter_source_stand_ins(config, recorder))
+            roots["aiter"] = Path(self.aiter["path"])
+        else:
+            stand_ins["aiter"] = env.aiter_stand_in(config, recorder)
         self.importer = SourceImporter(self.checkout, stand_ins, available_top_levels(),
-                                       source_below=SOURCE_BELOW_STAND_INS).install()
+                                       source_below=SOURCE_BELOW_STAND_INS | set(roots), other_roots=roots).install()
+        if roots:
+            self.sizing = self._aiter_sizing(roots["aiter"])
         module = importlib.import_module(TARGET_MODULE)
         self.platform = proxy.resolve()
         details["platform"] = proxy.description
@@ -101,6 +120,52 @@ class Probe:
         chosen = next((j for j in judgements if j.verdict == "bad"), judgements[0])
         details.update(chosen.details)
         return _result(chosen.verdict, chosen.reason, details)
+
+    # --- AITER ---
+
+    def _aiter_sizing(self, root: Path):
+        """AITER's own get_mla_metadata_info_v1, loaded from its source at root."""
+        defining = [path for path in sorted((root / "aiter").rglob("*.py"))
+                    if f"def {METADATA_CALL}(" in path.read_text(errors="replace")]
+        if not defining:
+            raise Unjudgeable(f"{self.label} defines no {METADATA_CALL}")
+        name = ".".join(defining[0].relative_to(root).with_suffix("").parts)
+        function = getattr(importlib.import_module(name), METADATA_CALL, None)
+        if not inspect.isfunction(function) or function.__module__ != name:
+            failure = self.importer.failures.get(name, "not defined after loading")
+            raise Unjudgeable(f"cannot load {METADATA_CALL} from {self.label} ({name}): {failure}")
+        self.details["aiter"] = {**self.details["aiter"], "module": name}
+        self._check_aiter_path(function)
+        return function
+
+    def _check_aiter_path(self, function) -> None:
+        """Skip unless every global the sizing function (and the module functions it calls) reads is real,
+        and AITER's dtypes module and what it imports loaded."""
+        from scenarios.aiter_mla_probe.loader import is_placeholder
+        pending, seen = [function], set()
+        while pending:
+            current = pending.pop()
+            if current.__code__ in seen:
+                continue
+            seen.add(current.__code__)
+            for name in _global_names(current.__code__):
+                if name not in current.__globals__ and not hasattr(builtins, name):
+                    raise Unjudgeable(f"{METADATA_CALL} of {self.label} reads {name}, which did not load")
+                value = current.__globals__.get(name)
+                if is_placeholder(value):
+                    raise Unjudgeable(f"{METADATA_CALL} of {self.label} reads {name}={value!r}: a value the "
+                                      f"probe made up ({self._aiter_failures() or 'no module failed'})")
+                if inspect.isfunction(value) and value.__module__ == function.__module__:
+                    pending.append(value)
+        dtypes = sys.modules.get("aiter").dtypes
+        on_path = {dtypes.__name__, *_imported_modules(dtypes)}
+        failed = sorted(set(self.importer.failures) & on_path)
+        if failed:
+            raise Unjudgeable(f"{failed[0]} of {self.label} failed to load ({self.importer.failures[failed[0]]}) "
+                              f"and defines AITER's dtypes")
+
+    def _aiter_failures(self) -> str:
+        return "; ".join(f"{name}: {why}" for name, why in self.importer.failures.items() if name.startswith("aiter"))
 
     # --- the sizing call ---
 
@@ -225,12 +290,30 @@ class Probe:
 
     def _judge(self, call: dict, kernel_q):
         bound, arguments = call["bound"], call["arguments"]
-        sized = _shapes(self.sizing(*bound.args, **bound.kwargs))
+        sized = self._size(bound)
         bound.arguments["q_dtype"] = kernel_q
-        kernel = _shapes(self.sizing(*bound.args, **bound.kwargs))
+        kernel = self._size(bound)
         names = {"sized_q_dtype": self._dtype_name(arguments["q_dtype"]),
                  "kernel_q_dtype": self._dtype_name(kernel_q), "kv_dtype": self._dtype_name(arguments["kv_dtype"])}
-        return judge(self.config, arguments, names, arguments["q_dtype"] == kernel_q, sized, kernel)
+        return judge(self.config, arguments, names, arguments["q_dtype"] == kernel_q, sized, kernel, self.label)
+
+    def _size(self, bound) -> tuple:
+        """The sizing function's answer for bound arguments; skip when it leans on a made-up value."""
+        self.placeholders.start()
+        try:
+            answer = self.sizing(*bound.args, **bound.kwargs)
+        except Exception as exc:
+            raise Unjudgeable(f"{METADATA_CALL} of {self.label} raised {type(exc).__name__}: {exc}") from None
+        finally:
+            self.placeholders.stop()
+        if self.placeholders.decisions:
+            decision = self.placeholders.decisions[0]
+            raise Unjudgeable(f"{METADATA_CALL} of {self.label} branched on {decision.origin}, a value the probe "
+                              f"made up ({Path(decision.file).name}:{decision.line})")
+        shapes = _shapes(answer)
+        if not all(isinstance(size, int) and not isinstance(size, bool) for shape, _ in shapes for size in shape):
+            raise Unjudgeable(f"{METADATA_CALL} of {self.label} returned shapes that are not ints: {shapes}")
+        return shapes
 
     def _dtype_name(self, dtype) -> str:
         """"fp8" for the platform's fp8 (what AITER calls dtypes.fp8 there), else the env's short name."""
@@ -290,6 +373,29 @@ def _assignments_read(function: ast.FunctionDef, test: ast.expr) -> list[tuple[s
     return [(name, node.value) for name, node in sorted(found.items(), key=lambda item: item[1].lineno)]
 
 
+def _global_names(code) -> set[str]:
+    """Global names a code object (and the code objects nested in it) reads."""
+    names = {instruction.argval for instruction in dis.get_instructions(code)
+             if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= _global_names(constant)
+    return names
+
+
+def _imported_modules(module) -> set[str]:
+    """The modules module's source imports from (relative imports resolved)."""
+    found = set()
+    package = module.__name__.rpartition(".")[0] if not hasattr(module, "__path__") else module.__name__
+    for node in ast.walk(ast.parse(Path(module.__file__).read_bytes())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            found.add(".".join(filter(None, [base, node.module])))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
 def _eval(expression: ast.expr, filename: str, namespace: dict):
     return eval(compile(ast.Expression(expression), filename, "eval"), namespace)  # noqa: S307
 
@@ -332,9 +438,9 @@ def _result(verdict: str, reason: str, details: dict | None = None) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    checkout, config_json = argv
+    checkout, config_json, aiter_json = argv
     start = time.monotonic()
-    result = probe(Path(checkout).resolve(), ProbeConfig(**json.loads(config_json)))
+    result = probe(Path(checkout).resolve(), ProbeConfig(**json.loads(config_json)), json.loads(aiter_json))
     result["details"]["child_seconds"] = round(time.monotonic() - start, 3)
     print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
     return 0

@@ -98,7 +98,7 @@ class Judgement:
 
 
 def judge(config: ProbeConfig, call: Mapping, names: Mapping[str, str], same_dtype: bool,
-          sized: tuple, kernel: tuple) -> Judgement:
+          sized: tuple, kernel: tuple, aiter: str = "hand-written AITER tile rule") -> Judgement:
     """Compare the metadata sized for the builder's q dtype with the metadata for the q dtype the decode
     kernel gets (both as AITER's six (shape, dtype) pairs for the same call arguments)."""
     heads, qo_len = call["num_head_qo"], call["max_seqlen_qo"]
@@ -109,7 +109,7 @@ def judge(config: ProbeConfig, call: Mapping, names: Mapping[str, str], same_dty
                "kernel_tiles_per_batch": kernel_tiles,
                "sized_metadata": [list(shape) for shape, _ in sized],
                "kernel_metadata": [list(shape) for shape, _ in kernel]}
-    where = f"{heads} heads, qo_len {qo_len}, kv {kv}, {config.arch}"
+    where = f"{heads} heads, qo_len {qo_len}, kv {kv}, {config.arch}, {aiter}"
     if same_dtype:
         return Judgement("good", f"consistent: metadata sized for q {sized_q}, the decode kernel gets "
                                  f"q {kernel_q} ({where}: {_tiles(sized_tiles)})", details)

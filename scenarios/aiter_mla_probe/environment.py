@@ -3,6 +3,7 @@ configuration objects. Imported only in the child (needs torch)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 from typing import Callable
@@ -80,6 +81,41 @@ def aiter_stand_in(config: ProbeConfig, sizing: Callable) -> StandIn:
         elif module.__name__ == "aiter.dtypes":
             module.__dict__.update(vars(dtypes))
     return fill
+
+
+def aiter_source_stand_ins(config: ProbeConfig, sizing: Callable) -> dict[str, StandIn]:
+    """Around AITER's own source: the `aiter` package (its `__init__` imports every kernel, so it is not
+    run: `get_mla_metadata_info_v1` is sizing, other names come from the submodules it imports them
+    from), the hardware queries of `aiter.jit.utils.chip_info`, and `aiter.jit.core`'s JIT builder."""
+    def package(module: types.ModuleType) -> None:
+        if module.__name__ == "aiter":
+            module.get_mla_metadata_info_v1 = sizing
+
+    def chip_info(module: types.ModuleType) -> None:
+        module.get_gfx = module.get_gfx_runtime = lambda: config.arch
+        module.get_gfx_list = lambda: [config.arch]
+        module.get_cu_num = lambda: config.cu_num
+        module.get_device_name = lambda: DEVICE_NAMES[config.arch].rpartition(" ")[2]
+
+    def jit_core(module: types.ModuleType) -> None:
+        def compile_ops(*args, **kwargs):
+            def decorate(function):
+                def compiled(*call_args, **call_kwargs):  # no kernel on the CPU: a made-up, logged answer
+                    return named(Placeholder(), f"compiled AITER op {function.__name__}()")
+                compiled.__name__ = function.__name__
+                return compiled
+            return decorate
+        module.compile_ops = compile_ops
+        module.is_experimental_enabled = _aiter_experimental_enabled
+    return {"aiter": package, "aiter.jit.utils.chip_info": chip_info, "aiter.jit.core": jit_core}
+
+
+def _aiter_experimental_enabled() -> bool:
+    """AITER's own rule (aiter/jit/core.py): AITER_ENABLE_EXPERIMENTAL as a non-zero integer."""
+    try:
+        return int(os.environ.get("AITER_ENABLE_EXPERIMENTAL", "0")) != 0
+    except ValueError:
+        return False
 
 
 def rule_sizing(config: ProbeConfig) -> Callable:

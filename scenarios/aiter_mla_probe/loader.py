@@ -88,6 +88,8 @@ class _PlaceholderMeta(abc.ABCMeta):
         return cls
 
     def __iter__(cls):
+        if cls.__dict__.get("_is_placeholder"):
+            PLACEHOLDERS.note_decision(f"{cls.__module__}.{cls.__qualname__}", sys._getframe(1))
         return iter(())
 
     def __bool__(cls) -> bool:
@@ -145,10 +147,16 @@ class Placeholder(metaclass=_PlaceholderMeta):
     __hash__ = object.__hash__
 
     def __iter__(self):
+        PLACEHOLDERS.note_decision(self._origin, sys._getframe(1))
         return iter(())
 
     def __len__(self) -> int:
+        PLACEHOLDERS.note_decision(self._origin, sys._getframe(1))
         return 0
+
+    def __contains__(self, item) -> bool:
+        PLACEHOLDERS.note_decision(self._origin, sys._getframe(1))
+        return False
 
     def __enter__(self):
         return self
@@ -226,12 +234,14 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports `vllm` from a checkout's source files, stand-ins and stubs for everything else."""
 
     def __init__(self, checkout: Path, stand_ins: Mapping[str, StandIn], available: set[str],
-                 source_below: Iterable[str] = ()):
+                 source_below: Iterable[str] = (), other_roots: Mapping[str, Path] | None = None):
         """stand_ins own their submodules too, except what source_below names: a module, or a stand-in
         package whose submodules all load from the checkout. Such source modules get the stand-in's
         fill over them; a stand-in package named there takes the names it lacks from the submodule its
-        checkout `__init__.py` imports them from."""
+        checkout `__init__.py` imports them from. other_roots: more top-level packages served from source
+        (e.g. {"aiter": AITER's source root}), like `vllm` from the checkout."""
         self.checkout = Path(checkout)
+        self.roots = {"vllm": self.checkout, **{top: Path(root) for top, root in (other_roots or {}).items()}}
         self.stand_ins = dict(stand_ins)
         self.source_below = set(source_below)
         self.available = available
@@ -246,7 +256,7 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         top = fullname.partition(".")[0]
         if self._stand_in(fullname) is not None:
             return self._spec(fullname, "stand-in")
-        if top == "vllm":
+        if top in self.roots:
             return self._source_spec(fullname) or self._spec(fullname, "stub")
         if top in self.available:
             return None
@@ -260,14 +270,12 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None if fullname in self.source_below or owner in self.source_below else owner
 
     def _owner(self, fullname: str) -> str | None:
-        """The stand-in prefix fullname falls under, if any."""
-        for prefix in self.stand_ins:
-            if fullname == prefix or fullname.startswith(prefix + "."):
-                return prefix
-        return None
+        """The longest stand-in prefix fullname falls under, if any."""
+        owners = [prefix for prefix in self.stand_ins if fullname == prefix or fullname.startswith(prefix + ".")]
+        return max(owners, key=len, default=None)
 
     def _source_spec(self, fullname: str):
-        base = self.checkout.joinpath(*fullname.split("."))
+        base = self.roots[fullname.partition(".")[0]].joinpath(*fullname.split("."))
         if base.is_dir():
             init = base / "__init__.py"
             spec = self._spec(fullname, "source", str(init) if init.exists() else None)
@@ -291,7 +299,7 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def _reexports(self, package: types.ModuleType) -> Callable[[str], object]:
         """A PEP 562 `__getattr__` for a stand-in package: names its checkout `__init__.py` imports from
         a submodule come from that submodule, anything else is a placeholder class."""
-        init = self.checkout.joinpath(*package.__name__.split("."), "__init__.py")
+        init = self.roots[package.__name__.partition(".")[0]].joinpath(*package.__name__.split("."), "__init__.py")
         sources: dict[str, str] = {}
         if init.is_file():
             for node in ast.walk(ast.parse(init.read_bytes())):
@@ -303,7 +311,10 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
         def resolve(name: str):
             if name in sources:
-                value = getattr(importlib.import_module(sources[name]), name)
+                origin = importlib.import_module(sources[name])
+                value = getattr(origin, name, None)
+                if value is None:  # `from .utility import dtypes`: a submodule
+                    value = importlib.import_module(f"{sources[name]}.{name}")
                 setattr(package, name, value)
                 return value
             return _missing_attribute(package, name)
