@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
@@ -17,6 +18,7 @@ from bisector.builds import BuildResult, NoBuild
 from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse
+from bisector.pins import continuation_argv, pin_change, pins_at
 from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
                                SearchPolicy)
 from bisector.process import Cancelled
@@ -29,6 +31,9 @@ from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
 from scenarios.base import StepContext, Verdict
+
+
+DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 
 
 @dataclass
@@ -408,6 +413,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 if seeds:
                     extra["seeded"] = seeds.as_dict(policy.confirmed)
                 culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
+                if answer.first_new:
+                    extra.update(_pin_change(repo, answer.first_new, cfg))
                 run.result = {
                     "run_id": run.id,
                     "mode": "find-fix" if cfg.find_fix else "regression",
@@ -452,6 +459,22 @@ def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[Se
     testable = parent in parents or parent == asked.ends.old
     return SeedPlan(culprit, (), (culprit, parent) if testable else None,
                     {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
+
+
+def _pin_change(repo: GitRepo, culprit: str, cfg: RunConfig) -> dict:
+    """When the answer moves a pinned dependency (AITER in docker/Dockerfile.rocm_base), say so and give
+    the `bisector run` that continues inside the dependency with vLLM held at the answer."""
+    parents = repo.parents(culprit)
+    change = pin_change(repo.root, parents[0], culprit) if parents else None
+    if change is None:
+        return {}
+    pin = pins_at(repo.root, culprit).get(change["name"]) or pins_at(repo.root, parents[0])[change["name"]]
+    held = {"aiter_repo", "aiter_ref", "vllm_repo", "vllm_ref"}
+    options = {key: value for key, value in getattr(cfg.scenario, "options", {}).items()
+               if value and key not in held} if cfg.scenario.name == "aiter-mla-probe" else {}
+    dependency = getattr(cfg.scenario, "options", {}).get("aiter_repo") or pin.repo or DEFAULT_AITER_REPO
+    argv = continuation_argv(change, str(repo.root), culprit, dependency, options, cfg.find_fix)
+    return {"pin_change": change, "pin_continuation": shlex.join(argv)}
 
 
 def signature_rule(text: str) -> SignatureRule:

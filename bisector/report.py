@@ -60,6 +60,11 @@ def _search_notes(result: dict) -> list[str]:
             if pair else "none testable; bisected"
         notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
                      + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+    change = result.get("pin_change")
+    if change:
+        notes.append(f"this commit moves {change['name'].upper()} {change['from']} → {change['to']}; the behaviour "
+                     f"change may come from {change['name'].upper()}")
+        notes.append(f"  continue inside {change['name'].upper()}: {result['pin_continuation']}")
     signature = result.get("signature") or {}
     if signature.get("mode", "any") != "any":
         hunted = signature.get("signature") or signature.get("pattern") or "none seen"
@@ -283,6 +288,9 @@ def bisect_html(result: dict) -> str:
         headline = (f'<div class="card"><b>Inconclusive:</b> skipped commits leave '
                     f'{len(result["candidates"])} candidates (dashed outline): '
                     + " ".join(f"<code>{e(s[:12])}</code>" for s in result["candidates"]) + "</div>")
+    notes = _search_notes(result)
+    if notes:  # how the search went: prefilter, seeds, pin change, signature, flaky evidence
+        headline += '<div class="card notes">' + "<br>".join(e(note) for note in notes) + "</div>"
     rows, details = [], []
     for n, step in enumerate(steps, 1):
         rows.append(f'<tr class="pick" data-target="d-{step["sha"]}"><td>{n}</td>'

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from scenarios.aiter_mla_probe.contract import ProbeConfig, judge, metadata_info
 from scenarios.aiter_mla_probe.demo import make_demo_repo, write_tree
 from scenarios.aiter_mla_probe.loader import Placeholder, make_permissive
 from bisector.errors import ScenarioError
+from bisector.process import Cancelled
 from scenarios.base import StepContext, Verdict
 
 pytestmark = pytest.mark.integration
@@ -72,12 +76,24 @@ def test_metadata_info_without_fast_mode():
 
 
 def test_judge_names_dtypes_heads_and_tiles():
-    call = {"num_head_qo": 128, "max_seqlen_qo": 1, "q_dtype": "bf16", "kv_dtype": "fp8"}
-    result = judge(ProbeConfig(), call, "fp8")
+    call = {"num_head_qo": 128, "max_seqlen_qo": 1, "batch_size": 16, "is_sparse": False}
+    names = {"sized_q_dtype": "bf16", "kernel_q_dtype": "fp8", "kv_dtype": "fp8"}
+    sized = metadata_info("gfx942", 304, 16, 1, 128, "bf16", "fp8")
+    kernel = metadata_info("gfx942", 304, 16, 1, 128, "fp8", "fp8")
+    result = judge(ProbeConfig(), call, names, False, sized, kernel)
     assert result.verdict == "bad"
     for text in ("bf16", "fp8", "128 heads", "8 tiles per batch", "1 tile per batch"):
         assert text in result.reason
     assert result.details["sized_tiles_per_batch"] == 8 and result.details["kernel_tiles_per_batch"] == 1
+
+
+def test_judge_same_metadata_for_different_dtypes_is_good():
+    call = {"num_head_qo": 16, "max_seqlen_qo": 1, "batch_size": 16, "is_sparse": False}
+    names = {"sized_q_dtype": "bf16", "kernel_q_dtype": "fp8", "kv_dtype": "fp8"}
+    sized = metadata_info("gfx942", 304, 16, 1, 16, "bf16", "fp8")
+    kernel = metadata_info("gfx942", 304, 16, 1, 16, "fp8", "fp8")
+    result = judge(ProbeConfig(), call, names, False, sized, kernel)
+    assert result.verdict == "good" and result.reason.startswith("q dtype mismatch without effect")
 
 
 # --- options ---
@@ -170,7 +186,9 @@ def test_bf16_kv_cache_is_consistent(tmp_path):
 def test_impl_without_query_quantization_keeps_bf16(tmp_path):
     outcome = run_probe(demo_tree(tmp_path, "buggy", impl_quantizes_query=False), tmp_path)
     assert outcome.verdict is Verdict.GOOD and outcome.details["quant_query_input"] is False
-    assert outcome.details["quant_query_input_source"] == "AiterMLAImpl (instance attribute)"
+    assert outcome.details["quant_query_input_source"] == (
+        "vllm/model_executor/layers/attention/mla_attention.py:34: "
+        "fp8_attention and self.impl.supports_quant_query_input")
 
 
 def test_absent_code_path_is_good(tmp_path):
@@ -183,6 +201,111 @@ def test_unloadable_module_is_skipped_with_the_exception(tmp_path):
     outcome = run_probe(demo_tree(tmp_path, "unloadable"), tmp_path)
     assert outcome.verdict is Verdict.SKIP
     assert outcome.reason.startswith("cannot load vllm/v1/attention/backends/mla/rocm_aiter_mla.py: SyntaxError")
+
+
+def rewrite_target(tree: Path, old: str, new: str) -> None:
+    target = tree / "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
+    source = target.read_text()
+    assert source.count(old) == 1
+    target.write_text(source.replace(old, new))
+
+
+FIXED_LINE = "            q_dtype = dtypes.fp8\n"
+
+
+@needs_torch
+@pytest.mark.parametrize("replacement, verdict, reason", [
+    ("            q_dtype = vllm_config.model_config.no_such_attribute\n", Verdict.SKIP,
+     "get_mla_metadata_info_v1 got q_dtype=<placeholder vllm_config.model_config.no_such_attribute>"),
+    ("            if vllm_config.model_config.no_such_flag:\n                q_dtype = dtypes.fp8\n", Verdict.SKIP,
+     "the builder branched on vllm_config.model_config.no_such_flag"),
+    ("            q_dtype = \"fp8\"\n", Verdict.SKIP, "get_mla_metadata_info_v1 got q_dtype='fp8', not a torch.dtype"),
+    ("            from vllm.platforms import current_platform\n"
+     "            if current_platform.supports_fp8():\n                q_dtype = dtypes.fp8\n", Verdict.GOOD,
+     "consistent"),
+])
+def test_fix_variants_fail_closed(tmp_path, replacement, verdict, reason):
+    tree = demo_tree(tmp_path, "fixed")
+    rewrite_target(tree, FIXED_LINE, replacement)
+    outcome = run_probe(tree, tmp_path)
+    assert (outcome.verdict, outcome.reason[:len(reason)]) == (verdict, reason), outcome.reason
+
+
+@needs_torch
+def test_platform_is_the_checkouts_own(tmp_path):
+    outcome = run_probe(demo_tree(tmp_path, "fixed"), tmp_path, arch="gfx950")
+    assert outcome.details["platform"].startswith("the checkout's vllm.platforms.rocm.RocmPlatform")
+    assert outcome.details["calls"][0]["q_dtype"] == "torch.float8_e4m3fn"  # OCP fp8 on gfx950
+    outcome = run_probe(demo_tree(tmp_path / "942", "fixed"), tmp_path)
+    assert outcome.details["calls"][0]["q_dtype"] == "torch.float8_e4m3fnuz"
+
+
+@needs_torch
+def test_unloadable_platform_falls_back_to_the_stand_in(tmp_path):
+    tree = demo_tree(tmp_path, "buggy")
+    (tree / "vllm/platforms/rocm.py").write_text("raise ImportError('no amdsmi')\n")
+    outcome = run_probe(tree, tmp_path)
+    assert outcome.verdict is Verdict.BAD
+    assert outcome.details["platform"] == "hand-written stand-in (vllm/platforms/rocm.py defines no loadable " \
+                                          "RocmPlatform)"
+    assert outcome.details["modules_failed"]["vllm.platforms.rocm"] == "ImportError: no amdsmi"
+
+
+@needs_torch
+def test_query_flag_from_an_unknown_value_is_skipped(tmp_path):
+    tree = demo_tree(tmp_path, "buggy")
+    rewrite_target(tree, "        pass\n",
+                   "        self.supports_quant_query_input = mla_args['kv_b_proj'].quantized\n")
+    outcome = run_probe(tree, tmp_path)
+    assert outcome.verdict is Verdict.SKIP
+    assert "depends on kv_b_proj.quantized" in outcome.reason and "query decision" in outcome.reason
+
+
+@needs_torch
+def test_failed_module_on_the_sizing_path_is_skipped(tmp_path):
+    tree = demo_tree(tmp_path, "buggy")
+    common = tree / "vllm/model_executor/layers/attention/mla_attention.py"
+    common.write_text(common.read_text() + "\nraise RuntimeError('late failure')\n")
+    outcome = run_probe(tree, tmp_path)
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason == ("vllm.model_executor.layers.attention.mla_attention failed to load "
+                              "(RuntimeError: late failure) and lies on the sizing path")
+
+
+def test_timeout_is_a_skip_like_the_command_scenario(tmp_path):
+    python = tmp_path / "slow-python"
+    python.write_text("#!/bin/sh\nexec sleep 30\n")
+    python.chmod(0o755)
+    ctx = StepContext(checkout=demo_tree(tmp_path, "buggy"), log_path=tmp_path / "probe.log", python=str(python),
+                      timeout=0.5)
+    outcome = AiterMLAProbe().run(ctx)
+    assert (outcome.verdict, outcome.reason, outcome.details) == (Verdict.SKIP, "timed out after 0.5s",
+                                                                  {"timed_out": True})
+
+
+def test_cancel_stops_the_child(tmp_path):
+    python = tmp_path / "slow-python"
+    pid_file = tmp_path / "pid"
+    python.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 30\n")
+    python.chmod(0o755)
+    cancel = threading.Event()
+    ctx = StepContext(checkout=demo_tree(tmp_path, "buggy"), log_path=tmp_path / "probe.log", python=str(python),
+                      cancel=cancel)
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        AiterMLAProbe().run(ctx)
+    assert time.monotonic() - started < 10
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@needs_torch
+def test_child_log_has_no_runpy_warning(tmp_path):
+    outcome = run_probe(demo_tree(tmp_path, "absent"), tmp_path)
+    log = Path(outcome.log_path).read_text()
+    assert "RuntimeWarning" not in log and log.startswith("PROBE-RESULT")
 
 
 def test_missing_torch_is_skipped(tmp_path):

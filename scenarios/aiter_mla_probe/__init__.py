@@ -1,15 +1,18 @@
 """aiter-mla-probe: does the checkout's AITER MLA metadata builder size its metadata for the Q dtype the
-decode kernel gets? CPU only: the builder runs from source in a child interpreter against a stand-in AITER."""
+decode kernel gets? CPU only: the builder runs from source in a child interpreter, against the AITER source
+the checkout pins (its own `get_mla_metadata_info_v1`), or the hand-written tile rule where none is pinned."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
+from bisector.errors import ScenarioError
 from bisector.process import run_process
-from scenarios.aiter_mla_probe.child import RESULT_PREFIX
-from scenarios.aiter_mla_probe.contract import ProbeConfig
+from scenarios.aiter_mla_probe import sources
+from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -20,31 +23,47 @@ class AiterMLAProbe(BaseScenario):
     """Builds AiterMLAMetadataBuilder for one rank's configuration and checks AITER's tiling contract."""
 
     name = "aiter-mla-probe"
-    version = "1"
-    description = ("CPU: run the checkout's AiterMLAMetadataBuilder from source against a stand-in AITER; "
-                   "bad when the Q dtype it sizes metadata for changes AITER's tiling")
+    version = "2"
+    description = ("CPU: run the checkout's AiterMLAMetadataBuilder from source against the AITER it pins; "
+                   "bad when the Q dtype it sizes metadata for changes AITER's metadata")
     needs_build = False
     option_defaults = {"heads": "128", "kv_cache_dtype": "fp8", "arch": "gfx942", "cu_num": "",
-                       "max_num_seqs": "16"}
+                       "max_num_seqs": "16", "aiter_repo": "", "aiter_ref": "", "vllm_repo": "", "vllm_ref": ""}
 
     def __init__(self, options=None):
         super().__init__(options)
         self.config = ProbeConfig.from_options(self.options)
+        if bool(self.options["vllm_repo"]) != bool(self.options["vllm_ref"]):
+            raise ScenarioError("options vllm_repo and vllm_ref go together: they hold vLLM at one commit "
+                                "while the repository bisected is AITER")
+
+    def fingerprint(self) -> str:
+        """Options, plus the refs of the AITER repository named or cached: a pin that could now resolve to
+        another AITER commit gives another cache key."""
+        repos = {self.options["aiter_repo"] or sources.DEFAULT_AITER_REPO}
+        blob = json.dumps({"name": self.name, "version": self.version, "options": self.options,
+                           "aiter_refs": {repo: sources.refs_digest(repo) for repo in sorted(repos)}},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def run(self, ctx: StepContext) -> Outcome:
         log = str(ctx.log_path)
+        try:
+            vllm_tree, aiter = self._sources(Path(ctx.checkout).resolve())
+        except sources.SourceUnavailable as exc:
+            return Outcome(Verdict.SKIP, str(exc), log)
         python = ctx.python or sys.executable
-        argv = [python, "-m", "scenarios.aiter_mla_probe.child", str(Path(ctx.checkout).resolve()),
-                json.dumps(self.config.as_dict())]
+        argv = [python, "-m", "scenarios.aiter_mla_probe.child", str(vllm_tree),
+                json.dumps(self.config.as_dict()), json.dumps(aiter.as_dict())]
         inherited = ctx.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
         env = {**ctx.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), inherited]))}
         timeout = ctx.timeout or DEFAULT_TIMEOUT
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env)
+            result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log)
         if result.timed_out:
-            return Outcome(Verdict.SKIP, f"probe timed out after {timeout:g}s", log)
+            return Outcome(Verdict.SKIP, f"timed out after {timeout:g}s", log, {"timed_out": True})
         reported = [line for line in result.output.splitlines() if line.startswith(RESULT_PREFIX)]
         if not reported:
             last = result.output.strip().splitlines()[-1:] or ["no output"]
@@ -52,3 +71,11 @@ class AiterMLAProbe(BaseScenario):
         found = json.loads(reported[-1][len(RESULT_PREFIX):])
         details = {**found["details"], "seconds": round(result.seconds, 3)}
         return Outcome(Verdict(found["verdict"]), found["reason"], log, details)
+
+    def _sources(self, checkout: Path) -> tuple[Path, sources.AiterSource]:
+        """(vLLM tree, AITER): the checkout and its pinned AITER, or, with vllm_repo/vllm_ref, the held vLLM
+        commit and the checkout as AITER."""
+        if self.options["vllm_repo"]:
+            return (sources.held_vllm(self.options["vllm_repo"], self.options["vllm_ref"]),
+                    sources.checkout_aiter(checkout))
+        return checkout, sources.pinned_aiter(checkout, self.options["aiter_repo"], self.options["aiter_ref"])

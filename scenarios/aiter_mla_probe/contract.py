@@ -1,4 +1,5 @@
-"""The probe's configuration and AITER's MLA metadata tile rule (shared/README.md), in plain Python.
+"""The probe's configuration, its judgement, and AITER's MLA metadata tile rule (shared/README.md) in
+plain Python: the fallback used when no AITER source is available.
 
 Dtypes are named "fp8", "bf16" or "fp16" here; the child maps torch dtypes to these names.
 """
@@ -10,6 +11,8 @@ from typing import Mapping
 
 from bisector.errors import ScenarioError
 
+RESULT_PREFIX = "PROBE-RESULT "  # the child's last line: RESULT_PREFIX + JSON
+REDUCE_FINAL_MAP = 4  # index of reduce_final_map (tile_cnt, 2) in get_mla_metadata_info_v1's answer
 ARCH_CU_COUNTS = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bf16", "bfloat16")
 
@@ -94,25 +97,28 @@ class Judgement:
     details: dict
 
 
-def judge(config: ProbeConfig, call: Mapping, kernel_q_dtype: str) -> Judgement:
-    """Compare the metadata the builder sized (one recorded call) with what the decode kernel gets."""
+def judge(config: ProbeConfig, call: Mapping, names: Mapping[str, str], same_dtype: bool,
+          sized: tuple, kernel: tuple, aiter: str = "hand-written AITER tile rule") -> Judgement:
+    """Compare the metadata sized for the builder's q dtype with the metadata for the q dtype the decode
+    kernel gets (both as AITER's six (shape, dtype) pairs for the same call arguments)."""
     heads, qo_len = call["num_head_qo"], call["max_seqlen_qo"]
-    sized_q, kv = call["q_dtype"], call["kv_dtype"]
-    sized_tiles = qo_tiles_per_batch(config.arch, heads, qo_len, sized_q, kv)
-    kernel_tiles = qo_tiles_per_batch(config.arch, heads, qo_len, kernel_q_dtype, kv)
-    details = {"heads": heads, "qo_len": qo_len, "kv_dtype": kv, "sized_q_dtype": sized_q,
-               "kernel_q_dtype": kernel_q_dtype, "sized_tiles_per_batch": sized_tiles,
-               "kernel_tiles_per_batch": kernel_tiles}
-    where = f"{heads} heads, qo_len {qo_len}, kv {kv}, {config.arch}"
-    if sized_q == kernel_q_dtype:
+    rows = call["batch_size"] * (qo_len if call.get("is_sparse") else 1)
+    sized_tiles, kernel_tiles = (info[REDUCE_FINAL_MAP][0][0] // rows for info in (sized, kernel))
+    sized_q, kernel_q, kv = names["sized_q_dtype"], names["kernel_q_dtype"], names["kv_dtype"]
+    details = {"heads": heads, "qo_len": qo_len, **names, "sized_tiles_per_batch": sized_tiles,
+               "kernel_tiles_per_batch": kernel_tiles,
+               "sized_metadata": [list(shape) for shape, _ in sized],
+               "kernel_metadata": [list(shape) for shape, _ in kernel]}
+    where = f"{heads} heads, qo_len {qo_len}, kv {kv}, {config.arch}, {aiter}"
+    if same_dtype:
         return Judgement("good", f"consistent: metadata sized for q {sized_q}, the decode kernel gets "
-                                 f"q {kernel_q_dtype} ({where}: {_tiles(sized_tiles)})", details)
-    if sized_tiles == kernel_tiles:
+                                 f"q {kernel_q} ({where}: {_tiles(sized_tiles)})", details)
+    if sized == kernel:
         return Judgement("good", f"q dtype mismatch without effect: metadata sized for q {sized_q}, kernel "
-                                 f"gets q {kernel_q_dtype}, but AITER tiles both alike ({where}: "
+                                 f"gets q {kernel_q}, but AITER sizes both alike ({where}: "
                                  f"{_tiles(sized_tiles)})", details)
     return Judgement("bad", f"q dtype mismatch changes AITER tiling: metadata sized for q {sized_q} "
-                            f"({_tiles(sized_tiles)}), decode kernel gets q {kernel_q_dtype} "
+                            f"({_tiles(sized_tiles)}), decode kernel gets q {kernel_q} "
                             f"({_tiles(kernel_tiles)}) at {where}", details)
 
 

@@ -29,10 +29,62 @@ class MLACommonMetadataBuilder:
 
 
 class MLACommonImpl:
-    def __init__(self, num_heads, kv_cache_dtype):
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args):
         self.num_heads = num_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.supports_quant_query_input = True
+
+
+def is_quantized_kv_cache(kv_cache_dtype):
+    return kv_cache_dtype.startswith("fp8")
+
+
+class MLAAttention:
+    """The layer: decides whether the decode kernel gets an fp8 query."""
+
+    def forward_decode(self, q):
+        fp8_attention = is_quantized_kv_cache(self.kv_cache_dtype)
+        if fp8_attention and self.impl.supports_quant_query_input:
+            q = ops.quant_fp8(q, current_platform.fp8_dtype())
+        return self.impl.forward_mqa(q)
+'''
+
+PLATFORM_INTERFACE = '''\
+"""Platforms (demo tree)."""
+from typing import NamedTuple
+
+
+class DeviceCapability(NamedTuple):
+    major: int
+    minor: int
+
+
+class Platform:
+    def is_rocm(self):
+        return False
+'''
+
+PLATFORM_ROCM = '''\
+"""ROCm platform (demo tree): asks torch for the GPU's architecture."""
+import torch
+
+from .interface import DeviceCapability, Platform
+
+_GCN_ARCH = torch.cuda.get_device_properties("cuda").gcnArchName
+
+
+class RocmPlatform(Platform):
+    def is_rocm(self):
+        return True
+
+    @classmethod
+    def fp8_dtype(cls):
+        return torch.float8_e4m3fnuz if "gfx942" in _GCN_ARCH else torch.float8_e4m3fn
+
+    @classmethod
+    def get_device_capability(cls, device_id=0):
+        return DeviceCapability(*torch.cuda.get_device_capability(device_id))
 '''
 
 CUSTOM_OPS = '''\
@@ -96,8 +148,10 @@ def _copy_pages(dst, src):
 
 
 class AiterMLAImpl(MLACommonImpl):
-    def __init__(self, num_heads, kv_cache_dtype):
-        super().__init__(num_heads, kv_cache_dtype)
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args):
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
 {impl_lines}'''
 
 CONFLICT_MARKER = "<<<<<<< HEAD\n"  # an unresolved merge: the module cannot even be compiled
@@ -114,6 +168,9 @@ def write_tree(root: Path, state: str, impl_quantizes_query: bool = True) -> Non
         "vllm/model_executor/layers/__init__.py": "",
         "vllm/model_executor/layers/attention/__init__.py": "",
         "vllm/model_executor/layers/attention/mla_attention.py": MLA_COMMON,
+        "vllm/platforms/__init__.py": '"""Platform detection (demo tree): needs a GPU."""\n',
+        "vllm/platforms/interface.py": PLATFORM_INTERFACE,
+        "vllm/platforms/rocm.py": PLATFORM_ROCM,
         "vllm/triton_utils/__init__.py": "from triton import jit  # noqa: F401\nimport triton  # noqa: F401\n",
         "vllm/v1/__init__.py": "",
         "vllm/v1/attention/__init__.py": "",

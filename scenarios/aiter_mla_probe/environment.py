@@ -2,12 +2,16 @@
 configuration objects. Imported only in the child (needs torch)."""
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import types
+from typing import Callable
 
 import torch
 
 from scenarios.aiter_mla_probe.contract import ProbeConfig, metadata_info
-from scenarios.aiter_mla_probe.loader import Placeholder, StandIn, is_dunder
+from scenarios.aiter_mla_probe.loader import Placeholder, StandIn, is_dunder, named
 
 MODEL_DTYPE = torch.bfloat16
 Q_LORA_RANK, KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM, V_HEAD_DIM = 1536, 512, 64, 128, 128
@@ -30,54 +34,209 @@ def dtype_name(dtype) -> str:
     return repr(dtype)
 
 
+DEVICE_NAMES = {"gfx942": "AMD Instinct MI300X", "gfx950": "AMD Instinct MI355X"}
+CAPABILITIES = {"gfx942": (9, 4), "gfx950": (9, 5)}
+DEVICE_MEMORY = {"gfx942": 192 << 30, "gfx950": 288 << 30}
+
+
 class Section(types.SimpleNamespace):
-    """A configuration section: what the probe sets, and placeholders (feature off) for the rest."""
+    """A configuration section: what the probe sets, and named placeholders for the rest."""
+
+    def __init__(self, _path: str, **values):
+        super().__init__(**values)
+        object.__setattr__(self, "_path", _path)
 
     def __getattr__(self, name: str):
-        if is_dunder(name):
+        if is_dunder(name) or name == "_path":
             raise AttributeError(name)
-        return Placeholder()
+        return named(Placeholder(), f"{self._path}.{name}")
 
 
-def aiter_stand_in(config: ProbeConfig, calls: list[dict]) -> StandIn:
-    """The `aiter` package: dtypes, and a `get_mla_metadata_info_v1` that records calls and applies
-    the tile rule for config's arch and CU count."""
+def answer_hardware_queries(config: ProbeConfig) -> None:
+    """Make torch.cuda describe one GPU of config's arch: the only thing the probe says about hardware."""
+    major, minor = CAPABILITIES[config.arch]
+    properties = types.SimpleNamespace(
+        name=DEVICE_NAMES[config.arch], gcnArchName=f"{config.arch}:sramecc+:xnack-",
+        multi_processor_count=config.cu_num, major=major, minor=minor,
+        total_memory=DEVICE_MEMORY[config.arch], warp_size=64)
+    torch.cuda.get_device_properties = lambda device=None: properties
+    torch.cuda.get_device_name = lambda device=None: properties.name
+    torch.cuda.get_device_capability = lambda device=None: (major, minor)
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.device_count = lambda: 1
+
+
+def aiter_stand_in(config: ProbeConfig, sizing: Callable) -> StandIn:
+    """The `aiter` package: dtypes, and `get_mla_metadata_info_v1` = sizing (which records the call)."""
     fp8 = fp8_dtype(config.arch)
     dtypes = types.SimpleNamespace(fp8=fp8, bf16=torch.bfloat16, fp16=torch.float16, fp32=torch.float32,
                                    i8=torch.int8, i32=torch.int32, u8=torch.uint8)
     dtypes.d_dtypes = {"fp8": fp8, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                        "i8": torch.int8, "i32": torch.int32, "u8": torch.uint8}
-    torch_dtypes = {"uint64": torch.uint64, "int32": torch.int32}
-
-    def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
-                                 fast_mode=True, *args, **kwargs):
-        call = {"batch_size": batch_size, "max_seqlen_qo": max_seqlen_qo, "num_head_qo": num_head_qo,
-                "q_dtype": dtype_name(q_dtype), "kv_dtype": dtype_name(kv_dtype),
-                "is_sparse": is_sparse, "fast_mode": fast_mode}
-        calls.append(call)
-        rows = max_seqlen_qo if is_sparse else 1
-        info = metadata_info(config.arch, config.cu_num, batch_size * rows, max_seqlen_qo, num_head_qo,
-                             call["q_dtype"], call["kv_dtype"], fast_mode)
-        return tuple((shape, torch_dtypes[dtype]) for shape, dtype in info)
 
     def fill(module: types.ModuleType) -> None:
         if module.__name__ == "aiter":
             module.dtypes = dtypes
-            module.get_mla_metadata_info_v1 = get_mla_metadata_info_v1
+            module.get_mla_metadata_info_v1 = sizing
         elif module.__name__ == "aiter.dtypes":
             module.__dict__.update(vars(dtypes))
     return fill
 
 
-def platform_stand_in(config: ProbeConfig) -> StandIn:
-    """`vllm.platforms`: a ROCm platform on config's arch."""
-    capability = {"gfx942": (9, 4), "gfx950": (9, 5)}[config.arch]
+def aiter_source_stand_ins(config: ProbeConfig, sizing: Callable) -> dict[str, StandIn]:
+    """Around AITER's own source: the `aiter` package (its `__init__` imports every kernel, so it is not
+    run: `get_mla_metadata_info_v1` is sizing, other names come from the submodules it imports them
+    from), the hardware queries of `aiter.jit.utils.chip_info`, and `aiter.jit.core`'s JIT builder."""
+    def package(module: types.ModuleType) -> None:
+        if module.__name__ == "aiter":
+            module.get_mla_metadata_info_v1 = sizing
 
-    class RocmPlatform(Placeholder):
+    def chip_info(module: types.ModuleType) -> None:
+        module.get_gfx = module.get_gfx_runtime = lambda: config.arch
+        module.get_gfx_list = lambda: [config.arch]
+        module.get_cu_num = lambda: config.cu_num
+        module.get_device_name = lambda: DEVICE_NAMES[config.arch].rpartition(" ")[2]
+
+    def jit_core(module: types.ModuleType) -> None:
+        def compile_ops(*args, **kwargs):
+            def decorate(function):
+                def compiled(*call_args, **call_kwargs):  # no kernel on the CPU: a made-up, logged answer
+                    return named(Placeholder(), f"compiled AITER op {function.__name__}()")
+                compiled.__name__ = function.__name__
+                return compiled
+            return decorate
+        module.compile_ops = compile_ops
+        module.is_experimental_enabled = _aiter_experimental_enabled
+    return {"aiter": package, "aiter.jit.utils.chip_info": chip_info, "aiter.jit.core": jit_core}
+
+
+def _aiter_experimental_enabled() -> bool:
+    """AITER's own rule (aiter/jit/core.py): AITER_ENABLE_EXPERIMENTAL as a non-zero integer."""
+    try:
+        return int(os.environ.get("AITER_ENABLE_EXPERIMENTAL", "0")) != 0
+    except ValueError:
+        return False
+
+
+def rule_sizing(config: ProbeConfig) -> Callable:
+    """`get_mla_metadata_info_v1` as the hand-written rule (contract.metadata_info) for config's arch."""
+    torch_dtypes = {"uint64": torch.uint64, "int32": torch.int32}
+
+    def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
+                                 fast_mode=True, num_kv_splits=32, intra_batch_mode=False,
+                                 max_split_per_batch=-1):
+        rows = max_seqlen_qo if is_sparse else 1
+        info = metadata_info(config.arch, config.cu_num, batch_size * rows, max_seqlen_qo, num_head_qo,
+                             rule_dtype_name(q_dtype, config), rule_dtype_name(kv_dtype, config), fast_mode)
+        return tuple((shape, torch_dtypes[dtype]) for shape, dtype in info)
+    return get_mla_metadata_info_v1
+
+
+def rule_dtype_name(dtype: torch.dtype, config: ProbeConfig) -> str:
+    """The rule's name for dtype: "fp8" only for AITER's fp8 on config's arch (AITER compares exactly)."""
+    return "fp8" if dtype == fp8_dtype(config.arch) else dtype_name(dtype)
+
+
+class PlatformProxy:
+    """`current_platform` as modules import it: built on first use, as vLLM's own lazy
+    `vllm.platforms.current_platform` is, by build() -> (platform, description)."""
+
+    def __init__(self, build: Callable[[], tuple[object, str]]):
+        object.__setattr__(self, "build", build)
+        object.__setattr__(self, "target", None)
+        object.__setattr__(self, "description", None)
+        object.__setattr__(self, "building", False)
+
+    def resolve(self):
+        if self.target is None:
+            if self.building:
+                raise AttributeError("current_platform used while the platform was still loading")
+            object.__setattr__(self, "building", True)
+            target, description = self.build()
+            object.__setattr__(self, "target", target)
+            object.__setattr__(self, "description", description)
+        return self.target
+
+    def __getattr__(self, name: str):
+        return getattr(self.resolve(), name)
+
+
+def platforms_stand_in(proxy: PlatformProxy) -> StandIn:
+    """`vllm.platforms` (and over its source submodules): current_platform is proxy."""
+    def fill(module: types.ModuleType) -> None:
+        module.current_platform = proxy
+    return fill
+
+
+def modelled_platform(config: ProbeConfig) -> tuple[object, str]:
+    """The checkout's RocmPlatform with hardware answered, else the hand-written stand-in; and which."""
+    platform, problem = checkout_platform(config)
+    if platform is None:
+        return stand_in_platform(config), f"hand-written stand-in ({problem})"
+    return platform, "the checkout's vllm.platforms.rocm.RocmPlatform, hardware queries answered"
+
+
+def checkout_platform(config: ProbeConfig):
+    """The checkout's own RocmPlatform (vllm/platforms/rocm.py) with the hardware queries answered for
+    config: (platform, None), or (None, why it could not be used)."""
+    try:
+        rocm = importlib.import_module("vllm.platforms.rocm")
+    except Exception as exc:  # noqa: BLE001 - the checkout's code, any failure
+        return None, f"vllm.platforms.rocm: {type(exc).__name__}: {exc}"
+    rocm_cls = getattr(rocm, "RocmPlatform", None)
+    if not isinstance(rocm_cls, type) or issubclass(rocm_cls, Placeholder):
+        return None, "vllm/platforms/rocm.py defines no loadable RocmPlatform"
+    major, minor = CAPABILITIES[config.arch]
+    capability_cls = getattr(sys.modules.get("vllm.platforms.interface"), "DeviceCapability", None)
+    if isinstance(capability_cls, type) and not issubclass(capability_cls, Placeholder):
+        capability = capability_cls(major=major, minor=minor)
+    else:
+        capability = types.SimpleNamespace(major=major, minor=minor, to_int=lambda: major * 10 + minor)
+    fp8 = fp8_dtype(config.arch)
+
+    class ProbedRocmPlatform(rocm_cls):
+        """The checkout's RocmPlatform; only its hardware queries are the probe's."""
+
+        @classmethod
+        def get_device_capability(cls, device_id=0):
+            return capability
+
+        @classmethod
+        def get_device_name(cls, device_id=0):
+            return DEVICE_NAMES[config.arch]
+
+        @classmethod
+        def num_compute_units(cls, device_id=0):
+            return config.cu_num
+
+        @classmethod
+        def supports_fp8(cls):
+            return True
+
+        @classmethod
+        def is_fp8_fnuz(cls):
+            return config.arch == "gfx942"
+
+        @classmethod
+        def fp8_dtype(cls):
+            return fp8
+    ProbedRocmPlatform.__qualname__ = ProbedRocmPlatform.__name__ = rocm_cls.__name__
+    return ProbedRocmPlatform(), None
+
+
+def stand_in_platform(config: ProbeConfig) -> Placeholder:
+    """A hand-written ROCm platform, used only where the checkout's rocm.py does not load: hardware
+    queries answered, every other attribute a named placeholder."""
+    capability = CAPABILITIES[config.arch]
+
+    class StandInRocmPlatform(Placeholder):
         device_type = device_name = "cuda"
         dispatch_key = "CUDA"
 
         def is_rocm(self):
+            return True
+
+        def supports_fp8(self):
             return True
 
         def fp8_dtype(self):
@@ -90,22 +249,15 @@ def platform_stand_in(config: ProbeConfig) -> StandIn:
             return types.SimpleNamespace(major=capability[0], minor=capability[1],
                                          to_int=lambda: capability[0] * 10 + capability[1])
 
-    platform = RocmPlatform()
-
-    def fill(module: types.ModuleType) -> None:
-        module.current_platform = platform
-        module.on_gfx942 = lambda: config.arch == "gfx942"
-        module.on_gfx950 = lambda: config.arch == "gfx950"
-        module.on_mi3xx = module.on_gfx9 = lambda: True
-        module.get_cdna_version = lambda: 3 if config.arch == "gfx942" else 4
-    return fill
+    return named(StandInRocmPlatform(), "current_platform")
 
 
 def distributed_stand_in() -> StandIn:
     """`vllm.distributed`: a single process, every group of size one."""
-    group = Section(world_size=1, rank_in_group=0, rank=0, local_rank=0)
+    group = Section("process_group", world_size=1, rank_in_group=0, rank=0, local_rank=0)
 
     def fill(module: types.ModuleType) -> None:
+        module.get_dcp_world_size_and_rank = module.get_pcp_world_size_and_rank = lambda enabled=True: (1, 0)
         for name in ("get_tp_group", "get_dp_group", "get_pp_group", "get_dcp_group", "get_pcp_group",
                      "get_ep_group", "get_world_group"):
             setattr(module, name, lambda: group)
@@ -122,28 +274,33 @@ def vllm_config(config: ProbeConfig) -> Section:
         q_lora_rank=Q_LORA_RANK, kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=QK_ROPE_HEAD_DIM,
         qk_nope_head_dim=QK_NOPE_HEAD_DIM, v_head_dim=V_HEAD_DIM, num_attention_heads=heads,
         model_type="deepseek_v3")
-    model_config = Section(dtype=MODEL_DTYPE, max_model_len=MAX_MODEL_LEN, hf_text_config=hf_text_config,
-                           hf_config=hf_text_config, use_mla=True, is_deepseek_mla=True,
-                           get_num_attention_heads=lambda parallel_config=None: heads,
-                           get_head_size=lambda: HEAD_SIZE)
-    layer = Section(num_heads=heads, head_size=HEAD_SIZE, q_lora_rank=Q_LORA_RANK,
-                    kv_lora_rank=KV_LORA_RANK, qk_nope_head_dim=QK_NOPE_HEAD_DIM,
-                    qk_rope_head_dim=QK_ROPE_HEAD_DIM, v_head_dim=V_HEAD_DIM,
-                    qk_head_dim=QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM, kv_cache_dtype=config.kv_cache_dtype)
-    cudagraph_mode = Section(has_full_cudagraphs=lambda: True, decode_mode=lambda: cudagraph_mode,
+    model_config = Section(
+        "vllm_config.model_config", dtype=MODEL_DTYPE, max_model_len=MAX_MODEL_LEN,
+        hf_text_config=hf_text_config, hf_config=hf_text_config, use_mla=True, is_deepseek_mla=True,
+        get_num_attention_heads=lambda parallel_config=None: heads, get_head_size=lambda: HEAD_SIZE)
+    layer = Section(
+        f"static_forward_context[{LAYER_NAME!r}]", num_heads=heads, head_size=HEAD_SIZE,
+        q_lora_rank=Q_LORA_RANK, kv_lora_rank=KV_LORA_RANK, qk_nope_head_dim=QK_NOPE_HEAD_DIM,
+        qk_rope_head_dim=QK_ROPE_HEAD_DIM, v_head_dim=V_HEAD_DIM,
+        qk_head_dim=QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM, kv_cache_dtype=config.kv_cache_dtype)
+    cudagraph_mode = Section("vllm_config.compilation_config.cudagraph_mode",
+                             has_full_cudagraphs=lambda: True, decode_mode=lambda: cudagraph_mode,
                              mixed_mode=lambda: cudagraph_mode, name="FULL_AND_PIECEWISE")
     return Section(
+        "vllm_config",
         model_config=model_config,
-        cache_config=Section(cache_dtype=config.kv_cache_dtype, block_size=1, num_gpu_blocks=None),
-        scheduler_config=Section(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=8192,
-                                 max_model_len=MAX_MODEL_LEN),
-        parallel_config=Section(tensor_parallel_size=1, data_parallel_size=1, pipeline_parallel_size=1,
-                                decode_context_parallel_size=1, prefill_context_parallel_size=1,
-                                cp_kv_cache_interleave_size=1, enable_expert_parallel=False),
-        compilation_config=Section(cudagraph_mode=cudagraph_mode, max_cudagraph_capture_size=512,
-                                   cudagraph_capture_sizes=[1, 2, 4, 8, 16],
+        cache_config=Section("vllm_config.cache_config", cache_dtype=config.kv_cache_dtype, block_size=1,
+                             num_gpu_blocks=None),
+        scheduler_config=Section("vllm_config.scheduler_config", max_num_seqs=config.max_num_seqs,
+                                 max_num_batched_tokens=8192, max_model_len=MAX_MODEL_LEN),
+        parallel_config=Section("vllm_config.parallel_config", tensor_parallel_size=1, data_parallel_size=1,
+                                pipeline_parallel_size=1, decode_context_parallel_size=1,
+                                prefill_context_parallel_size=1, cp_kv_cache_interleave_size=1,
+                                enable_expert_parallel=False),
+        compilation_config=Section("vllm_config.compilation_config", cudagraph_mode=cudagraph_mode,
+                                   max_cudagraph_capture_size=512, cudagraph_capture_sizes=[1, 2, 4, 8, 16],
                                    static_forward_context={LAYER_NAME: layer}),
-        attention_config=Section(use_prefill_query_quantization=False),
+        attention_config=Section("vllm_config.attention_config", use_prefill_query_quantization=False),
         speculative_config=None,
     )
 
@@ -151,8 +308,18 @@ def vllm_config(config: ProbeConfig) -> Section:
 def kv_cache_spec(config: ProbeConfig) -> Section:
     """The MLA layer's KV cache spec: one latent head per token, block size 1 (AITER's page size)."""
     dtype = torch.uint8 if config.kv_is_fp8 else MODEL_DTYPE
-    return Section(block_size=1, num_kv_heads=1, head_size=HEAD_SIZE, dtype=dtype,
+    return Section("kv_cache_spec", block_size=1, num_kv_heads=1, head_size=HEAD_SIZE, dtype=dtype,
                    cache_dtype_str=config.kv_cache_dtype, page_size_bytes=HEAD_SIZE * dtype.itemsize)
+
+
+def impl_arguments(config: ProbeConfig) -> dict:
+    """Keyword arguments the MLA layer constructs its impl with (MLACommonImpl's signature)."""
+    return dict(num_heads=config.heads, head_size=HEAD_SIZE, scale=(QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM) ** -0.5,
+                num_kv_heads=1, alibi_slopes=None, sliding_window=None, kv_cache_dtype=config.kv_cache_dtype,
+                logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
+                q_lora_rank=Q_LORA_RANK, kv_lora_rank=KV_LORA_RANK, qk_nope_head_dim=QK_NOPE_HEAD_DIM,
+                qk_rope_head_dim=QK_ROPE_HEAD_DIM, qk_head_dim=QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM,
+                v_head_dim=V_HEAD_DIM, kv_b_proj=named(Placeholder(), "kv_b_proj"), indexer=None)
 
 
 def config_stand_in(config: Section) -> StandIn:

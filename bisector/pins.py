@@ -1,0 +1,106 @@
+"""Dependency pins a vLLM commit names in docker/Dockerfile.rocm_base (`ARG AITER_BRANCH`, `ARG AITER_REPO`),
+read from a checkout or straight from git objects, and what changes between two commits.
+
+Pure reading and comparing; no network. `pin_change` and `continuation_argv` are what an answer needs to say
+"this commit moves AITER vA -> vB" and how to continue the hunt inside AITER.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+DOCKERFILE = "docker/Dockerfile.rocm_base"
+# name -> (ARG holding the ref, ARG holding the repository URL)
+PINNED = {"aiter": ("AITER_BRANCH", "AITER_REPO")}
+_ARG = re.compile(r"^\s*ARG\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<value>\S+)", re.MULTILINE)
+_VERSION_TAG = re.compile(r"^v?(\d+(?:\.\d+)*)((?:[.-](?:post|rc|dev)\d*)*)$")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pinned dependency: its name, the ref the Dockerfile names, and the repository (if named)."""
+
+    name: str
+    ref: str
+    repo: str | None = None
+
+
+def parse_pins(dockerfile: str) -> dict[str, Pin]:
+    """The pins a Dockerfile.rocm_base text declares (the first `ARG NAME=value` of each wins)."""
+    args: dict[str, str] = {}
+    for match in _ARG.finditer(dockerfile):
+        args.setdefault(match["name"], match["value"].strip().strip("\"'"))
+    return {name: Pin(name, args[ref_arg], args.get(repo_arg))
+            for name, (ref_arg, repo_arg) in PINNED.items() if args.get(ref_arg)}
+
+
+def pins_in_tree(checkout: Path) -> dict[str, Pin]:
+    """The pins of a checked-out tree; empty when it has no Dockerfile.rocm_base."""
+    path = Path(checkout) / DOCKERFILE
+    return parse_pins(path.read_text(errors="replace")) if path.is_file() else {}
+
+
+def pins_at(repo: Path, commit: str) -> dict[str, Pin]:
+    """The pins at commit, read from git objects (no checkout); empty when the file is absent there."""
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{DOCKERFILE}"], capture_output=True,
+                           text=True, errors="replace")
+    return parse_pins(shown.stdout) if shown.returncode == 0 else {}
+
+
+def pin_change(repo: Path, before: str, after: str, name: str = "aiter") -> dict | None:
+    """{"name", "from", "to"} when the commits pin `name` differently (from/to None where unpinned), else
+    None: for the step from the last good commit to the first bad one (or the reverse with --find-fix)."""
+    old, new = pins_at(repo, before).get(name), pins_at(repo, after).get(name)
+    old_ref, new_ref = (old.ref if old else None), (new.ref if new else None)
+    if old_ref == new_ref:
+        return None
+    return {"name": name, "from": old_ref, "to": new_ref}
+
+
+def shares_history(dependency_repo: Path, ref_a: str, ref_b: str) -> bool:
+    """Whether two refs of the dependency's repository have a common ancestor (ROCm/aiter's tags up to
+    v0.1.11.post1 and from v0.1.12 on do not: different root commits)."""
+    return subprocess.run(["git", "-C", str(dependency_repo), "merge-base", f"{ref_a}^{{commit}}",
+                           f"{ref_b}^{{commit}}"], capture_output=True).returncode == 0
+
+
+def release_tags_between(dependency_repo: Path, low: str, high: str) -> list[str]:
+    """Release tags (vX.Y.Z[.postN]) ordered by version from low to high inclusive: what to bisect when the
+    two pins share no history, as mozregression bisects builds rather than commits."""
+    listed = subprocess.run(["git", "-C", str(dependency_repo), "tag", "--list"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    keyed = {tag: key for tag in listed if (key := version_key(tag)) is not None}
+    low_key, high_key = version_key(low), version_key(high)
+    if low_key is None or high_key is None:
+        return []
+    if low_key > high_key:
+        low_key, high_key = high_key, low_key
+    return sorted((tag for tag, key in keyed.items() if low_key <= key <= high_key), key=keyed.__getitem__)
+
+
+def version_key(tag: str) -> tuple | None:
+    """Sort key of a release tag: v0.1.13 < v0.1.13.post1 < v0.1.14; rc/dev tags are not releases."""
+    match = _VERSION_TAG.match(tag)
+    if not match or re.search(r"rc|dev", match[2]):
+        return None
+    post = re.search(r"post(\d*)", match[2])
+    return tuple(int(part) for part in match[1].split(".")) + ((int(post[1] or 0) + 1) if post else 0,)
+
+
+def continuation_argv(change: dict, vllm_repo: str, vllm_commit: str, dependency_repo: str,
+                      options: dict[str, str] | None = None, find_fix: bool = False) -> list[str]:
+    """The `bisector run` that continues inside the dependency with vLLM held at vllm_commit: the
+    dependency's repository is bisected between the two pins, and the probe loads each dependency
+    commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`)."""
+    old, new = change["from"], change["to"]
+    good, bad = (new, old) if find_fix else (old, new)
+    argv = ["bisector", "run", "--repo", dependency_repo, "--good", good, "--bad", bad,
+            "--scenario", "aiter-mla-probe", "--option", f"vllm_repo={vllm_repo}",
+            "--option", f"vllm_ref={vllm_commit}"]
+    for key, value in sorted((options or {}).items()):
+        argv += ["--option", f"{key}={value}"]
+    if find_fix:
+        argv.insert(2, "--find-fix")
+    return argv

@@ -1,0 +1,33 @@
+"""An answer that moves the AITER pin says so, with the run that continues inside AITER."""
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+DOCKERFILE = "ARG BASE_IMAGE=rocm/dev-ubuntu-22.04\nARG AITER_BRANCH={}\nARG AITER_REPO=https://github.com/ROCm/aiter.git\n"
+
+
+def test_a_culprit_that_bumps_the_aiter_pin_is_named_as_such(make_repo, tmp_path, cli, state_is_good):
+    repo = make_repo()
+    shas = [repo.commit(f"change {i}", {"docker/Dockerfile.rocm_base": DOCKERFILE.format(
+        "v0.1.10.post3" if i < 5 else "v0.1.13"), "state": "good\n" if i < 5 else "bad\n"}) for i in range(8)]
+    out = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+              str(tmp_path / "state"), "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md"),
+              "--", *state_is_good)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["first_bad"]["sha"] == shas[5]
+    assert result["pin_change"] == {"name": "aiter", "from": "v0.1.10.post3", "to": "v0.1.13"}
+    assert result["pin_continuation"].startswith(
+        "bisector run --repo https://github.com/ROCm/aiter.git --good v0.1.10.post3 --bad v0.1.13 "
+        "--scenario aiter-mla-probe")
+    assert f"vllm_ref={shas[5]}" in result["pin_continuation"]
+    for text in (out.stdout, (tmp_path / "r.md").read_text()):
+        assert "this commit moves AITER v0.1.10.post3 → v0.1.13; the behaviour change may come from AITER" in text
+    html = cli("report", "latest", "--state-dir", str(tmp_path / "state"), "--format", "html")
+    assert "moves AITER v0.1.10.post3 → v0.1.13" in html.stdout
+
+    quiet = cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",
+                "--state-dir", str(tmp_path / "state"), "--json", str(tmp_path / "q.json"), "--", "false")
+    assert "pin_change" not in json.loads((tmp_path / "q.json").read_text())  # no move inside that range
