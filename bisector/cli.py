@@ -335,12 +335,17 @@ def scenario_list() -> None:
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
+@click.option("--build", "build", type=click.Choice(STRATEGIES), default="none", show_default=True,
+              help="How the commit is built before it is judged (as for `bisector run`).")
+@click.option("--wheels", metavar="DIR|URL-TEMPLATE", help="Per-commit wheels for --build precompiled.")
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     try:
         outcome = judge_one(Path(repo), ref, create(name, parse_options(options)), state_dir, timeout,
-                            python)
+                            python, BuildSettings(build, python, None, wheels))
     except (ScenarioError, UsageError) as exc:
+        fail(str(exc))
+    except ValueError as exc:  # the build settings, e.g. a --wheels that is no directory
         fail(str(exc))
     if json_file:
         json_file.write_text(json.dumps(outcome, indent=2) + "\n")
@@ -348,6 +353,33 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
     sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
+
+
+@scenario.command("classify")
+@click.argument("name")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--log", "log_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A saved output of the scenario's child (e.g. a crash log from a GPU run).")
+@click.option("--exit-code", type=int, help="The child's exit code; -N means killed by signal N.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def scenario_classify(name, options, log_file, exit_code, as_json):
+    """The verdict, reason and matched lines scenario NAME gives a saved output, without running it;
+    exit 0 good, 1 bad, 125 skip."""
+    try:
+        judged = create(name, parse_options(options))
+    except ScenarioError as exc:
+        fail(str(exc))
+    if not hasattr(judged, "classify_log"):
+        fail(f"scenario {name!r} cannot judge a saved log")
+    outcome = judged.classify_log(log_file.read_text(errors="replace"), exit_code)
+    if as_json:
+        click.echo(json.dumps({"verdict": outcome.verdict.value, "reason": outcome.reason,
+                               "details": outcome.details}, indent=2))
+    else:
+        click.echo(f"{outcome.verdict.value}: {outcome.reason}")
+        for line in outcome.details.get("matched", []):
+            click.echo(f"  {line}")
+    sys.exit({"good": 0, "bad": 1}.get(outcome.verdict.value, 125))
 
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
