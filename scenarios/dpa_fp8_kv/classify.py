@@ -25,25 +25,35 @@ SKIP_CAUSES = (
                 "CUDA driver initialization failed")),
     ("out of GPU memory", ("HIP out of memory", "CUDA out of memory", "OutOfMemoryError",
                            "hipErrorOutOfMemory", "No available memory for the cache blocks")),
-    ("build problem", ("undefined symbol", "No module named 'vllm._", "No module named vllm._",
-                       "hipErrorNoBinaryForGpu", "invalid device function", "no kernel image is available")),
+    ("build problem", ("undefined symbol", "hipErrorNoBinaryForGpu", "invalid device function",
+                       "no kernel image is available")),
 )
+# Compiled modules a checkout gets from its build: missing means a build problem. (vllm/_version.py is
+# generated too, but vLLM only warns without it.)
+EXTENSION_MODULES = ("vllm._C", "vllm._moe_C", "vllm._rocm_C", "vllm._flashmla", "vllm.cumem_allocator",
+                     "vllm.vllm_flash_attn._vllm_fa")
 IMPORT_ERRORS = ("ModuleNotFoundError: ", "ImportError: ")
 CAUSE_ORDER = [label for label, _ in SKIP_CAUSES] + ["import error"]
 ENGINE_CORE_FAILED = "Failed core proc(s): {"
 DOWNGRADE = "; setting cudagraph_mode="  # vLLM's warning when it lowers the requested mode
 NO_FULL_DECODE = ("PIECEWISE", "NONE")  # downgrade targets that capture no full decode graph
+ENGINE_FAILED = "Engine core initialization failed"  # the frontend's line; the cause is above it
 _PREFIX = re.compile(r"\((?:\w{1,40} )?pid=\d{1,10}\) ")  # vLLM's process prefix, matched at line start
+# vLLM's logger prefix: `ERROR 11-30 12:47:16 [core.py:1231] `, matched at line start.
+_LOGGER = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
+                     r"\[[^\]\n]{1,120}\] ")
 
 
 def strip_prefix(line: str) -> str:
-    """line without vLLM's leading `(EngineCore_DP0 pid=42) `-style process prefixes."""
+    """line without vLLM's leading `(EngineCore_DP0 pid=42) `-style process prefixes and, for the
+    lines of a logged traceback, the logger's `ERROR 11-30 12:47:16 [core.py:1231] ` before the text."""
     for _ in range(3):
         match = _PREFIX.match(line)
         if not match:
             break
         line = line[match.end():]
-    return line
+    logged = _LOGGER.match(line)
+    return line[logged.end():] if logged and logged.group(0).startswith("ERROR") else line
 
 
 @dataclass(frozen=True)
@@ -101,11 +111,13 @@ def gather(output: str, platforms: tuple[str, ...], backends: tuple[str, ...]) -
         for label, markers in SKIP_CAUSES:
             if any(marker in line for marker in markers):
                 causes.append((label, line))
+        if _missing_extension(line):
+            causes.append(("build problem", line))
         if line.startswith(IMPORT_ERRORS):
             causes.append(("import error", line))
-        if _is_exception_line(line):
-            last_error = line
-    return Evidence(faults, exceptions, ready, ok_line, backend_line, downgrade, causes, core_abort,
+        if _is_exception_line(line) and (last_error is None or ENGINE_FAILED not in line):
+            last_error = line  # the frontend's "Engine core initialization failed" only if nothing else
+    return Evidence(list(dict.fromkeys(faults)), exceptions, ready, ok_line, backend_line, downgrade, causes, core_abort,
                     last_error, last_line)
 
 
@@ -156,6 +168,15 @@ def details(output: str, backends: tuple[str, ...]) -> dict:
     if evidence.downgrade:
         found["cudagraph_downgrade"] = evidence.downgrade
     return found
+
+
+def _missing_extension(line: str) -> bool:
+    """`No module named 'vllm._C'` and the like: a compiled module the build should have provided."""
+    start = line.find("No module named '")
+    if start < 0:
+        return False
+    name = line[start + len("No module named '"):].split("'", 1)[0]
+    return name.startswith(EXTENSION_MODULES)
 
 
 def _after_progress_bar(line: str, marker: str) -> str:
