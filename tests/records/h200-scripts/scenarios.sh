@@ -15,7 +15,7 @@ run() { local name=$1; shift; local t=$(date +%s); $B scenario run dpa-fp8-kv-gr
 export PIP_NO_BUILD_ISOLATION=0 PIP_NO_DEPS=1 PIP_NO_INDEX=1
 mv $OUT/s1-v024-precompiled.out /tmp/ 2>/dev/null; run s1-v024-precompiled --ref v0.24.0 --build precompiled --wheels /tmp/wheels
 if grep -q "build failed" $OUT/s1-v024-precompiled.out; then
-  # fallback: the python strategy fed from the wheel
+  # fallback (not needed on the H200 run): the python strategy fed from the wheel
   STATE=/tmp/state-seeded
   python3 $SRC/bench/seed_wheel_artifacts.py --repo /tmp/history --ref v0.24.0 --state-dir $STATE \
     --wheel /tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl
