@@ -392,9 +392,12 @@ def scenario_list() -> None:
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
+@click.option("--build", "build", type=click.Choice(STRATEGIES), default="none", show_default=True,
+              help="How the commit is built before it is judged (as for `bisector run`).")
+@click.option("--wheels", metavar="DIR|URL-TEMPLATE", help="Per-commit wheels for --build precompiled.")
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
-    judge = Judge(create(name, parse_options(options)), NoBuild(), timeout, python)
+    judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, None, wheels), timeout, python)
     outcome = judge_one(Path(repo), ref, judge, state_dir)
     if json_file:
         json_file.write_text(json.dumps(outcome, indent=2) + "\n")
@@ -434,6 +437,30 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
         click.echo(f"{end} end {seen['sha'][:12]}: {seen['bad']} bad, {seen['skip']} skip in {seen['runs']} runs")
     click.echo(f"reproduction rate: {result['reproduction_rate']:.0%}; signature: {result['signature'] or 'none'}")
     click.echo(f"recommendation: {result['recommendation']}")
+
+
+@scenario.command("classify")
+@click.argument("name")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--log", "log_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A saved output of the scenario's child (e.g. a crash log from a GPU run).")
+@click.option("--exit-code", type=int, help="The child's exit code; -N means killed by signal N.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def scenario_classify(name, options, log_file, exit_code, as_json):
+    """The verdict, reason and matched lines scenario NAME gives a saved output, without running it;
+    exit 0 good, 1 bad, 125 skip."""
+    judged = create(name, parse_options(options))
+    if not hasattr(judged, "classify_log"):
+        raise UsageError(f"scenario {name!r} cannot judge a saved log")
+    outcome = judged.classify_log(log_file.read_text(errors="replace"), exit_code)
+    if as_json:
+        click.echo(json.dumps({"verdict": outcome.verdict.value, "reason": outcome.reason,
+                               "details": outcome.details}, indent=2))
+    else:
+        click.echo(f"{outcome.verdict.value}: {outcome.reason}")
+        for line in outcome.details.get("matched", []):
+            click.echo(f"  {line}")
+    sys.exit({"good": 0, "bad": 1}.get(outcome.verdict.value, 125))
 
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:

@@ -146,7 +146,7 @@ class Judge:
         if len(runs) >= self.repeat:
             return Execution(runs[-1].sha, Verdict.GOOD.value,
                              runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
-                             runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
+                             runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, runs[-1].details)
         return None
 
     def _outgrown_timeout(self, run: Execution) -> bool:

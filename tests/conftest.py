@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -171,43 +170,3 @@ case $n in
 esac
 grep -q good state
 """
-
-
-# Recorded-style child outputs of the dpa-fp8-kv scenario (shapes from shared/README.md and vLLM's
-# logging).
-_AITER_LINE = "(EngineCore_DP0 pid=4242) INFO 11-30 01:02:03 [rocm.py:251] Using AITER MLA backend."
-_READY = "BISECTOR-ENGINE-READY dp_rank=0"
-_OK = "BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8"
-_FAULT = ("Memory access fault by GPU node-2 (Agent handle: 0x55d1c2a0) on address 0x7f1a2c000000. "
-         "Reason: Unknown.")
-_HSA = ("HIP runtime: HSA_STATUS_ERROR_EXCEPTION: An HSAIL operation resulted in a hardware "
-       "exception. code: 0x1016")
-_ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root cause above. "
-                 "Failed core proc(s): {'EngineCore_DP0': -6}")
-_TRACEBACK = 'Traceback (most recent call last):\n  File "/tmp/w/child.py", line 70, in <module>'
-
-_RECORDS = {
-    "loading": "INFO 11-30 01:02:03 [default_loader.py:267] Loading weights took 0.52 seconds",
-    "ok": "\n".join([_AITER_LINE, "INFO Capturing CUDA graphs (decode, FULL): 100%", _READY, _OK]),
-    "ok-without-aiter": "\n".join(["INFO Using Triton MLA backend.", _READY, _OK]),
-    "fault-in-capture": "\n".join([_AITER_LINE, "INFO Capturing CUDA graphs (decode, FULL):  20%", _FAULT]),
-    "fault-then-engine-failed": "\n".join([_AITER_LINE, _FAULT, _HSA, _TRACEBACK, _ENGINE_FAILED]),
-    "fault-in-decode": "\n".join([_AITER_LINE, _READY, _FAULT]),
-    "core-abort": "\n".join([_AITER_LINE, _TRACEBACK, _ENGINE_FAILED]),
-    "import-error": "\n".join(["WARNING Failed to import from vllm._C with ImportError('x')" , _TRACEBACK,
-                               "ModuleNotFoundError: No module named 'aiter'"]),
-    "undefined-symbol": "\n".join([_TRACEBACK, "ImportError: /src/vllm/vllm/_C.abi3.so: undefined "
-                                   "symbol: _ZN3c104cuda9SetDeviceEa"]),
-    "oom": "\n".join([_AITER_LINE, _TRACEBACK, "torch.OutOfMemoryError: HIP out of memory. Tried to "
-                      "allocate 2.00 GiB. GPU 0 has a total capacity of 191.98 GiB"]),
-    "no-gpu": "\n".join([_TRACEBACK, "RuntimeError: No HIP GPUs are available"]),
-    "other-error": "\n".join([_AITER_LINE, _TRACEBACK, "ValueError: unsupported cudagraph_mode FULL",
-                              "[rank0]:[W] ProcessGroupNCCL destroyed"]),
-}
-
-
-@pytest.fixture(scope="session")
-def child_output():
-    """Recorded-style dpa-fp8-kv child outputs: .records by name, and the .fault, .hsa and
-    .engine_failed lines they quote."""
-    return SimpleNamespace(records=_RECORDS, fault=_FAULT, hsa=_HSA, engine_failed=_ENGINE_FAILED)

@@ -9,9 +9,10 @@ from bisector.errors import ScenarioError
 from scenarios import create
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.config import deepseek_v3_config, write_model_dir
-from scenarios.dpa_fp8_kv.gpu import gfx_name, probe_rocm_gpus
+from scenarios.dpa_fp8_kv.environment import aiter_switches, checkout_pins, pin_violations, satisfies
+from scenarios.dpa_fp8_kv.gpu import gfx_name, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
-from scenarios.dpa_fp8_kv.plan import DEFAULT_TIMEOUT, build_plan, step_devices
+from scenarios.dpa_fp8_kv.plan import CUDA_ENV, DEFAULT_TIMEOUT, build_plan, step_devices
 
 pytestmark = [pytest.mark.unit, pytest.mark.gpu_plan]
 
@@ -22,8 +23,13 @@ def options(**overrides):
     return parse_options({**OPTION_DEFAULTS, **{key: str(value) for key, value in overrides.items()}})
 
 
-def plan(opts, devices=("0", "1", "2", "3", "4", "5", "6", "7"), base_env=None, timeout=None):
-    return build_plan(opts, python="/venv/bin/python", child_script=Path("/tmp/w/child.py"),
+ROCM_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1", "VLLM_ROCM_USE_AITER_MOE": "0"}
+
+
+def plan(opts, devices=("0", "1", "2", "3", "4", "5", "6", "7"), base_env=None, timeout=None,
+         platform="rocm"):
+    return build_plan(opts, platform=platform, platform_env=ROCM_ENV if platform == "rocm" else CUDA_ENV,
+                      python="/venv/bin/python", child_script=Path("/tmp/w/child.py"),
                       model_dir=Path("/tmp/w/model"), checkout=Path("/src/vllm"), devices=list(devices),
                       base_env=base_env or {"PATH": "/usr/bin"}, master_port=29555, timeout=timeout)
 
@@ -55,6 +61,9 @@ def test_gpus_per_run_is_dp_times_tp():
     ({"gpu_memory_utilization": "1.5"}, "option gpu_memory_utilization=1.5: must be in (0, 1]"),
     ({"max_model_len": "16"}, "option max_model_len=16: must be at least 64"),
     ({"batch": "4"}, "has no option 'batch'"),
+    ({"platform": "xpu"}, "option platform='xpu': must be one of auto, rocm, cuda"),
+    ({"attention_backend": "TRITON MLA;"}, "option attention_backend='TRITON MLA;': not a backend name"),
+    ({"kv_cache_memory_bytes": "lots"}, "option kv_cache_memory_bytes='lots': not a size"),
 ])
 def test_bad_options_are_one_line_errors(raw, message):
     with pytest.raises(ScenarioError) as err:
@@ -94,15 +103,104 @@ def test_single_rank_plan():
                                          "VLLM_DP_SIZE": "4"})
     assert launch.argv == ["/venv/bin/python", "/tmp/w/child.py", "--model", "/tmp/w/model",
                            "--tp", "1", "--kv-cache-dtype", "fp8", "--cudagraph-mode", "FULL_DECODE_ONLY",
-                           "--max-num-seqs", "4", "--max-model-len", "1024",
-                           "--gpu-memory-utilization", "0.5"]
-    assert launch.env["VLLM_ROCM_USE_AITER"] == "1"
-    assert launch.env["VLLM_ROCM_USE_AITER_MLA"] == "1"
+                           "--max-num-seqs", "512", "--max-model-len", "1024",
+                           "--gpu-memory-utilization", "0.5", "--attention-backend", "ROCM_AITER_MLA",
+                           "--kv-cache-memory-bytes", str(2 ** 30)]
+    assert {key: launch.env[key] for key in ROCM_ENV} == ROCM_ENV
     assert launch.env["HIP_VISIBLE_DEVICES"] == launch.env["CUDA_VISIBLE_DEVICES"] == "0"
     assert launch.env["PYTHONPATH"] == "/src/vllm:/extra"
     assert launch.env["PATH"] == "/usr/bin"
     assert not any(key.startswith("VLLM_DP_") for key in launch.env)  # a stray DP env is dropped
     assert launch.timeout == DEFAULT_TIMEOUT
+
+
+def test_cuda_plan_has_no_aiter_switches_and_only_cuda_visibility():
+    base = {"PATH": "/usr/bin", "VLLM_ROCM_USE_AITER": "1", "HIP_VISIBLE_DEVICES": "3"}
+    [launch] = plan(options(), devices=["3"], base_env=base, platform="cuda")
+    assert launch.argv[launch.argv.index("--attention-backend") + 1] == "TRITON_MLA"
+    assert not any(key.startswith(("VLLM_ROCM_USE_AITER", "HIP_")) for key in launch.env)
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert launch.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+
+
+def test_attention_backend_option_wins_on_either_platform():
+    opts = options(attention_backend="flashmla")
+    assert (opts.backend_for("cuda"), opts.backend_for("rocm")) == ("FLASHMLA", "FLASHMLA")
+    assert options().backend_for("rocm") == "ROCM_AITER_MLA"
+
+
+def test_defaults_reach_the_reported_capture_sizes_with_a_bounded_kv_cache():
+    opts = options()
+    assert opts.max_num_seqs == 512  # vLLM then captures 51 decode graphs, as in the report
+    assert opts.kv_cache_memory_bytes == 2 ** 30
+    assert options(kv_cache_memory_bytes="512M").kv_cache_memory_bytes == 512 * 2 ** 20
+    assert options(kv_cache_memory_bytes="0").kv_cache_memory_bytes == 0
+
+
+def write_envs_py(checkout, names):
+    (checkout / "vllm").mkdir(parents=True)
+    (checkout / "vllm/envs.py").write_text("".join(f'    "{name}": lambda: False,\n' for name in names))
+
+
+def test_aiter_switches_turn_off_what_the_checkout_has_except_mla(tmp_path):
+    write_envs_py(tmp_path, ["VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA", "VLLM_ROCM_USE_AITER_MOE",
+                             "VLLM_ROCM_USE_AITER_TRITON_SPARSE_MLA", "VLLM_ROCM_USE_AITER_LINEAR"])
+    assert aiter_switches(tmp_path) == {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1",
+                                        "VLLM_ROCM_USE_AITER_LINEAR": "0", "VLLM_ROCM_USE_AITER_MOE": "0"}
+
+
+def write_requirements(checkout, files):
+    (checkout / "requirements").mkdir(parents=True)
+    for name, text in files.items():
+        (checkout / "requirements" / name).write_text(text)
+
+
+def test_checkout_pins_per_platform(tmp_path):
+    write_requirements(tmp_path, {"common.txt": "regex\ntransformers >= 5.5.3  # new models\n",
+                                  "cuda.txt": "-r common.txt\ntorch==2.11.0\ntorchaudio==2.11.0\n",
+                                  "rocm.txt": "-r common.txt\n"})
+    assert checkout_pins(tmp_path, "cuda") == {"transformers": (">= 5.5.3", "requirements/common.txt"),
+                                               "torch": ("==2.11.0", "requirements/cuda.txt")}
+    assert checkout_pins(tmp_path, "rocm") == {"transformers": (">= 5.5.3", "requirements/common.txt")}
+
+
+def test_pin_violations_name_both_versions(tmp_path):
+    pins = {"transformers": (">= 5.5.3", "requirements/common.txt"), "torch": ("==2.11.0", "requirements/cuda.txt")}
+    assert pin_violations(pins, {"transformers": "5.17.0", "torch": "2.11.0+cu130"}) == []
+    assert pin_violations(pins, {"transformers": "4.57.1", "torch": None}) == [
+        "torch ==2.11.0 required by requirements/cuda.txt, not installed",
+        "transformers >= 5.5.3 required by requirements/common.txt, environment has 4.57.1"]
+
+
+@pytest.mark.parametrize("version, specifier, expected", [
+    ("2.11.0+cu130", "==2.11.0", True), ("2.10.0", "==2.11.0", False), ("2.11", "==2.11.0", True),
+    ("4.56.2", ">=4.56.0,<5", True), ("5.0.0", ">=4.56.0,<5", False), ("2.9.1", "==2.9.*", True),
+    ("2.10.0", "~=2.9", True), ("3.0", "~=2.9", False), ("5.0.0rc1", ">= 4.57", True), ("1.0", "!=1.0", False),
+])
+def test_satisfies(version, specifier, expected):
+    assert satisfies(version, specifier) is expected
+
+
+def fake_nvidia(root, models):
+    (root / "dev").mkdir(parents=True)
+    (root / "dev/nvidiactl").write_text("")
+    for n, model in enumerate(models):
+        directory = root / f"proc/driver/nvidia/gpus/0000:{n:02x}:00.0"
+        directory.mkdir(parents=True)
+        (directory / "information").write_text(f"Model: \t\t {model}\nIRQ:   \t\t 42\n")
+
+
+def test_nvidia_probe_reads_the_driver_entries(tmp_path):
+    fake_nvidia(tmp_path, ["NVIDIA H200", "NVIDIA H200"])
+    assert probe_nvidia_gpus(tmp_path).targets == ("NVIDIA H200", "NVIDIA H200")
+
+
+def test_nvidia_probe_falls_back_to_device_nodes_and_says_when_there_is_none(tmp_path):
+    assert probe_nvidia_gpus(tmp_path).problem == "/dev/nvidiactl missing"
+    fake_nvidia(tmp_path, [])
+    assert probe_nvidia_gpus(tmp_path).problem.startswith("no GPU under /proc/driver/nvidia/gpus")
+    (tmp_path / "dev/nvidia0").write_text("")
+    assert probe_nvidia_gpus(tmp_path).targets == ("NVIDIA GPU",)
 
 
 def test_dp2_plan_gives_each_rank_its_own_devices_and_dp_env():
@@ -181,8 +279,9 @@ def test_gfx_names():
 def test_child_engine_kwargs():
     args = child.parse_args(["--model", "/m", "--tp", "8", "--kv-cache-dtype", "fp8",
                              "--cudagraph-mode", "FULL_AND_PIECEWISE", "--max-num-seqs", "4",
-                             "--max-model-len", "1024", "--gpu-memory-utilization", "0.5"])
-    kwargs = child.engine_kwargs(args, {"model", "attention_backend"})
+                             "--max-model-len", "1024", "--gpu-memory-utilization", "0.5",
+                             "--attention-backend", "ROCM_AITER_MLA", "--kv-cache-memory-bytes", "1024"])
+    kwargs = child.engine_kwargs(args, {"model", "attention_backend", "kv_cache_memory_bytes"})
     assert kwargs["load_format"] == "dummy"
     assert kwargs["skip_tokenizer_init"] is True
     assert kwargs["kv_cache_dtype"] == "fp8"
@@ -190,7 +289,8 @@ def test_child_engine_kwargs():
     assert kwargs["enforce_eager"] is False
     assert kwargs["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert kwargs["attention_backend"] == "ROCM_AITER_MLA"
-    assert "attention_backend" not in child.engine_kwargs(args, {"model"})
+    assert kwargs["kv_cache_memory_bytes"] == 1024
+    assert not {"attention_backend", "kv_cache_memory_bytes"} & set(child.engine_kwargs(args, {"model"}))
 
 
 def test_child_prompts_are_token_ids_inside_the_vocab():

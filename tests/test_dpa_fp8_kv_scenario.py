@@ -1,5 +1,6 @@
-"""The scenario end to end with real child processes: a fake python replaying recorded-style output,
-the real child.py against a fake vllm package, and a fake sysfs tree for the GPU check."""
+"""The scenario end to end with real child processes: a fake python replaying child outputs (public
+quotes, see dpa_fp8_kv_records.py), the real child.py against a fake vllm package, and a fake /dev, /sys
+and /proc tree for the GPU check."""
 import json
 import os
 import sys
@@ -10,17 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from dpa_fp8_kv_records import FAULT, RECORDS
+from bisector.process import Cancelled
 from scenarios import create
-from scenarios.base import Cancelled, StepContext, Verdict
+from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv import launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 
 NAME = "dpa-fp8-kv-graph-capture"
+ROCM_TORCH = json.dumps({"torch": "2.9.0+rocm7.0", "transformers": "4.57.1", "torch_hip": "7.0.51831",
+                         "torch_cuda": None})
+CUDA_TORCH = json.dumps({"torch": "2.11.0+cu130", "transformers": "5.17.0", "torch_hip": None,
+                         "torch_cuda": "13.0"})
 
 FAKE_PYTHON = f"""#!{sys.executable}
-# Stands in for the user's python: records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
+# Stands in for the user's python: answers the environment probe (-c) from FAKE_ENVIRONMENT, else
+# records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
 import json, os, subprocess, sys, time
+if sys.argv[1] == "-c":
+    print(os.environ.get("FAKE_ENVIRONMENT", {ROCM_TORCH!r}))
+    sys.exit(0)
 rank = os.environ.get("VLLM_DP_RANK", "0")
 model = sys.argv[sys.argv.index("--model") + 1]
 with open(os.path.join(os.environ["FAKE_RECORD_DIR"], "rank" + rank + ".json"), "w") as f:
@@ -77,35 +88,71 @@ def run(tmp_path, root, python, options=None, env=None, timeout=60):
     return scenario.run(ctx)
 
 
+def replay(records, **per_rank):
+    """ctx.env making the fake python replay RECORDS[name] and then act, per rank."""
+    env = {"FAKE_RECORD_DIR": str(records)}
+    for rank, (record, action) in per_rank.items():
+        env[f"FAKE_OUTPUT_{rank[-1]}"] = RECORDS[record]
+        env[f"FAKE_ACTION_{rank[-1]}"] = action
+    return env
+
+
 @pytest.fixture
-def replay(child_output):
-    """replay(records, r0=(name, action), ...) -> ctx.env making the fake python print the recorded
-    output `name` and then act, per rank."""
-    def env_for(records, **per_rank):
-        env = {"FAKE_RECORD_DIR": str(records)}
-        for rank, (record, action) in per_rank.items():
-            env[f"FAKE_OUTPUT_{rank[-1]}"] = child_output.records[record]
-            env[f"FAKE_ACTION_{rank[-1]}"] = action
-        return env
-
-    return env_for
+def nvidia_root(tmp_path):
+    """A fake / with one NVIDIA H200 as the driver lists it."""
+    root = tmp_path / "nvidia-root"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev/nvidiactl").write_text("")
+    gpu = root / "proc/driver/nvidia/gpus/0000:19:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "information").write_text("Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n")
+    return root
 
 
-def test_no_rocm_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records, replay):
+def test_no_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records):
     outcome = run(tmp_path, tmp_path / "empty-root", fake_python, env=replay(records, r0=("ok", "exit 0")))
     assert outcome.verdict is Verdict.SKIP
-    assert outcome.reason == "no ROCm GPU visible on this machine (/dev/kfd missing)"
+    assert outcome.reason == ("no usable GPU (rocm: /dev/kfd missing; cuda: /dev/nvidiactl missing)")
     assert Path(outcome.log_path).read_text() == outcome.reason + "\n"
     assert not list(records.iterdir())
 
 
 @pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="this machine has /dev/kfd")
 def test_this_machine_has_no_rocm_gpu(tmp_path, fake_python):
-    scenario = create(NAME)
+    scenario = create(NAME, {"platform": "rocm"})
     ctx = StepContext(checkout=tmp_path, log_path=tmp_path / "step.log", python=str(fake_python))
     outcome = scenario.run(ctx)
     assert outcome.verdict is Verdict.SKIP
-    assert outcome.reason.startswith("no ROCm GPU visible on this machine (")
+    assert outcome.reason == "no usable GPU (rocm: /dev/kfd missing)"
+
+
+def test_auto_picks_cuda_with_a_cuda_torch_and_an_nvidia_gpu(tmp_path, nvidia_root, fake_python, records):
+    env = {**replay(records, r0=("loading", "exit 1")), "FAKE_ENVIRONMENT": CUDA_TORCH,
+           "VLLM_ROCM_USE_AITER": "1"}
+    outcome = run(tmp_path, nvidia_root, fake_python, env=env)
+    assert outcome.details["platform"] == "cuda" and outcome.details["attention_backend"] == "TRITON_MLA"
+    assert outcome.details["gpu_targets"] == ["NVIDIA H200"]
+    seen = json.loads((records / "rank0.json").read_text())
+    assert not any(key.startswith(("VLLM_ROCM_USE_AITER", "HIP_")) for key in seen["env"])
+    assert seen["argv"][seen["argv"].index("--attention-backend") + 1] == "TRITON_MLA"
+
+
+def test_rocm_torch_on_an_nvidia_machine_is_no_usable_gpu(tmp_path, nvidia_root, fake_python):
+    outcome = run(tmp_path, nvidia_root, fake_python, options={"platform": "cuda"})
+    assert outcome.verdict is Verdict.SKIP
+    assert outcome.reason == "no usable GPU (cuda: torch 2.9.0+rocm7.0 here is no CUDA build)"
+
+
+def test_checkout_pins_the_environment_violates_are_skip_with_both_versions(tmp_path, gpu_root, fake_python,
+                                                                           records):
+    requirements = tmp_path / "checkout/requirements"
+    requirements.mkdir(parents=True)
+    (requirements / "common.txt").write_text("transformers >= 5.5.3\n")
+    outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("ok", "exit 0")))
+    assert (outcome.verdict, outcome.reason) == (
+        Verdict.SKIP, "environment does not meet the checkout's pins: transformers >= 5.5.3 required by "
+                      "requirements/common.txt, environment has 4.57.1")
+    assert not list(records.iterdir())  # nothing was started
 
 
 def test_too_few_gpus_for_dp_times_tp_skips(tmp_path, gpu_root, fake_python):
@@ -114,18 +161,21 @@ def test_too_few_gpus_for_dp_times_tp_skips(tmp_path, gpu_root, fake_python):
     assert outcome.reason == "needs 4 GPUs (dp=2 x tp=2), this step has 2"
 
 
-def test_recorded_fault_then_abort_is_bad(tmp_path, gpu_root, fake_python, records, child_output, replay):
+def test_recorded_fault_then_abort_is_bad(tmp_path, gpu_root, fake_python, records):
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("fault-in-capture", "abort")))
     assert outcome.verdict is Verdict.BAD
-    assert outcome.reason == f"GPU memory fault during engine start-up/graph capture: {child_output.fault}"
+    assert outcome.reason == f"GPU memory fault during engine start-up/graph capture: {FAULT}"
     assert outcome.details["ranks"][0]["returncode"] == -6
+    assert outcome.details["platform"] == "rocm"
     assert outcome.details["gpu_targets"] == ["gfx942", "gfx942"]
     log = Path(outcome.log_path).read_text()
-    assert child_output.fault in log and "VLLM_ROCM_USE_AITER=1" in log
+    assert FAULT in log and "VLLM_ROCM_USE_AITER=1" in log
 
 
-def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records, replay):
+def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records):
     env = {**replay(records, r0=("ok", "exit 0")), "PYTHONPATH": "/elsewhere"}
+    (tmp_path / "checkout/vllm").mkdir(parents=True)
+    (tmp_path / "checkout/vllm/envs.py").write_text('"VLLM_ROCM_USE_AITER_MOE": lambda: True,\n')
     outcome = run(tmp_path, gpu_root, fake_python, env=env)
     assert outcome.verdict is Verdict.GOOD
     seen = json.loads((records / "rank0.json").read_text())
@@ -134,6 +184,7 @@ def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records, repla
     assert seen["env"]["PYTHONPATH"] == f"{checkout}{os.pathsep}/elsewhere"
     assert seen["env"]["HIP_VISIBLE_DEVICES"] == "0"
     assert seen["env"]["VLLM_ROCM_USE_AITER"] == "1"
+    assert seen["env"]["VLLM_ROCM_USE_AITER_MOE"] == "0"  # the checkout's other AITER switches are off
     assert seen["argv"][1].endswith("/child.py") and not seen["argv"][1].startswith(checkout)
     assert seen["config"]["num_attention_heads"] == 128
     assert seen["config"]["kv_lora_rank"] == 512
@@ -149,14 +200,14 @@ def test_the_child_gets_the_plan(tmp_path, gpu_root, fake_python, records, repla
     ("no-gpu", "exit 1", "no GPU: RuntimeError: No HIP GPUs are available"),
 ])
 def test_recorded_outputs_from_real_processes(tmp_path, gpu_root, fake_python, records, record, action,
-                                              reason, replay):
+                                              reason):
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=(record, action)))
     expected = Verdict.BAD if reason.startswith(("GPU", "SIGABRT")) else Verdict.SKIP
     assert outcome.verdict is expected
     assert outcome.reason.startswith(reason)
 
 
-def test_hang_times_out_as_skip_and_leaves_no_process(tmp_path, gpu_root, fake_python, records, replay):
+def test_hang_times_out_as_skip_and_leaves_no_process(tmp_path, gpu_root, fake_python, records):
     start = time.monotonic()
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("loading", "hang")),
                   timeout=2)
@@ -181,7 +232,7 @@ def _gone_soon(pid, seconds=5.0):
     return False
 
 
-def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, records, monkeypatch, replay):
+def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, records, monkeypatch):
     monkeypatch.setattr(launch, "GRACE", 0.5)
     start = time.monotonic()
     outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("ok", "hang")))
@@ -190,7 +241,7 @@ def test_lingering_after_the_marker_is_good(tmp_path, gpu_root, fake_python, rec
     assert outcome.details["ranks"][0]["returncode"] is None
 
 
-def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_python, records, replay):
+def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_python, records):
     outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2"},
                   env=replay(records, r0=("ok", "exit 0"), r1=("ok", "exit 0")))
     assert outcome.verdict is Verdict.GOOD
@@ -204,20 +255,18 @@ def test_dp2_runs_two_ranks_with_their_own_devices(tmp_path, gpu_root, fake_pyth
     assert "===== rank 0: " in log and "===== rank 1: " in log
 
 
-def test_dp2_fault_on_one_rank_stops_the_other(tmp_path, gpu_root, fake_python, records, monkeypatch,
-                                               child_output, replay):
+def test_dp2_fault_on_one_rank_stops_the_other(tmp_path, gpu_root, fake_python, records, monkeypatch):
     monkeypatch.setattr(launch, "GRACE", 0.5)
     start = time.monotonic()
     outcome = run(tmp_path, gpu_root, fake_python, options={"dp": "2"},
                   env=replay(records, r0=("loading", "hang"), r1=("fault-in-capture", "abort")))
     assert time.monotonic() - start < 10
     assert outcome.verdict is Verdict.BAD
-    assert outcome.reason == ("DP rank 1: GPU memory fault during engine start-up/graph capture: "
-                              f"{child_output.fault}")
+    assert outcome.reason == f"DP rank 1: GPU memory fault during engine start-up/graph capture: {FAULT}"
     assert [rank["returncode"] for rank in outcome.details["ranks"]] == [None, -6]
 
 
-def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records, replay):
+def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records):
     cancel = threading.Event()
     threading.Timer(1.5, cancel.set).start()
     scenario = create(NAME, {"dp": "2"})
@@ -272,7 +321,14 @@ FAKE_VLLM = {
         class EngineArgs:
             model: str = ""
             attention_backend: str = ""
+            kv_cache_memory_bytes: int = 0
     ''',
+}
+# A ROCm torch as the environment probe sees it: its metadata and torch/version.py, nothing to import.
+FAKE_TORCH = {
+    "torch/__init__.py": "",
+    "torch/version.py": "__version__ = '2.9.0+rocm7.0'\nhip: Optional[str] = '7.0.51831'\ncuda = None\n",
+    "torch-2.9.0+rocm7.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+rocm7.0\n",
 }
 
 
@@ -281,16 +337,23 @@ def test_real_child_against_a_fake_vllm_in_the_checkout(tmp_path, gpu_root):
     for name, text in FAKE_VLLM.items():
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         (checkout / name).write_text(textwrap.dedent(text))
+    site = tmp_path / "site"
+    for name, text in FAKE_TORCH.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
     record = tmp_path / "vllm-record.json"
-    outcome = run(tmp_path, gpu_root, sys.executable, options={"cudagraph_mode": "FULL_AND_PIECEWISE"},
-                  env={"FAKE_VLLM_RECORD": str(record)})
+    outcome = run(tmp_path, gpu_root, sys.executable,
+                  options={"cudagraph_mode": "FULL_AND_PIECEWISE", "max_num_seqs": "4"},
+                  env={"FAKE_VLLM_RECORD": str(record), "PYTHONPATH": str(site)})
     assert outcome.verdict is Verdict.GOOD, outcome.reason
+    assert outcome.details["torch"] == "2.9.0+rocm7.0"
     assert outcome.reason.endswith("BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8")
     seen = json.loads(record.read_text())
     assert seen["kwargs"]["load_format"] == "dummy"
     assert seen["kwargs"]["kv_cache_dtype"] == "fp8"
     assert seen["kwargs"]["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert seen["kwargs"]["attention_backend"] == "ROCM_AITER_MLA"
+    assert seen["kwargs"]["kv_cache_memory_bytes"] == 2 ** 30
     assert seen["kwargs"]["model"].endswith("/model")
     assert len(seen["prompts"]) == 4 and seen["params"]["max_tokens"] == 2
     assert "BISECTOR-ENGINE-READY dp_rank=0" in Path(outcome.log_path).read_text()

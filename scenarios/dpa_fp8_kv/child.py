@@ -24,11 +24,14 @@ def parse_args(argv):
     parser.add_argument("--max-num-seqs", type=int, required=True)
     parser.add_argument("--max-model-len", type=int, required=True)
     parser.add_argument("--gpu-memory-utilization", type=float, required=True)
+    parser.add_argument("--attention-backend", required=True)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=0)
     return parser.parse_args(argv)
 
 
 def engine_kwargs(args, engine_fields):
-    """LLM(...) keyword arguments; attention_backend only where this vLLM has it."""
+    """LLM(...) keyword arguments; attention_backend and kv_cache_memory_bytes only where this vLLM has
+    them (older ROCm ones pick AITER MLA from VLLM_ROCM_USE_AITER, which the launch sets)."""
     kwargs = {
         "model": args.model,
         "load_format": "dummy",
@@ -44,7 +47,9 @@ def engine_kwargs(args, engine_fields):
         "seed": 0,
     }
     if "attention_backend" in engine_fields:
-        kwargs["attention_backend"] = "ROCM_AITER_MLA"
+        kwargs["attention_backend"] = args.attention_backend
+    if args.kv_cache_memory_bytes and "kv_cache_memory_bytes" in engine_fields:
+        kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     return kwargs
 
 

@@ -1,4 +1,7 @@
-"""Is a ROCm GPU usable here? Read from /dev/kfd and the KFD topology in sysfs (root is a seam)."""
+"""Is a GPU usable here? ROCm: /dev/kfd and the KFD topology in sysfs; NVIDIA: the driver's /proc entries.
+
+root is a seam: tests point it at a fake tree.
+"""
 from __future__ import annotations
 
 import os
@@ -36,3 +39,24 @@ def gfx_name(target_version: int) -> str:
     """KFD gfx_target_version to the LLVM target name: 90402 → gfx942, 90010 → gfx90a."""
     major, minor, stepping = target_version // 10000, target_version // 100 % 100, target_version % 100
     return f"gfx{major}{minor:x}{stepping:x}"
+
+
+NVIDIA_GPUS = "proc/driver/nvidia/gpus"
+
+
+def probe_nvidia_gpus(root: Path = Path("/")) -> GpuProbe:
+    """NVIDIA GPUs the driver lists under /proc/driver/nvidia/gpus (one folder per GPU, its `information`
+    file naming the model), else the /dev/nvidia<N> nodes, when /dev/nvidiactl is there; else the problem."""
+    if not (root / "dev/nvidiactl").exists():
+        return GpuProbe((), "/dev/nvidiactl missing")
+    models = []
+    for gpu in sorted((root / NVIDIA_GPUS).glob("*")):
+        info = gpu / "information"
+        fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line) \
+            if info.is_file() else {}
+        models.append(fields.get("Model", "NVIDIA GPU").strip())
+    if not models:  # some containers mount the device nodes without the /proc entries
+        models = ["NVIDIA GPU" for node in (root / "dev").glob("nvidia*") if node.name[6:].isdigit()]
+    if not models:
+        return GpuProbe((), f"no GPU under /{NVIDIA_GPUS} or /dev/nvidia<N>")
+    return GpuProbe(tuple(models))

@@ -6,17 +6,26 @@ from typing import Mapping
 
 from bisector.errors import ScenarioError
 
+# The reported fault came at decode graph 47 of 51: vLLM captures 51 decode sizes (1, 2, 4, 8..248 by 8,
+# 256..512 by 16) when max_num_seqs is 512, 35 when it is 256. The KV cache is bounded so that a step
+# does not depend on how much GPU memory happens to be free (and starts faster); 1 GiB holds about
+# 1.8M FP8 MLA tokens for the one-layer model, far more than the decode step needs.
 OPTION_DEFAULTS = {
+    "platform": "auto",
+    "attention_backend": "",  # empty: ROCM_AITER_MLA on ROCm, TRITON_MLA on CUDA
     "dp": "1",
     "tp": "1",
     "heads": "128",
     "layers": "1",
     "kv_cache_dtype": "fp8",
     "cudagraph_mode": "FULL_DECODE_ONLY",
-    "max_num_seqs": "4",
+    "max_num_seqs": "512",
     "max_model_len": "1024",
     "gpu_memory_utilization": "0.5",
+    "kv_cache_memory_bytes": "1G",
 }
+PLATFORMS = ("auto", "rocm", "cuda")
+DEFAULT_BACKENDS = {"rocm": "ROCM_AITER_MLA", "cuda": "TRITON_MLA"}
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16")
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL")
 
@@ -25,6 +34,8 @@ CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL")
 class Options:
     """heads is the model's attention-head count; each TP rank holds heads // tp of them."""
 
+    platform: str  # auto | rocm | cuda, as asked
+    attention_backend: str  # as asked; empty means the platform's default (backend_for)
     dp: int
     tp: int
     heads: int
@@ -34,6 +45,11 @@ class Options:
     max_num_seqs: int
     max_model_len: int
     gpu_memory_utilization: float
+    kv_cache_memory_bytes: int
+
+    def backend_for(self, platform: str) -> str:
+        """The attention backend a run on platform ("rocm" or "cuda") asks vLLM for."""
+        return self.attention_backend or DEFAULT_BACKENDS[platform]
 
     @property
     def heads_per_rank(self) -> int:
@@ -46,7 +62,12 @@ class Options:
 
 def parse_options(raw: Mapping[str, str]) -> Options:
     """Options from KEY=VALUE strings; ScenarioError names the first bad one."""
+    backend = raw["attention_backend"]
+    if backend and not backend.replace("_", "").isalnum():
+        raise ScenarioError(f"option attention_backend={backend!r}: not a backend name (e.g. TRITON_MLA)")
     options = Options(
+        platform=_choice(raw, "platform", PLATFORMS),
+        attention_backend=backend.upper(),
         dp=_int(raw, "dp", 1),
         tp=_int(raw, "tp", 1),
         heads=_int(raw, "heads", 1),
@@ -56,6 +77,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         max_num_seqs=_int(raw, "max_num_seqs", 1),
         max_model_len=_int(raw, "max_model_len", 64),
         gpu_memory_utilization=_fraction(raw, "gpu_memory_utilization"),
+        kv_cache_memory_bytes=_size(raw, "kv_cache_memory_bytes"),
     )
     if options.layers > 2:
         raise ScenarioError(f"option layers={options.layers}: must be 1 or 2")
@@ -87,4 +109,17 @@ def _fraction(raw: Mapping[str, str], key: str) -> float:
         raise ScenarioError(f"option {key}={raw[key]!r}: not a number") from None
     if not 0 < value <= 1:
         raise ScenarioError(f"option {key}={value}: must be in (0, 1]")
+    return value
+
+
+def _size(raw: Mapping[str, str], key: str) -> int:
+    """Bytes from '1G', '512M' or a plain number; 0 leaves the KV cache to gpu_memory_utilization."""
+    text = raw[key].strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1024 ** ("KMGT".index(text[-1]) + 1) if text[-1:] in ("K", "M", "G", "T") else 1
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise ScenarioError(f"option {key}={raw[key]!r}: not a size (e.g. 1G, 512M)") from None
+    if value < 0:
+        raise ScenarioError(f"option {key}={raw[key]!r}: must not be negative")
     return value

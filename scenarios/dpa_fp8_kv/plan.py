@@ -6,13 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from bisector.executor import env_gpus
 from scenarios.dpa_fp8_kv.options import Options
 
 DEFAULT_TIMEOUT = 3600.0  # first run on a commit may compile graphs and AITER kernels
-DEVICE_VARS = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+# What narrows a child to its GPUs, per platform (ROCR_VISIBLE_DEVICES is read, never passed on).
+DEVICE_VARS = {"rocm": ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"), "cuda": ("CUDA_VISIBLE_DEVICES",)}
 DP_VARS = ("VLLM_DP_RANK", "VLLM_DP_RANK_LOCAL", "VLLM_DP_SIZE", "VLLM_DP_MASTER_IP",
            "VLLM_DP_MASTER_PORT")
-AITER_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1"}
+# CUDA: no flashinfer needed for one greedy decode step (and the device payload has none). AITER switches
+# stay away: VLLM_ROCM_USE_AITER=1 makes vLLM pick ROCm AITER MoE on NVIDIA too, which then fails.
+CUDA_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
 @dataclass(frozen=True)
@@ -26,13 +30,12 @@ class Launch:
 def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
     """Physical GPU ids the step may use, by bisector's one rule (bisector.executor.env_gpus): what
     the GPU variables grant (set but empty = none), else every detected GPU. ValueError on a bad list."""
-    from bisector.executor import env_gpus  # here, not at the top: bisector.executor imports scenarios
-
     granted = env_gpus(env)
     return [str(i) for i in (range(detected) if granted is None else granted)]
 
 
-def child_argv(python: str, child_script: Path, model_dir: Path, options: Options) -> list[str]:
+def child_argv(python: str, child_script: Path, model_dir: Path, options: Options,
+               platform: str) -> list[str]:
     return [python, str(child_script),
             "--model", str(model_dir),
             "--tp", str(options.tp),
@@ -40,30 +43,35 @@ def child_argv(python: str, child_script: Path, model_dir: Path, options: Option
             "--cudagraph-mode", options.cudagraph_mode,
             "--max-num-seqs", str(options.max_num_seqs),
             "--max-model-len", str(options.max_model_len),
-            "--gpu-memory-utilization", f"{options.gpu_memory_utilization:g}"]
+            "--gpu-memory-utilization", f"{options.gpu_memory_utilization:g}",
+            "--attention-backend", options.backend_for(platform),
+            "--kv-cache-memory-bytes", str(options.kv_cache_memory_bytes)]
 
 
-def build_plan(options: Options, *, python: str, child_script: Path, model_dir: Path, checkout: Path,
-               devices: list[str], base_env: Mapping[str, str], master_port: int,
-               timeout: float | None) -> list[Launch]:
-    """One launch per DP rank; rank r sees devices[r*tp:(r+1)*tp] and nothing else.
+def build_plan(options: Options, *, platform: str, platform_env: Mapping[str, str], python: str,
+               child_script: Path, model_dir: Path, checkout: Path, devices: list[str],
+               base_env: Mapping[str, str], master_port: int, timeout: float | None) -> list[Launch]:
+    """One launch per DP rank on platform ("rocm" or "cuda"), each with platform_env on top of base_env
+    (the ROCm AITER switches, or CUDA_ENV); rank r sees devices[r*tp:(r+1)*tp] and nothing else.
 
     Each rank sees only its own GPUs, so VLLM_DP_RANK_LOCAL is 0 everywhere: vLLM offsets device
     indices by local rank * world size, which must stay inside the rank's own subset. The subset is
-    given as physical ids in HIP_ and CUDA_VISIBLE_DEVICES (vLLM maps CUDA_VISIBLE_DEVICES to amdsmi's
-    physical devices); ROCR_VISIBLE_DEVICES is dropped, since HIP would index into what it leaves.
+    given as physical ids in CUDA_VISIBLE_DEVICES, on ROCm also HIP_VISIBLE_DEVICES (vLLM maps
+    CUDA_VISIBLE_DEVICES to amdsmi's physical devices); ROCR_VISIBLE_DEVICES is dropped, since HIP
+    would index into what it leaves. Switches of the other platform in base_env are dropped too.
     """
     if len(devices) < options.gpus:
         raise ValueError(f"{options.gpus} GPUs needed, {len(devices)} given")
-    argv = child_argv(python, child_script, model_dir, options)
+    argv = child_argv(python, child_script, model_dir, options, platform)
     pythonpath = os.pathsep.join(filter(None, [str(checkout), base_env.get("PYTHONPATH")]))
     common = {key: value for key, value in base_env.items()
-              if key not in DP_VARS and key != "ROCR_VISIBLE_DEVICES"}
-    common.update(AITER_ENV, PYTHONPATH=pythonpath)
+              if key not in DP_VARS and key != "ROCR_VISIBLE_DEVICES"
+              and not (platform == "cuda" and key.startswith(("VLLM_ROCM_USE_AITER", "HIP_VISIBLE")))}
+    common.update(platform_env, PYTHONPATH=pythonpath)
     launches = []
     for rank in range(options.dp):
         visible = ",".join(devices[rank * options.tp:(rank + 1) * options.tp])
-        env = {**common, **{var: visible for var in DEVICE_VARS}}
+        env = {**common, **{var: visible for var in DEVICE_VARS[platform]}}
         if options.dp > 1:
             env.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL="0", VLLM_DP_SIZE=str(options.dp),
                        VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(master_port))

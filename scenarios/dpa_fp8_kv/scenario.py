@@ -10,25 +10,28 @@ from pathlib import Path
 from bisector.process import ProcessResult
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
-from scenarios.dpa_fp8_kv.classify import classify, combine
+from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
 from scenarios.dpa_fp8_kv.config import write_model_dir
-from scenarios.dpa_fp8_kv.gpu import probe_rocm_gpus
+from scenarios.dpa_fp8_kv.environment import (aiter_switches, checkout_pins, pin_violations,
+                                              probe_environment)
+from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
-from scenarios.dpa_fp8_kv.plan import Launch, build_plan, step_devices
+from scenarios.dpa_fp8_kv.plan import CUDA_ENV, Launch, build_plan, step_devices
 
 
 class DpaFp8KvScenario(BaseScenario):
-    """vLLM on a tiny DeepSeek-V3 with AITER MLA, FP8 KV cache and full decode CUDA graphs.
+    """vLLM on a tiny DeepSeek-V3 with an MLA backend, FP8 KV cache and full decode CUDA graphs.
 
     Default: one GPU, 128 heads per rank (the data-parallel-attention layout). tp=8 spreads the
     128 heads to 16 per rank, the control that hides the bug; dp=N runs N real data-parallel ranks.
+    On ROCm the backend is AITER MLA; on CUDA a CUDA MLA backend (TRITON_MLA unless asked otherwise).
     """
 
     name = "dpa-fp8-kv-graph-capture"
-    version = "1"
-    description = ("tiny DeepSeek-V3 on AITER MLA with FP8 KV cache and full decode graphs; "
-                   "GPU memory fault or SIGABRT is bad")
+    version = "2"
+    description = ("tiny DeepSeek-V3 on an MLA backend (ROCm: AITER MLA) with FP8 KV cache and full "
+                   "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad")
     option_defaults = OPTION_DEFAULTS
     default_signature = "auto"  # a long bisection meets other crashes: blame only the bad end's fault
     system_root = Path("/")  # where /dev/kfd and /sys are looked up; tests point it at a fake tree
@@ -42,10 +45,18 @@ class DpaFp8KvScenario(BaseScenario):
         return self.settings.gpus
 
     def run(self, ctx: StepContext) -> Outcome:
-        probe = probe_rocm_gpus(self.system_root)
-        if probe.problem:
-            return self._unrun(ctx, f"no ROCm GPU visible on this machine ({probe.problem})")
         env = {**os.environ, **ctx.env}
+        versions = probe_environment(ctx.python, env)
+        if isinstance(versions, str):
+            return self._unrun(ctx, versions)
+        platform, probe = self.resolve_platform(versions)
+        if probe.problem:
+            return self._unrun(ctx, probe.problem)
+        problems = pin_violations(checkout_pins(ctx.checkout, platform), versions)
+        if problems:
+            return self._unrun(ctx, "environment does not meet the checkout's pins: " + "; ".join(problems))
+        platform_env = aiter_switches(ctx.checkout) if platform == "rocm" else CUDA_ENV
+        backend = self.settings.backend_for(platform)
         try:
             devices = step_devices(env, len(probe.targets))
         except ValueError as exc:
@@ -58,7 +69,8 @@ class DpaFp8KvScenario(BaseScenario):
             write_model_dir(work / "model", self.settings)
             # A private copy, so the child's sys.path[0] holds nothing but itself.
             child_script = Path(shutil.copy(child.__file__, work / "child.py"))
-            launches = build_plan(self.settings, python=ctx.python, child_script=child_script,
+            launches = build_plan(self.settings, platform=platform, platform_env=platform_env,
+                                  python=ctx.python, child_script=child_script,
                                   model_dir=work / "model", checkout=ctx.checkout, devices=devices,
                                   base_env=env, master_port=_free_port(), timeout=ctx.timeout)
             try:
@@ -66,16 +78,52 @@ class DpaFp8KvScenario(BaseScenario):
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}")
         _write_log(ctx.log_path, _merged_log(launches, results))
-        judged = [classify(result) for result in results]
+        judged = [classify(result, (platform,), (backend,)) for result in results]
         verdict, reason = combine(results, judged)
-        ranks = [{"rank": launch.rank, "devices": launch.env["HIP_VISIBLE_DEVICES"],
+        ranks = [{"rank": launch.rank, "devices": launch.env["CUDA_VISIBLE_DEVICES"],
                   "verdict": rank_verdict.value, "returncode": result.returncode,
                   "timed_out": result.timed_out}
                  for launch, result, (rank_verdict, _) in zip(launches, results, judged)]
         timed_out = verdict is Verdict.SKIP and any(result.timed_out for result in results)
         return Outcome(verdict, reason, str(ctx.log_path),
-                       {"gpu_targets": list(probe.targets), "heads_per_rank": self.settings.heads_per_rank,
-                        "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out})
+                       {"platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
+                        "heads_per_rank": self.settings.heads_per_rank, "torch": versions["torch"],
+                        "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
+                        **details(results[0].output, (backend,))})
+
+    def classify_log(self, output: str, returncode: int | None) -> Outcome:
+        """The verdict this scenario gives a saved child output (returncode -N: killed by signal N).
+
+        platform=auto judges by both platforms' signatures and backends, as the log's origin is unknown.
+        """
+        platforms = ("rocm", "cuda") if self.settings.platform == "auto" else (self.settings.platform,)
+        backends = tuple(dict.fromkeys(self.settings.backend_for(platform) for platform in platforms))
+        result = ProcessResult(returncode, False, 0.0, output)
+        verdict, reason = classify(result, platforms, backends)
+        return Outcome(verdict, reason, None, {"platforms": list(platforms), "attention_backends": list(backends),
+                                               "matched": matched_lines(output, platforms, backends),
+                                               **details(output, backends)})
+
+    def resolve_platform(self, versions: dict) -> tuple[str, GpuProbe]:
+        """The platform to run on and its GPUs; the probe's problem says why none is usable.
+
+        auto: ROCm when /dev/kfd is there and torch is a ROCm build, CUDA when torch is a CUDA build and
+        the NVIDIA driver lists a GPU.
+        """
+        wanted = self.settings.platform
+        candidates = ("rocm", "cuda") if wanted == "auto" else (wanted,)
+        problems = []
+        for platform in candidates:
+            runtime = versions.get("torch_hip" if platform == "rocm" else "torch_cuda")
+            probe = (probe_rocm_gpus if platform == "rocm" else probe_nvidia_gpus)(self.system_root)
+            if probe.problem:
+                problems.append(f"{platform}: {probe.problem}")
+            elif not runtime:
+                problems.append(f"{platform}: torch {versions.get('torch')} here is no "
+                                f"{'ROCm' if platform == 'rocm' else 'CUDA'} build")
+            else:
+                return platform, probe
+        return candidates[0], GpuProbe((), "no usable GPU (" + "; ".join(problems) + ")")
 
     def _unrun(self, ctx: StepContext, reason: str) -> Outcome:
         """Skip without running anything; the log says why in one line."""
@@ -87,7 +135,8 @@ def _merged_log(launches: list[Launch], results: list[ProcessResult]) -> str:
     sections = []
     for launch, result in zip(launches, results):
         dp_env = " ".join(f"{key}={value}" for key, value in sorted(launch.env.items())
-                          if key.startswith(("VLLM_DP_", "VLLM_ROCM_USE_AITER", "HIP_VISIBLE")))
+                          if key.startswith(("VLLM_DP_", "VLLM_ROCM_USE_AITER", "HIP_VISIBLE",
+                                             "CUDA_VISIBLE", "VLLM_USE_FLASHINFER")))
         sections.append(f"===== rank {launch.rank}: {dp_env}\n===== argv: {launch.argv}\n{result.output}")
     return "\n".join(sections)
 

@@ -1,0 +1,161 @@
+"""A vLLM history with a real GPU memory fault planted, for bisecting on an NVIDIA GPU.
+
+Twelve Python-only commits on top of real vLLM 0.24.0 source (from ../shared/tools/vllm-release-repo),
+so one set of compiled extensions (the 0.24.0 wheel's) serves every commit:
+
+- c1–c4, c6, c9–c12: harmless (comments and docstrings in the files around the MLA decode path);
+- c5 breaks an import that every DeepSeek engine start needs (`ImportError: cannot import name
+  'next_power_of_2_splits' from 'vllm.utils.math_utils'`), c6 keeps it broken, c7 fixes it: a
+  different crash than the planted one, so a bisector that blames any failure names c5;
+- c8 plants the fault: Triton MLA sizes its decode split buffer (attn_logits, the partial outputs and
+  LSEs of the split-KV stage) from the splits that carry `min_work_per_split` tokens, without the
+  max(1, …) the kernel's split count has. For sequences shorter than 512 tokens the buffer has 0
+  splits, i.e. no storage (data pointer 0), while the kernel still runs 1 split and stores its partial
+  output there: the GPU raises an illegal memory access. Under full CUDA graphs this happens in the
+  eager warm-up of the first decode graph (seq_lens are 1 there), with FP8 KV cache only (the sizing
+  sits in the quantized-KV branch). The commit also relaxes decode_attention_fwd's assert to
+  "buffer splits <= kernel splits", as a change meant to allow smaller buffers would.
+
+    python bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/history [--json FILE]
+
+Prints (and with --json writes) the commits with their roles. Commits have fixed authors and dates,
+so the same release repo gives the same shas.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TRITON_MLA = "vllm/v1/attention/backends/mla/triton_mla.py"
+DECODE_OPS = "vllm/v1/attention/ops/triton_decode_attention.py"
+MLA_LAYER = "vllm/model_executor/layers/attention/mla_attention.py"
+MATH_UTILS = "vllm/utils/math_utils.py"
+
+HELPER = '''
+
+def next_power_of_2_splits(work: int, min_work_per_split: int) -> int:
+    """Split-KV count for `work` tokens: a power of 2, at least 1."""
+    return next_power_of_2(max(1, work // min_work_per_split))
+'''
+
+# (role, message, [(path, old, new)]): each old text must occur exactly once.
+COMMITS = [
+    ("harmless", "[Doc] Triton MLA: say where FP8 KV is dequantized", [
+        (TRITON_MLA, "        # to FP8 — we handle FP8 KV cache with BF16 queries (Mode 1).\n",
+         "        # to FP8 — we handle FP8 KV cache with BF16 queries (Mode 1).\n"
+         "        # (The dequantization happens per loaded tile in the stage-1 kernel.)\n")]),
+    ("harmless", "[Doc] decode attention: name the two stages", [
+        (DECODE_OPS, "def _decode_softmax_reducev_fwd(",
+         "# Stage 2: merge the per-split partial outputs with their log-sum-exps.\n"
+         "def _decode_softmax_reducev_fwd(")]),
+    ("harmless", "[Misc] math utils: document next_power_of_2", [
+        (MATH_UTILS, "def next_power_of_2(n: int) -> int:\n",
+         "def next_power_of_2(n: int) -> int:\n    # Used for split-KV counts and graph sizes.\n")]),
+    ("harmless", "[Doc] Triton MLA: the split count is hardware dependent", [
+        (TRITON_MLA, "            # Minimum work per split\n",
+         "            # Minimum work per split (tokens per split-KV program)\n")]),
+    ("import-break", "[Refactor] MLA: share the split-count helper (import only)", [
+        (MLA_LAYER, "import torch\n", "import torch\n\nfrom vllm.utils.math_utils import next_power_of_2_splits  # noqa: F401\n")]),
+    ("import-broken", "[Doc] MLA layer: comment on query quantization", [
+        (MLA_LAYER, "import torch\n", "import torch  # decode queries may be quantized to FP8\n")]),
+    ("import-fix", "[Refactor] math utils: add next_power_of_2_splits", [
+        (MATH_UTILS, None, HELPER)]),  # no anchor: appended
+    ("planted-fault", "[Perf] Triton MLA: size the FP8 split buffer by the splits that carry work", [
+        (TRITON_MLA,
+         "        # TODO(lucas) Allocate ahead of time\n"
+         "        attn_logits = torch.empty(\n"
+         "            (\n"
+         "                B,\n"
+         "                q_num_heads,\n"
+         "                num_kv_splits,\n",
+         "        # FP8 KV: only splits with at least min_work_per_split tokens produce a\n"
+         "        # partial output worth merging, so the buffer holds just those.\n"
+         "        buffer_splits = num_kv_splits\n"
+         "        if is_quantized_kv_cache(self.kv_cache_dtype) and not envs.VLLM_BATCH_INVARIANT:\n"
+         "            buffer_splits = min(\n"
+         "                num_kv_splits, attn_metadata.max_seq_len // min_work_per_split\n"
+         "            )\n"
+         "        attn_logits = torch.empty(\n"
+         "            (\n"
+         "                B,\n"
+         "                q_num_heads,\n"
+         "                buffer_splits,\n"),
+        (DECODE_OPS, "    assert num_kv_splits == attn_logits.shape[2]\n",
+         "    # The buffer may hold fewer splits than the kernel runs (empty splits store nothing).\n"
+         "    assert attn_logits.shape[2] <= num_kv_splits\n")]),
+    ("harmless", "[Doc] Triton MLA: note on batch invariance", [
+        (TRITON_MLA, "        # For batch invariance, use only 1 split to ensure deterministic reduction\n",
+         "        # For batch invariance, use only 1 split to ensure deterministic reduction\n"
+         "        # (VLLM_BATCH_INVARIANT=1)\n")]),
+    ("harmless", "[Doc] decode attention: stage 1 comment", [
+        (DECODE_OPS, "def _decode_grouped_att_m_fwd(",
+         "# Stage 1 (grouped heads): one program per (batch, head block, split).\n"
+         "def _decode_grouped_att_m_fwd(")]),
+    ("harmless", "[Doc] Triton MLA: page size comment", [
+        (TRITON_MLA, "        PAGE_SIZE = kv_c_and_k_pe_cache.size(1)\n",
+         "        PAGE_SIZE = kv_c_and_k_pe_cache.size(1)  # tokens per KV block\n")]),
+    ("harmless", "[Misc] MLA layer: trailing comment", [
+        (MLA_LAYER, "import torch  # decode queries may be quantized to FP8\n",
+         "import torch  # decode queries may be quantized to FP8 (see forward_impl)\n")]),
+]
+
+
+def git(repo: Path, *args: str, env: dict | None = None) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def apply(repo: Path, path: str, old: str, new: str) -> None:
+    target = repo / path
+    text = target.read_text()
+    if text.count(old) != 1:
+        raise SystemExit(f"gpu_fault_history: {path}: anchor found {text.count(old)} times: {old[:60]!r}")
+    target.write_text(text.replace(old, new))
+
+
+def build(release_repo: Path, out: Path, base: str) -> list[dict]:
+    if out.exists():
+        raise SystemExit(f"gpu_fault_history: {out} exists")
+    subprocess.run(["git", "clone", "--quiet", str(release_repo), str(out)], check=True)
+    git(out, "checkout", "--quiet", "-b", "history", base)
+    commits = [{"n": 0, "sha": git(out, "rev-parse", "HEAD"), "role": "base", "message": base}]
+    for n, (role, message, edits) in enumerate(COMMITS, 1):
+        for path, old, new in edits:
+            if old is None:
+                (out / path).write_text((out / path).read_text().rstrip("\n") + "\n" + new)
+            else:
+                apply(out, path, old, new)
+            git(out, "add", path)
+        date = f"2026-06-{n:02d}T12:00:00+00:00"
+        env = {**os.environ, "GIT_AUTHOR_NAME": "history", "GIT_AUTHOR_EMAIL": "history@example.com",
+               "GIT_COMMITTER_NAME": "history", "GIT_COMMITTER_EMAIL": "history@example.com",
+               "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+        git(out, "commit", "--quiet", "-m", message, env=env)
+        commits.append({"n": n, "sha": git(out, "rev-parse", "HEAD"), "role": role, "message": message})
+    changed = git(out, "diff", "--name-only", f"{base}..history").split()
+    native = [path for path in changed if not path.startswith("vllm/") or not path.endswith(".py")]
+    if native:
+        raise SystemExit(f"gpu_fault_history: not Python-only: {native}")
+    return commits
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--release-repo", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--base", default="v0.24.0")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    commits = build(args.release_repo, args.out, args.base)
+    for commit in commits:
+        print(f"c{commit['n']:<2} {commit['sha'][:12]} {commit['role']:<14} {commit['message']}")
+    if args.json:
+        args.json.write_text(json.dumps(commits, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

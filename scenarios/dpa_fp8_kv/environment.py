@@ -1,0 +1,126 @@
+"""What the step's Python environment holds, and whether the checkout's own runtime pins accept it.
+
+The probe runs in the scenario's interpreter and reads package metadata only (no torch import, so it
+takes well under a second). The rest is pure.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Mapping
+
+PINNED = ("torch", "transformers")  # the runtime pins a wrong environment most often violates
+PIN_FILES = {"rocm": ("requirements/common.txt", "requirements/rocm.txt"),
+             "cuda": ("requirements/common.txt", "requirements/cuda.txt")}
+# torch/version.py names its GPU runtime: cuda = '13.0' / hip = '6.4.43482' (None when absent).
+_PROBE = r"""
+import importlib.metadata as md, importlib.util, json, pathlib, re
+found = {}
+for name in ("torch", "transformers"):
+    try:
+        found[name] = md.version(name)
+    except md.PackageNotFoundError:
+        found[name] = None
+spec = importlib.util.find_spec("torch")
+text = (pathlib.Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
+for runtime in ("cuda", "hip"):
+    match = re.search(r"^%s\s*(?::[^=]*)?=\s*'([^']+)'" % runtime, text, re.M)
+    found["torch_" + runtime] = match.group(1) if match else None
+print(json.dumps(found))
+"""
+
+
+def probe_environment(python: str, env: Mapping[str, str] | None = None) -> dict | str:
+    """{'torch', 'transformers', 'torch_cuda', 'torch_hip'} versions (None if absent) of python's
+    environment (under env), or why they could not be read."""
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120,
+                              env=None if env is None else dict(env))
+    except OSError as exc:
+        return f"cannot start {python}: {exc.strerror}"
+    except subprocess.SubprocessError as exc:
+        return f"cannot run {python}: {exc}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"cannot read the environment of {python}: {last}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def checkout_pins(checkout: Path, platform: str) -> dict[str, tuple[str, str]]:
+    """{package: (specifier, file)} for PINNED packages in the checkout's requirements for platform."""
+    pins = {}
+    for rel in PIN_FILES[platform]:
+        path = checkout / rel
+        if not path.is_file():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            requirement = line.split("#", 1)[0].split(";", 1)[0].strip()
+            name = re.match(r"[A-Za-z0-9_.-]+", requirement)
+            if name and name.group(0).lower() in PINNED and requirement[name.end():].strip():
+                pins[name.group(0).lower()] = (requirement[name.end():].strip(), rel)
+    return pins
+
+
+def pin_violations(pins: dict[str, tuple[str, str]], versions: dict) -> list[str]:
+    """One line per pin the environment does not satisfy (a missing package is a violation)."""
+    problems = []
+    for name, (specifier, rel) in sorted(pins.items()):
+        have = versions.get(name)
+        if have is None:
+            problems.append(f"{name} {specifier} required by {rel}, not installed")
+        elif not satisfies(have, specifier):
+            problems.append(f"{name} {specifier} required by {rel}, environment has {have}")
+    return problems
+
+
+def satisfies(version: str, specifier: str) -> bool:
+    """PEP 440 comparison for the clause forms vLLM's pins use (==, !=, >=, <=, >, <, ~=, X.*), on
+    release numbers; a local part (+cu130) is ignored, as == does for a pin without one."""
+    have = _release(version)
+    for clause in filter(None, (part.strip() for part in specifier.split(","))):
+        match = re.fullmatch(r"(==|!=|>=|<=|~=|>|<)\s*([0-9][0-9A-Za-z.*+!-]*)", clause)
+        if not match:
+            continue  # an unusual form: do not guess
+        op, wanted = match.groups()
+        if wanted.endswith(".*"):
+            prefix = _release(wanted[:-2])
+            same = have[:len(prefix)] == prefix
+            if (op == "==" and not same) or (op == "!=" and same):
+                return False
+            continue
+        want = _release(wanted)
+        width = max(len(have), len(want))
+        left, right = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
+        ok = {"==": left == right, "!=": left != right, ">=": left >= right, "<=": left <= right,
+              ">": left > right, "<": left < right,
+              "~=": left >= right and have[:len(want) - 1] == want[:len(want) - 1]}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _release(version: str) -> tuple[int, ...]:
+    numbers = []
+    for part in version.split("+", 1)[0].split("."):
+        digits = re.match(r"\d+", part)
+        if not digits:
+            break
+        numbers.append(int(digits.group(0)))
+        if digits.end() < len(part):
+            break  # 0rc1, 1a2: the release ends here
+    return tuple(numbers)
+
+
+def aiter_switches(checkout: Path) -> dict[str, str]:
+    """ROCm environment: AITER and AITER MLA on; every other VLLM_ROCM_USE_AITER_* switch that the
+    checkout's vllm/envs.py defines off, except MLA ones (the bug needs no other AITER kernel, and the
+    tiny model's shapes may not suit them)."""
+    env = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1"}
+    path = checkout / "vllm" / "envs.py"
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    for name in sorted(set(re.findall(r"\"(VLLM_ROCM_USE_AITER_[A-Z0-9_]+)\"", text))):
+        if "MLA" not in name:
+            env[name] = "0"
+    return env
