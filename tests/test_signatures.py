@@ -118,3 +118,16 @@ def test_calibrate_measures_both_ends(crash_history, tmp_path, cli):
     missing = cli("scenario", "calibrate", "command", "--repo", str(repo.path), "--good", shas[0],
                        "--bad", shas[-1])
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+def test_real_h200_records_have_distinct_signatures(project_root, cli):
+    records = project_root / "tests" / "records"
+    fault = (records / "h200-c8-planted-fault.log").read_text(errors="replace")
+    imported = (records / "h200-c5-import-error.log").read_text(errors="replace")
+    assert failure_signature(fault, -6) == "GPU illegal memory access during CUDA-graph capture"
+    assert failure_signature(imported, 1) == "ImportError"
+    classified = cli("scenario", "classify", "dpa-fp8-kv-graph-capture", "--option", "platform=cuda",
+                     "--log", str(records / "h200-c8-planted-fault.log"), "--exit-code", "1", "--json")
+    assert classified.returncode == 1, classified.stderr
+    assert json.loads(classified.stdout)["details"]["signature"] == \
+        "GPU illegal memory access during CUDA-graph capture"

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from bisector.process import ProcessResult
+from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
@@ -85,8 +86,11 @@ class DpaFp8KvScenario(BaseScenario):
                   "timed_out": result.timed_out}
                  for launch, result, (rank_verdict, _) in zip(launches, results, judged)]
         timed_out = verdict is Verdict.SKIP and any(result.timed_out for result in results)
+        failed = next((result for result, (judged_verdict, _) in zip(results, judged)
+                       if judged_verdict is Verdict.BAD), None)
+        signature = {"signature": failure_signature(failed.output, failed.returncode)} if failed else {}
         return Outcome(verdict, reason, str(ctx.log_path),
-                       {"platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
+                       {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
                         "heads_per_rank": self.settings.heads_per_rank, "torch": versions["torch"],
                         "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                         **details(results[0].output, (backend,))})
@@ -100,7 +104,8 @@ class DpaFp8KvScenario(BaseScenario):
         backends = tuple(dict.fromkeys(self.settings.backend_for(platform) for platform in platforms))
         result = ProcessResult(returncode, False, 0.0, output)
         verdict, reason = classify(result, platforms, backends)
-        return Outcome(verdict, reason, None, {"platforms": list(platforms), "attention_backends": list(backends),
+        signature = {"signature": failure_signature(output, returncode)} if verdict is Verdict.BAD else {}
+        return Outcome(verdict, reason, None, {**signature, "platforms": list(platforms), "attention_backends": list(backends),
                                                "matched": matched_lines(output, platforms, backends),
                                                **details(output, backends)})
 
