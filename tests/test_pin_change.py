@@ -31,3 +31,15 @@ def test_a_culprit_that_bumps_the_aiter_pin_is_named_as_such(make_repo, tmp_path
     quiet = cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",
                 "--state-dir", str(tmp_path / "state"), "--json", str(tmp_path / "q.json"), "--", "false")
     assert "pin_change" not in json.loads((tmp_path / "q.json").read_text())  # no move inside that range
+
+
+def test_gpu_scenario_reports_an_aiter_other_than_the_pin(tmp_path):
+    from scenarios.dpa_fp8_kv.environment import aiter_against_pin
+
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "Dockerfile.rocm_base").write_text(DOCKERFILE.format("v0.1.13.post1"))
+    assert aiter_against_pin(tmp_path, "0.1.13.post1+g3a38da3") == {"pinned": "v0.1.13.post1",
+                                                                    "installed": "0.1.13.post1+g3a38da3"}
+    assert aiter_against_pin(tmp_path, "0.1.10.post2")["mismatch"] == \
+        "the checkout pins AITER v0.1.13.post1, the environment has 0.1.10.post2"
+    assert aiter_against_pin(tmp_path / "docker", "0.1.10") == {}  # no pin there

@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
+from bisector.pins import pins_in_tree
+
 PINNED = ("torch", "transformers")  # the runtime pins a wrong environment most often violates
 PIN_FILES = {"rocm": ("requirements/common.txt", "requirements/rocm.txt"),
              "cuda": ("requirements/common.txt", "requirements/cuda.txt")}
@@ -18,11 +20,13 @@ PIN_FILES = {"rocm": ("requirements/common.txt", "requirements/rocm.txt"),
 _PROBE = r"""
 import importlib.metadata as md, importlib.util, json, pathlib, re
 found = {}
-for name in ("torch", "transformers"):
+for name in ("torch", "transformers", "aiter", "amd-aiter"):
     try:
         found[name] = md.version(name)
     except md.PackageNotFoundError:
         found[name] = None
+found["aiter"] = found.pop("aiter") or found.pop("amd-aiter", None)
+found.pop("amd-aiter", None)
 spec = importlib.util.find_spec("torch")
 text = (pathlib.Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
 for runtime in ("cuda", "hip"):
@@ -33,7 +37,7 @@ print(json.dumps(found))
 
 
 def probe_environment(python: str, env: Mapping[str, str] | None = None) -> dict | str:
-    """{'torch', 'transformers', 'torch_cuda', 'torch_hip'} versions (None if absent) of python's
+    """{'torch', 'transformers', 'aiter', 'torch_cuda', 'torch_hip'} versions (None if absent) of python's
     environment (under env), or why they could not be read."""
     try:
         done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120,
@@ -124,3 +128,17 @@ def aiter_switches(checkout: Path) -> dict[str, str]:
         if "MLA" not in name:
             env[name] = "0"
     return env
+
+
+def aiter_against_pin(checkout: Path, installed: str | None) -> dict:
+    """The AITER the checkout pins (docker/Dockerfile.rocm_base) beside the one installed, and whether
+    they differ: {} without a pin; a pin that is no version (a branch, a sha) is only reported."""
+    pin = pins_in_tree(checkout).get("aiter")
+    if pin is None:
+        return {}
+    found = {"pinned": pin.ref, "installed": installed}
+    pinned_version = pin.ref.removeprefix("v")
+    if installed and re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", pinned_version) \
+            and installed.split("+")[0] != pinned_version:
+        found["mismatch"] = f"the checkout pins AITER {pin.ref}, the environment has {installed}"
+    return found

@@ -13,7 +13,7 @@ from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
 from scenarios.dpa_fp8_kv.config import write_model_dir
-from scenarios.dpa_fp8_kv.environment import (aiter_switches, checkout_pins, pin_violations,
+from scenarios.dpa_fp8_kv.environment import (aiter_against_pin, aiter_switches, checkout_pins, pin_violations,
                                               probe_environment)
 from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
@@ -92,6 +92,8 @@ class DpaFp8KvScenario(BaseScenario):
         return Outcome(verdict, reason, str(ctx.log_path),
                        {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
                         "heads_per_rank": self.settings.heads_per_rank, "torch": versions["torch"],
+                        **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))}
+                           if platform == "rocm" else {}),
                         "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                         **details(results[0].output, (backend,))})
 
