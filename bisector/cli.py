@@ -144,7 +144,7 @@ class ProgressHandler(Handler):
         eta = elapsed / self.count * steps_left
         colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
         cached = " cached" if step.cached else ""
-        build = f" [build {escape(step.build)}]" if step.build else ""
+        build = escape(f" [build {step.build}]") if step.build else ""
         console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
                       f"({escape(step.reason)}){build} | {left} commits left, ~{steps_left} steps to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
