@@ -233,41 +233,63 @@ class CappedLog:
 
 
 class MarkerScan:
-    """Lines holding any of the markers (plain substrings), found in linear time as output streams."""
+    """Lines holding any of the markers (plain substrings), found in linear time as output streams.
+
+    A found line is kept by its first LINE_KEPT bytes, or, when the marker lies further in, by the
+    LINE_KEPT bytes from just before the marker.
+    """
 
     def __init__(self, markers: Sequence[str], limit: int = 20):
         self.markers = [m.encode() for m in markers if m]
         self.overlap = max((len(m) for m in self.markers), default=1) - 1
         self.limit = limit
         self.found: list[str] = []
-        self.line = b""  # the first LINE_KEPT bytes of the current line
+        self._new_line()
+
+    def _new_line(self) -> None:
+        self.head = b""  # the line's first LINE_KEPT bytes
+        self.excerpt: bytes | None = None  # from just before a marker found past the head
+        self.seen = 0  # bytes of the line so far
         self.carry = b""  # its last `overlap` bytes, for markers split across reads
         self.hit = False
 
     def feed(self, data: bytes) -> None:
         if not self.markers or len(self.found) >= self.limit:
             return
-        window = self.carry + data
-        if not self.hit and not any(m in window for m in self.markers):
+        if not self.hit and not any(m in self.carry + data for m in self.markers):
             cut = data.rfind(b"\n")
-            self.line = (self.line + data)[:LINE_KEPT] if cut < 0 else data[cut + 1:cut + 1 + LINE_KEPT]
-            self.carry = window[-self.overlap:] if self.overlap else b""
+            if cut >= 0:  # lines ended here without a marker
+                self._new_line()
+            self._extend(data[cut + 1:], None)
             return
         start = 0
         while len(self.found) < self.limit:
             end = data.find(b"\n", start)
             piece = data[start:] if end < 0 else data[start:end]
             window = self.carry + piece
-            self.hit = self.hit or any(m in window for m in self.markers)
-            if len(self.line) < LINE_KEPT:
-                self.line += piece[:LINE_KEPT - len(self.line)]
-            self.carry = window[-self.overlap:] if self.overlap else b""
+            at = None if self.hit else min((i for i in (window.find(m) for m in self.markers) if i >= 0),
+                                           default=None)
+            self._extend(piece, None if at is None else (window, at))
             if end < 0:
                 return
             if self.hit:
-                self.found.append(self.line.decode(errors="replace").strip())
-            self.line, self.carry, self.hit = b"", b"", False
+                text = self.head if self.excerpt is None else b"... " + self.excerpt
+                self.found.append(text.decode(errors="replace").strip())
+            self._new_line()
             start = end + 1
+
+    def _extend(self, piece: bytes, hit: tuple[bytes, int] | None) -> None:
+        if len(self.head) < LINE_KEPT:
+            self.head += piece[:LINE_KEPT - len(self.head)]
+        if self.excerpt is not None and len(self.excerpt) < LINE_KEPT:
+            self.excerpt += piece[:LINE_KEPT - len(self.excerpt)]
+        if hit is not None:
+            window, at = hit
+            self.hit = True
+            if self.seen - len(self.carry) + at + self.overlap + 1 > LINE_KEPT:  # marker not whole in head
+                self.excerpt = window[max(0, at - 100):][:LINE_KEPT]
+        self.seen += len(piece)
+        self.carry = (self.carry + piece[-self.overlap:])[-self.overlap:] if self.overlap else b""
 
 
 def _check_program(program: str, cwd: Path, path: str) -> None:

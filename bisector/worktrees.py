@@ -96,6 +96,7 @@ class WorktreePool:
     def __exit__(self, *exc) -> None:
         for tree in self.all:
             self._remove(tree)
+        self._forget_stale_registrations()  # of slots a step broke (their .git file gone)
 
     def _owns(self, tree: Path) -> bool:
         return tree.parent.parent == self.base and tree.name == "tree"
