@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.builds import NoBuild
-from bisector.engine import Judge, RepoLock, RunContext, default_state_dir, open_builder, prepare_state_dir
+from bisector.engine import Judge, RunContext, open_builder, open_state
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
+from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
 from bisector.refs import GitRepo
 from bisector.results import SETTLED
 from bisector.seams import Scenario
-from bisector.store import Execution, Store
+from bisector.store import Execution
 from bisector.worktrees import WorktreePool
 
 MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
@@ -38,6 +39,7 @@ class BackportConfig:
     python: str = "python3"
     repeat: int = 1
     builder: object = field(default_factory=NoBuild)
+    log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
 
 
 class BackportHandler:
@@ -131,10 +133,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
     if len(repo.parents(fix)) > 1:
         raise UsageError(f"fix {cfg.fix} ({fix[:12]}) is a merge commit; give the commit to pick")
     branches = matching_branches(repo, cfg.branches)
-    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
-
-    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
-        store = Store(state_dir / "bisector.sqlite")
+    with open_state(repo, cfg.state_dir, log_limit=cfg.log_limit) as (state_dir, pool, store):
         judge = Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout, cfg.python,
                       cfg.repeat) if cfg.scenario else None
         executor = LocalExecutor([{}])
@@ -167,8 +166,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                 }
             return run.result
         finally:
+            GROUPS.stop()
             executor.shutdown()
-            store.close()
 
 
 class _BranchChecker:

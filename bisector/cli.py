@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -35,7 +36,20 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)  # one event, on
 
 
 class BisectorGroup(click.Group):
-    """Turns every BisectorError into its one line and exit code, and an interrupt into 130."""
+    """Turns every BisectorError and click usage error into its one line and exit code, and an
+    interrupt into 130."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            message = " ".join(exc.format_message().split())
+            click.echo(f"bisector: error: {message}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("bisector: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -49,6 +63,64 @@ class BisectorGroup(click.Group):
             sys.exit(EXIT_INTERRUPTED)
 
 
+class FiniteFloat(click.FloatRange):
+    """A finite float in range: nan and inf are refused (nan would disable every comparison)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def not_an_option(ctx, param, value):
+    """Refuse a value that is an option name (`--good --bad X` left --good without its value)."""
+    if isinstance(value, str) and value.startswith("-"):
+        raise click.BadParameter(f"got the option {value!r} where a value belongs; "
+                                 f"give {param.opts[0]} a value")
+    return value
+
+
+def absolute_path(ctx, param, value):
+    """Resolve a path option once, against the cwd (git and Python then see the same place)."""
+    return Path(os.path.abspath(value)) if value is not None else None
+
+
+def check_writable(option: str, path: Path | None) -> None:
+    """Raise UsageError unless path can be written (checked before any step runs)."""
+    if path is None:
+        return
+    parent = path.parent
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+    if not path.exists() and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        raise UsageError(f"{option} {path}: cannot create a file there ({parent} "
+                         f"{'is not writable' if parent.is_dir() else 'does not exist'})")
+
+
+def write_output(option: str, path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror}") from None
+
+
+def parse_log_limit(text: str) -> int:
+    try:
+        limit = parse_size(text)
+    except ValueError as exc:
+        raise UsageError(f"--log-limit: {exc}") from None
+    if limit < 1024:
+        raise UsageError(f"--log-limit {text}: keep at least 1k of each log")
+    return limit
+
+
+log_limit_option = click.option("--log-limit", default="20M", show_default=True, metavar="SIZE",
+                                 help="Bytes kept of each step's log: the first and last halves, the cut marked.")
+
+
 def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     options = {}
     for pair in pairs:
@@ -60,6 +132,7 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
+                                callback=absolute_path,
                                 help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
 
 pr_url_template_option = click.option(
@@ -186,16 +259,18 @@ def _sigterm(signum, frame):
 
 
 @main.command(context_settings={"ignore_unknown_options": False})
-@click.option("--repo", default=".", show_default=True, help="Repository to bisect (never modified).")
-@click.option("--good", required=True, help="A commit without the fault (with --find-fix: the fixed one).")
-@click.option("--bad", required=True, help="A commit with the fault.")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository to bisect (never modified).")
+@click.option("--good", required=True, callback=not_an_option,
+              help="A commit without the fault (with --find-fix: the fixed one).")
+@click.option("--bad", required=True, callback=not_an_option, help="A commit with the fault.")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
 @click.option("--first-parent", is_flag=True, help="Follow first parents only (a merge is one unit).")
 @click.option("--path", "paths", multiple=True, metavar="PATHSPEC",
               help="Only commits touching these paths are candidates.")
 @click.option("--find-fix", is_flag=True, help="Find the first commit where the fault disappears.")
-@click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-step timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-step timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
@@ -207,14 +282,14 @@ def _sigterm(signum, frame):
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per commit; any fault makes it bad.")
 @python_option("Python environment scenarios run in.")
-@click.option("--fix", "fix", metavar="REF",
+@click.option("--fix", "fix", metavar="REF", callback=not_an_option,
               help="A known fix: test first the commit its lines blame to (and that commit's parent).")
-@click.option("--culprit", "culprit", metavar="REF",
+@click.option("--culprit", "culprit", metavar="REF", callback=not_an_option,
               help="--find-fix: the commit that brought the fault; test first what rewrote its lines.")
 @click.option("--flaky", is_flag=True, help="Intermittent fault: probabilistic search to --confidence.")
-@click.option("--confidence", type=click.FloatRange(0.5, 1, max_open=True), default=0.95,
+@click.option("--confidence", type=FiniteFloat(0.5, 1, max_open=True), default=0.95,
               show_default=True, help="--flaky: stop once one commit is this likely the culprit.")
-@click.option("--fault-rate", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--fault-rate", type=FiniteFloat(0, 1, min_open=True, max_open=True),
               help="--flaky: probability a faulty commit faults per run (default: estimated).")
 @click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
               help="--flaky: runs on one commit at most.")
@@ -227,6 +302,7 @@ def _sigterm(signum, frame):
               help="Bisect with this cheap scenario first; the main one confirms its culprit and parent.")
 @click.option("--prefilter-option", "prefilter_options", multiple=True, metavar="KEY=VALUE",
               help="Option of the --prefilter scenario.")
+@log_limit_option
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
@@ -238,15 +314,17 @@ def _sigterm(signum, frame):
 @click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
-        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature, prefilter_name,
-        prefilter_options, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, command):
+        json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
+        confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature,
+        prefilter_name, prefilter_options, log_limit, plan, executor_kind, gpus, gpus_per_run, ray_address,
+        remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
+    check_writable("--json", json_file)
+    check_writable("--markdown", markdown_file)
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
         else CommandScenario(list(command))
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
@@ -260,20 +338,20 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
                     max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
-                    signature=signature, prefilter=prefilter)
+                    signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit))
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)
-        if json_file:
-            json_file.write_text(json.dumps(planned, indent=2) + "\n")
         click.echo(report.plan_text(planned))
+        if json_file:
+            write_output("--json", json_file, json.dumps(planned, indent=2) + "\n")
         sys.exit(0)
     result = run_bisection(cfg, ProgressHandler())
-    if json_file:
-        json_file.write_text(report.bisect_json(result))
-    if markdown_file:
-        markdown_file.write_text(report.bisect_markdown(result, pr_url_template))
     click.echo(report.bisect_text(result))
+    if json_file:
+        write_output("--json", json_file, report.bisect_json(result))
+    if markdown_file:
+        write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
 
 
@@ -290,15 +368,16 @@ class BackportProgress:
 
 
 @main.command()
-@click.option("--repo", default=".", show_default=True, help="Repository holding the fix and branches.")
-@click.option("--fix", required=True, help="The fix: sha, tag or branch.")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository holding the fix and branches.")
+@click.option("--fix", required=True, callback=not_an_option, help="The fix: sha, tag or branch.")
 @click.option("--branches", "globs", multiple=True, required=True, metavar="GLOB",
               help="Branches to check (local or remote-tracking, e.g. 'origin/releases/v0.2*').")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
 @click.option("--create-branches", is_flag=True,
               help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
-@click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-run timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
@@ -307,10 +386,15 @@ class BackportProgress:
               help="Write JUnit XML: one test case per branch.")
 @python_option("Python environment scenarios run in.")
 @build_options
+@log_limit_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, command):
+             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
+    outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
+               ("--junit", junit_file, report.backport_junit))
+    for option, path, _ in outputs:
+        check_writable(option, path)
     if scenario_name and command:
         raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
     if options and not scenario_name:
@@ -319,13 +403,13 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         else CommandScenario(list(command)) if command else None
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size))
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size),
+                         log_limit=parse_log_limit(log_limit))
     result = run_backport(cfg, BackportProgress())
-    for path, render in ((json_file, report.backport_json), (markdown_file, report.backport_markdown),
-                         (junit_file, report.backport_junit)):
-        if path:
-            path.write_text(render(result))
     click.echo(report.backport_text(result))
+    for option, path, render in outputs:
+        if path:
+            write_output(option, path, render(result))
     sys.exit(0 if result["ok"] else 1)
 
 
@@ -385,25 +469,27 @@ def scenario_list() -> None:
 
 @scenario.command("run")
 @click.argument("name")
-@click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
-@click.option("--ref", default="HEAD", show_default=True, help="Commit to judge.")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True, help="Repository (never modified).")
+@click.option("--ref", default="HEAD", callback=not_an_option, show_default=True, help="Commit to judge.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
-@click.option("--timeout", type=click.FloatRange(min=0.001), help="Timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
 @click.option("--build", "build", type=click.Choice(STRATEGIES), default="none", show_default=True,
               help="How the commit is built before it is judged (as for `bisector run`).")
 @click.option("--wheels", metavar="DIR|URL-TEMPLATE", help="Per-commit wheels for --build precompiled.")
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels):
+@log_limit_option
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, log_limit):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    check_writable("--json", json_file)
     judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, None, wheels), timeout, python)
-    outcome = judge_one(Path(repo), ref, judge, state_dir)
-    if json_file:
-        json_file.write_text(json.dumps(outcome, indent=2) + "\n")
+    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit))
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
+    if json_file:
+        write_output("--json", json_file, json.dumps(outcome, indent=2) + "\n")
     sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
 
 
@@ -414,7 +500,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
 @click.option("--bad", required=True, help="A commit with the fault.")
 @click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True, help="Runs of each end.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
-@click.option("--timeout", type=click.FloatRange(min=0.001), help="Per-run timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the calibration as JSON.")
 @python_option("Python environment the scenario runs in.")
@@ -427,11 +513,12 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
     if (name == CommandScenario.name) != bool(command):
         raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
+    check_writable("--json", json_file)
     scenario = CommandScenario(list(command)) if command else create(name, parse_options(options))
     judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size), timeout, python)
     result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
     if json_file:
-        json_file.write_text(json.dumps(result, indent=2) + "\n")
+        write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
     for end in ("bad", "good"):
         seen = result[end]
         click.echo(f"{end} end {seen['sha'][:12]}: {seen['bad']} bad, {seen['skip']} skip in {seen['runs']} runs")
@@ -475,7 +562,8 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 
 @main.command("report")
 @click.argument("run_id", metavar="RUN_ID|latest")
-@click.option("--repo", default=".", show_default=True, help="Repository whose record to read.")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository whose record to read.")
 @state_dir_option
 @click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
@@ -500,13 +588,14 @@ def report_command(run_id, repo, state_dir, fmt, output, pr_url_template):
     finally:
         store.close()
     if output:
-        output.write_text(text)
+        write_output("--output", output, text)
     else:
         click.echo(text, nl=not text.endswith("\n"))
 
 
 @main.command("doctor")
-@click.option("--repo", default=".", show_default=True, help="Repository whose state dir to size.")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository whose state dir to size.")
 @state_dir_option
 @python_option("Python environment scenarios run in.")
 def doctor_command(repo, state_dir, python):

@@ -1,6 +1,7 @@
 """The bisection driver: one loop asks a search policy what to test next, judges it, records it."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -12,7 +13,9 @@ import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
+
+import git
 
 from bisector.builds import BuildResult, NoBuild
 from bisector.errors import EndpointError, GitError, UsageError
@@ -21,7 +24,7 @@ from bisector.blame import blame_fix, blame_reverse
 from bisector.pins import continuation_argv, pin_change, pins_at
 from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
                                SearchPolicy)
-from bisector.process import Cancelled
+from bisector.process import DEFAULT_LOG_LIMIT, GROUPS, Cancelled, kill_recorded_groups
 from bisector.refs import GitRepo
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seams import Executor, Scenario
@@ -61,10 +64,45 @@ class RunConfig:
     max_runs_per_commit: int = 20
     signature: str | None = None      # any | auto | a regex; default: the scenario's default_signature
     prefilter: Scenario | None = None  # a cheap scenario bisected first; this one confirms its culprit
+    log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
 
 
 def default_state_dir(repo: GitRepo) -> Path:
     return repo.common_dir / "bisector"
+
+
+GIT_OWNED = ("worktrees", "refs", "objects", "hooks", "info", "logs", "modules", "lfs")
+
+
+def choose_state_dir(repo: GitRepo, given: Path | str | None) -> Path:
+    """The state dir: `given` made absolute against the cwd (once), else the default.
+
+    Refuses (UsageError) a path where the tool's files would mix with the user's: git's own
+    directories, or the work tree outside git's directory unless git ignores the path.
+    """
+    path = Path(os.path.abspath(given)) if given else default_state_dir(repo)
+    real = path.resolve()
+    common, git_dir = repo.common_dir, Path(repo.repo.git_dir).resolve()
+    inside_git = _within(real, common) or _within(real, git_dir)
+    if real in (common, git_dir) or (_within(real, common) and real.relative_to(common).parts[0] in GIT_OWNED):
+        raise UsageError(f"state dir {path} is git's own directory; give another --state-dir "
+                         f"(default: {default_state_dir(repo)})")
+    if _within(real, repo.root.resolve()) and not inside_git and not _ignored(repo, real):
+        raise UsageError(f"state dir {path} is inside the work tree of {repo.root}; give a path outside it "
+                         f"(or one git ignores)")
+    return path
+
+
+def _within(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _ignored(repo: GitRepo, path: Path) -> bool:
+    try:
+        repo.git.check_ignore("-q", "--no-index", str(path) + "/")
+        return True
+    except git.GitCommandError:
+        return False
 
 
 def prepare_state_dir(path: Path) -> Path:
@@ -80,30 +118,66 @@ def prepare_state_dir(path: Path) -> Path:
 
 
 class RepoLock:
-    """Serializes runs on one state dir: a second run waits for the first."""
+    """Serializes runs on one repository (a lock in its common git dir) and on one state dir: a second
+    run waits for the first."""
 
-    def __init__(self, state_dir: Path, on_wait: Callable[[str], None] = lambda holder: None):
-        self.path = state_dir / "lock"
+    def __init__(self, repo: GitRepo, state_dir: Path, on_wait: Callable[[str], None] = lambda holder: None):
+        self.paths = [repo.common_dir / "bisector.lock", state_dir / "lock"]
         self.on_wait = on_wait
+        self.handles: list = []
 
     def __enter__(self) -> "RepoLock":
-        self.fh = open(self.path, "a+")
         try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.seek(0)
-            self.on_wait(self.fh.read().strip() or "another process")
-            fcntl.flock(self.fh, fcntl.LOCK_EX)
-        self.fh.seek(0)
-        self.fh.truncate()
-        self.fh.write(f"pid {os.getpid()}")
-        self.fh.flush()
+            for path in self.paths:
+                self.handles.append(self._take(path))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
+    def _take(self, path: Path):
+        try:
+            fh = open(path, "a+")
+        except OSError as exc:
+            raise UsageError(f"cannot create the run lock {path} ({exc.strerror})") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            self.on_wait(fh.read().strip() or "another process")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        return fh
+
     def __exit__(self, *exc) -> None:
-        self.fh.truncate(0)
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
+        while self.handles:
+            fh = self.handles.pop()
+            fh.truncate(0)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+
+@contextlib.contextmanager
+def open_state(repo: GitRepo, given: Path | str | None, on_wait: Callable[[str], None] = lambda holder: None,
+               log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[tuple[Path, WorktreePool, Store]]:
+    """The run's state: locks taken, process groups a killed run left killed, worktree pool, store.
+
+    Yields (state dir, pool, store); on the way out every step process still running is killed.
+    """
+    state_dir = prepare_state_dir(choose_state_dir(repo, given))
+    with RepoLock(repo, state_dir, on_wait):
+        running = state_dir / "running"
+        kill_recorded_groups(running)
+        with GROUPS.recording(running, log_limit), WorktreePool(repo, state_dir) as pool:
+            store = Store(state_dir / "bisector.sqlite")
+            try:
+                yield state_dir, pool, store
+            finally:
+                GROUPS.stop()
+                store.close()
 
 
 def signature_of(run: Execution) -> str:
@@ -330,7 +404,7 @@ def plan_bisection(cfg: RunConfig) -> dict:
     """
     asked = _resolve_range(cfg)
     ends, commits = asked.ends, asked.commits
-    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(asked.repo))
+    state_dir = prepare_state_dir(choose_state_dir(asked.repo, cfg.state_dir))
     builder = open_builder(cfg, asked.repo, state_dir)
     probes: list[dict] = []
     planned: set[str] = set()  # native hashes the steps listed so far will have built
@@ -386,10 +460,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         seeds, extra["prefilter"] = _prefilter_seeds(cfg, asked, handler)
     else:
         seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
-    state_dir = prepare_state_dir(Path(cfg.state_dir) if cfg.state_dir else default_state_dir(repo))
-
-    with RepoLock(state_dir, handler.waiting), WorktreePool(repo, state_dir) as pool:
-        store = Store(state_dir / "bisector.sqlite")
+    with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit) as (state_dir, pool, store):
         builder = open_builder(cfg, repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
                       1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
@@ -433,8 +504,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 }
             return run.result
         finally:
+            GROUPS.stop()  # builds and scenarios still running die now, not when they finish
             executor.shutdown()
-            store.close()
 
 
 def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[SeedPlan | None, dict]:
@@ -501,48 +572,43 @@ def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str
         raise UsageError(f"--{kind}: {exc}") from None
 
 
-def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = None) -> dict:
-    """Judge a single commit (through the verdict cache); returns the outcome.
-
-    judge.builder holds build settings (e.g. NoBuild, BuildSettings), opened here on the repository.
-    """
-    repo = GitRepo(repo_path)
-    sha = repo.resolve(ref)
-    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
-    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
-        store = Store(state_dir / "bisector.sqlite")
+@contextlib.contextmanager
+def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
+                          log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[RunContext]:
+    """A RunContext on one local slot and no run row, for judging single commits; judge.builder holds
+    build settings (e.g. NoBuild, BuildSettings), opened here on the repository."""
+    with open_state(repo, state_dir, log_limit=log_limit) as (state_dir, pool, store):
         executor = LocalExecutor([{}])
         try:
             executor.start(pool, state_dir / "logs")
-            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir))
-            execution, cached = RunContext(store, judge, executor).verdict(sha)
+            yield RunContext(store, dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir)),
+                             executor)
         finally:
+            GROUPS.stop()
             executor.shutdown()
-            store.close()
+
+
+def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = None,
+              log_limit: int = DEFAULT_LOG_LIMIT) -> dict:
+    """Judge a single commit (through the verdict cache); returns the outcome."""
+    repo = GitRepo(repo_path)
+    sha = repo.resolve(ref)
+    with single_commit_context(repo, state_dir, judge, log_limit) as ctx:
+        execution, cached = ctx.verdict(sha)
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
             "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
-            "scenario": judge.key, "details": execution.details}
+            "scenario": ctx.judge.key, "details": execution.details}
 
 
 def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, state_dir: Path | None = None) -> dict:
     """Run both ends `runs` times afresh (each run recorded) and report the reproduction rate and the
-    settings it calls for. judge.builder holds build settings, opened here."""
+    settings it calls for."""
     repo = GitRepo(repo_path)
     good_sha, bad_sha = repo.resolve(good), repo.resolve(bad)
     if good_sha == bad_sha:
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
-    state_dir = prepare_state_dir(Path(state_dir) if state_dir else default_state_dir(repo))
-    with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
-        store = Store(state_dir / "bisector.sqlite")
-        executor = LocalExecutor([{}])
-        try:
-            executor.start(pool, state_dir / "logs")
-            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir))
-            policy = CalibratePolicy(good_sha, bad_sha, runs)
-            ctx = RunContext(store, judge, executor)
-            ctx.drive(policy)
-        finally:
-            executor.shutdown()
-            store.close()
-    return {"scenario": judge.key, "runs": runs, **policy.answer()[1],
+    policy = CalibratePolicy(good_sha, bad_sha, runs)
+    with single_commit_context(repo, state_dir, judge) as ctx:
+        ctx.drive(policy)
+    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1],
             "steps": [step.as_dict() for step in ctx.steps]}

@@ -14,6 +14,7 @@ import git
 
 from bisector.errors import GitError
 from bisector.refs import GitRepo
+from bisector.worktrees import slot_git
 
 CHERRY_PICKED_FROM = re.compile(r"\(cherry picked from commit ([0-9a-f]{7,40})\)")
 NULL_SHA = "0" * 40
@@ -138,7 +139,7 @@ def cherry_pick(repo: GitRepo, worktree: Path, fix: str) -> PickResult:
     A conflicted or empty pick is aborted before returning, so the worktree is back at its tip.
     The pick's committer date is fixed (see _pick_env): the same tip and fix give the same sha.
     """
-    wt = git.Git(str(worktree))
+    wt = slot_git(worktree)
     tip = wt.rev_parse("HEAD")
     try:
         wt.cherry_pick("-x", fix, env=_pick_env(repo, tip, fix))

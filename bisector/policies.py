@@ -110,8 +110,8 @@ class BisectPolicy:
             self.search.record(step.sha, self.to_term[step.verdict])
 
     def wants(self, sha: str) -> bool:
-        return self.search.is_open(sha) or sha in (self.ends.old, self.ends.new) or \
-            bool(self.seed_pair and sha in self.seed_pair)
+        return sha in (self.ends.old, self.ends.new) or bool(self.seed_pair and sha in self.seed_pair) \
+            or self.search.is_open(sha)  # the old end is no candidate: is_open does not know it
 
     def progress(self) -> tuple[int, int]:
         return self.search.testable_mask.bit_count(), self.search.steps_left()

@@ -1,14 +1,31 @@
-"""Running a step's command: its own process group, output to a log, killed on timeout or cancel."""
+"""Running a step's command: its own process group, output to a capped log, killed on timeout or cancel.
+
+Every command starts under `step_leader.py`, the leader of a new process group that dies with the
+driver (Linux parent-death signal) and kills its group as it goes. While a run records its groups
+(`GROUPS.recording(directory)`), each running group has a file there, so that a later run can kill
+what a killed driver left behind (`kill_recorded_groups`) before it reuses anything.
+"""
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
+import select
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping, Sequence
+
+LEADER = Path(__file__).with_name("step_leader.py")
+DEFAULT_LOG_LIMIT = 20 * 1024 * 1024
+CHUNK = 1 << 16
+LINE_KEPT = 500  # characters of a marked line kept for reasons and reports
 
 
 @dataclass(frozen=True)
@@ -16,7 +33,8 @@ class ProcessResult:
     returncode: int | None  # None when killed for the timeout
     timed_out: bool
     seconds: float
-    output: str  # combined stdout+stderr, as written to the log
+    output: str  # combined stdout+stderr, as written to the (capped) log
+    marked: tuple[str, ...] = ()  # lines holding one of the asked markers, seen over the whole output
 
     @property
     def signal_name(self) -> str | None:
@@ -29,57 +47,302 @@ class ProcessResult:
 
 
 class Cancelled(Exception):
-    """The step was cancelled (its answer is no longer needed); its processes are gone."""
+    """The step was cancelled (its answer is no longer needed, or the driver stops); its processes are gone."""
 
 
-def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
-                env: Mapping[str, str] | None = None,
-                cancel: threading.Event | None = None) -> ProcessResult:
-    """Run argv in its own process group, output to log_path; on timeout or cancel kill the group."""
+class RunningGroups:
+    """The process groups this driver runs now; recorded as files in a directory while a run is on."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.groups: dict[int, subprocess.Popen] = {}
+        self.directory: Path | None = None
+        self.stopping = False
+        self.log_limit = DEFAULT_LOG_LIMIT
+
+    @contextlib.contextmanager
+    def recording(self, directory: Path, log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[None]:
+        """Record groups under directory; on the way out (Ctrl-C included) kill every group still running."""
+        directory.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            self.directory, self.stopping, self.log_limit = directory, False, log_limit
+        try:
+            yield
+        finally:
+            self.stop()
+            with self.lock:
+                self.directory, self.stopping, self.log_limit = None, False, DEFAULT_LOG_LIMIT
+
+    def add(self, proc: subprocess.Popen, argv: Sequence[str]) -> None:
+        with self.lock:
+            if self.stopping:
+                _kill_group(proc.pid)
+            self.groups[proc.pid] = proc
+            if self.directory is not None:
+                record = {"pgid": proc.pid, "start": _start_time(proc.pid), "driver": os.getpid(),
+                          "argv": list(argv)[:8]}
+                _write_atomic(self.directory / str(proc.pid), json.dumps(record))
+
+    def remove(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.groups.pop(proc.pid, None)
+            if self.directory is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / str(proc.pid)).unlink()
+
+    def stop(self) -> None:
+        """Kill every running group (the driver is stopping): their run_process calls raise Cancelled."""
+        with self.lock:
+            self.stopping = True
+            for pgid in list(self.groups):
+                _kill_group(pgid)
+
+
+GROUPS = RunningGroups()
+
+
+def kill_recorded_groups(directory: Path) -> list[int]:
+    """Kill the process groups recorded in directory by a driver that is gone; returns their ids.
+
+    A group is killed when its leader still runs (same start time as recorded), or when the leader
+    is gone but members remain (Linux reuses no pid that still names a group).
+    """
+    killed = []
+    if not directory.is_dir():
+        return killed
+    for path in directory.iterdir():
+        try:
+            record = json.loads(path.read_text())
+            pgid, start = int(record["pgid"]), record["start"]
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        leader_start = _start_time(pgid)
+        ours = leader_start == start if leader_start is not None else bool(_group_members(pgid))
+        if ours and pgid > 1:
+            _kill_group(pgid)
+            deadline = time.monotonic() + 5
+            while _group_members(pgid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            killed.append(pgid)
+        path.unlink(missing_ok=True)
+    return killed
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a step's process must stop early: after `timeout` seconds, or once `cancel` is set."""
+
+    timeout: float | None = None
+    cancel: threading.Event | None = None
+
+
+def run_process(argv: list[str], cwd: Path, log_path: Path, limits: Limits = Limits(),
+                env: Mapping[str, str] | None = None, markers: Sequence[str] = ()) -> ProcessResult:
+    """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,
+    cancel or driver stop kill the group. Lines holding any of `markers` are collected as they stream."""
+    timeout, cancel = limits.timeout, limits.cancel
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
+    _check_program(argv[0], Path(cwd), full_env.get("PATH", os.defpath))
     start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
     timed_out = False
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = None if timeout is None else start + timeout
-        try:
-            while proc.poll() is None:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled()
-                if deadline is not None and time.monotonic() >= deadline:
-                    timed_out = True
-                    break
-                try:
-                    proc.wait(timeout=0.05 if cancel is not None else
-                              (None if deadline is None else max(0.0, deadline - time.monotonic())))
-                except subprocess.TimeoutExpired:
-                    pass
-        except BaseException:
-            _kill_group(proc)
-            raise
-        if timed_out:
-            _kill_group(proc)
-        elif proc.returncode is not None:
-            _reap_group(proc)
+    scan = MarkerScan(markers)
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), *argv], cwd=cwd,
+                                env=full_env, stdout=write_fd, stderr=write_fd, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    GROUPS.add(proc, argv)
+    try:
+        with CappedLog(log_path, GROUPS.log_limit) as log:
+            try:
+                while proc.poll() is None:
+                    if cancel is not None and cancel.is_set() or GROUPS.stopping:
+                        raise Cancelled()
+                    if deadline is not None and time.monotonic() >= deadline:
+                        timed_out = True
+                        break
+                    if not _pump(read_fd, log, scan, 0.05):
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            proc.wait(0.05)  # output closed or quiet: wait on the process instead
+            except BaseException:
+                _kill_group(proc.pid)
+                proc.wait()
+                raise
+            _kill_group(proc.pid)  # what the command left behind (daemons, stray workers), or all of it on timeout
+            proc.wait()
+            if GROUPS.stopping and not timed_out and proc.returncode == -signal.SIGKILL:
+                raise Cancelled()
+            while _pump(read_fd, log, scan, 0.2):  # the rest of the output (a setsid grandchild may hold the pipe)
+                pass
+    finally:
+        os.close(read_fd)
+        GROUPS.remove(proc)
     output = log_path.read_text(errors="replace")
-    return ProcessResult(None if timed_out else proc.returncode, timed_out,
-                         time.monotonic() - start, output)
+    return ProcessResult(None if timed_out else proc.returncode, timed_out, time.monotonic() - start,
+                         output, tuple(scan.found))
 
 
-def _reap_group(proc: subprocess.Popen) -> None:
-    """Kill what the finished command left behind in its process group (daemons, stray workers)."""
+def _pump(fd: int, log: "CappedLog", scan: "MarkerScan", wait: float) -> bool:
+    """Move what the pipe holds into the log and the scan; False at end of output or nothing in `wait`."""
+    ready, _, _ = select.select([fd], [], [], wait)
+    if not ready:
+        return False
+    data = os.read(fd, CHUNK)
+    if not data:
+        return False
+    log.write(data)
+    scan.feed(data)
+    return True
+
+
+class CappedLog:
+    """A log file keeping the first and last limit/2 bytes of the output, the cut marked in between."""
+
+    def __init__(self, path: Path, limit: int):
+        self.path, self.limit = path, max(1024, limit)
+        self.head_left = self.limit // 2
+        self.tail_size = self.limit - self.head_left
+        self.tail = bytearray()
+        self.cut = 0
+
+    def __enter__(self) -> "CappedLog":
+        self.fh = open(self.path, "wb", buffering=0)  # unbuffered: progress is readable while the step runs
+        return self
+
+    def write(self, data: bytes) -> None:
+        if self.head_left:
+            head, data = data[:self.head_left], data[self.head_left:]
+            self.fh.write(head)
+            self.head_left -= len(head)
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_size:
+                self.cut += len(self.tail) - self.tail_size
+                del self.tail[:len(self.tail) - self.tail_size]
+
+    def __exit__(self, *exc) -> None:
+        if len(self.tail) > self.tail_size:
+            self.cut += len(self.tail) - self.tail_size
+            del self.tail[:len(self.tail) - self.tail_size]
+        if self.cut:
+            self.fh.write(f"\n[bisector: {self.cut} bytes of output cut here; the log keeps its first and "
+                          f"last {self.limit // 2} bytes (--log-limit {self.limit})]\n".encode())
+        self.fh.write(self.tail)
+        self.fh.close()
+
+
+class MarkerScan:
+    """Lines holding any of the markers (plain substrings), found in linear time as output streams.
+
+    A found line is kept by its first LINE_KEPT bytes, or, when the marker lies further in, by the
+    LINE_KEPT bytes from just before the marker.
+    """
+
+    def __init__(self, markers: Sequence[str], limit: int = 20):
+        self.markers = [m.encode() for m in markers if m]
+        self.overlap = max((len(m) for m in self.markers), default=1) - 1
+        self.limit = limit
+        self.found: list[str] = []
+        self._new_line()
+
+    def _new_line(self) -> None:
+        self.head = b""  # the line's first LINE_KEPT bytes
+        self.excerpt: bytes | None = None  # from just before a marker found past the head
+        self.seen = 0  # bytes of the line so far
+        self.carry = b""  # its last `overlap` bytes, for markers split across reads
+        self.hit = False
+
+    def feed(self, data: bytes) -> None:
+        if not self.markers or len(self.found) >= self.limit:
+            return
+        if not self.hit and not any(m in self.carry + data for m in self.markers):
+            cut = data.rfind(b"\n")
+            if cut >= 0:  # lines ended here without a marker
+                self._new_line()
+            self._extend(data[cut + 1:], None)
+            return
+        start = 0
+        while len(self.found) < self.limit:
+            end = data.find(b"\n", start)
+            piece = data[start:] if end < 0 else data[start:end]
+            window = self.carry + piece
+            at = None if self.hit else min((i for i in (window.find(m) for m in self.markers) if i >= 0),
+                                           default=None)
+            self._extend(piece, None if at is None else (window, at))
+            if end < 0:
+                return
+            if self.hit:
+                text = self.head if self.excerpt is None else b"... " + self.excerpt
+                self.found.append(text.decode(errors="replace").strip())
+            self._new_line()
+            start = end + 1
+
+    def _extend(self, piece: bytes, hit: tuple[bytes, int] | None) -> None:
+        if len(self.head) < LINE_KEPT:
+            self.head += piece[:LINE_KEPT - len(self.head)]
+        if self.excerpt is not None and len(self.excerpt) < LINE_KEPT:
+            self.excerpt += piece[:LINE_KEPT - len(self.excerpt)]
+        if hit is not None:
+            window, at = hit
+            self.hit = True
+            if self.seen - len(self.carry) + at + self.overlap + 1 > LINE_KEPT:  # marker not whole in head
+                self.excerpt = window[max(0, at - 100):][:LINE_KEPT]
+        self.seen += len(piece)
+        self.carry = (self.carry + piece[-self.overlap:])[-self.overlap:] if self.overlap else b""
+
+
+def _check_program(program: str, cwd: Path, path: str) -> None:
+    """Raise the OSError Popen would for a program that cannot start (the leader starts it)."""
+    if "/" in program:
+        target = program if os.path.isabs(program) else str(cwd / program)
+        if not os.path.exists(target):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if os.path.isdir(target) or not os.access(target, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    elif shutil.which(program, path=path) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat fields after the command name (field 3 on), or None when there is no such process."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+def _start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group pgid."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields and fields[0] != "Z" and int(fields[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(text)
+    os.replace(staging, path)

@@ -111,34 +111,47 @@ def bisect_text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def md_code(value: object, in_table: bool = False) -> str:
+    """Untrusted text (commit subjects, authors, branch names, output) as one Markdown code span:
+    rendered literally, so no HTML, links, auto-links, @mentions or emphasis; one line."""
+    text = " ".join(str(value).split())
+    if not text:
+        return ""
+    if in_table:
+        text = text.replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def bisect_markdown(result: dict, pr_url_template: str | None = None) -> str:
-    """pr_url_template: a URL with {pr} where the PR number goes; PR numbers are links with one."""
+    """pr_url_template: a URL with {pr} where the PR number goes; PR numbers are links with one.
+    Commit subjects, authors and file names are untrusted: each is one literal code span."""
     culprit = result.get("culprit")
     out = ["## bisector result", ""]
     if culprit:
-        pr = culprit.get("pr")
+        pr = int(culprit["pr"]) if str(culprit.get("pr") or "").isdigit() else None
         pr = "" if not pr else f" ([PR #{pr}]({pr_url_template.replace('{pr}', str(pr))}))" \
             if pr_url_template else f" (PR #{pr})"
         files = culprit["files"]
         more = f" (+{len(files) - MARKDOWN_FILES} more)" if len(files) > MARKDOWN_FILES else ""
-        out += [f"**{_culprit_label(result).capitalize()}:** `{culprit['sha']}`{pr}", "",
-                f"> {culprit['subject']}", "",
-                f"- author: {culprit['author']}", f"- date: {culprit['date']}",
-                "- files: " + ", ".join(f"`{f}`" for f in files[:MARKDOWN_FILES]) + more]
+        out += [f"**{_culprit_label(result).capitalize()}:** {md_code(culprit['sha'])}{pr}", "",
+                f"> {md_code(culprit['subject'])}", "",
+                f"- author: {md_code(culprit['author'])}", f"- date: {md_code(culprit['date'])}",
+                "- files: " + ", ".join(md_code(f) for f in files[:MARKDOWN_FILES]) + more]
     else:
         out += [f"**Inconclusive:** {_inconclusive(result)}", ""]
-        out += [f"- `{sha}`" for sha in result["candidates"]]
+        out += [f"- {md_code(sha)}" for sha in result["candidates"]]
     notes = _search_notes(result)
     if notes:
-        out += ["", *(f"- {note.strip()}" for note in notes)]
-    out += ["", f"Scenario `{result['scenario']}`: {result['executions']} executions, "
+        out += ["", *(f"- {md_code(note.strip())}" for note in notes)]
+    out += ["", f"Scenario {md_code(result['scenario'])}: {result['executions']} executions, "
             f"{len(result['steps'])} steps, {result['rounds']} rounds.", "",
             "| # | commit | role | verdict | seconds | cached | reason |",
             "|---|---|---|---|---|---|---|"]
     for n, step in enumerate(result["steps"], 1):
-        reason = step["reason"].replace("|", "\\|")
-        out.append(f"| {n} | `{step['sha'][:12]}` | {step['role']} | {step['verdict']} | "
-                   f"{step['seconds']:.2f} | {'yes' if step['cached'] else ''} | {reason} |")
+        out.append(f"| {n} | {md_code(step['sha'][:12])} | {step['role']} | {step['verdict']} | "
+                   f"{step['seconds']:.2f} | {'yes' if step['cached'] else ''} | {md_code(step['reason'], True)} |")
     return "\n".join(out) + "\n"
 
 
@@ -393,16 +406,17 @@ def backport_text(result: dict) -> str:
 
 def backport_markdown(result: dict) -> str:
     out = ["## bisector backport", "",
-           f"Fix `{result['fix'][:12]}` ({result['fix_ref']}): {result['fix_subject']}", "",
-           f"Scenario: `{result['scenario'] or 'none'}`", "",
+           f"Fix {md_code(result['fix'][:12])} ({md_code(result['fix_ref'])}): {md_code(result['fix_subject'])}",
+           "", f"Scenario: {md_code(result['scenario'] or 'none')}", "",
            "| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
     for row in _backport_rows(result):
-        cells = [f"`{row[0]}`", f"`{row[1]}`", *row[2:5], f"**{row[5]}**", row[6]]
-        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        cells = [md_code(row[0], True), md_code(row[1], True), *row[2:5], f"**{row[5]}**", md_code(row[6], True)]
+        out.append("| " + " | ".join(cells) + " |")
     for entry in result["branches"]:
         if entry["conflicts"]:
-            out += ["", f"<details><summary>conflicts on <code>{entry['branch']}</code></summary>", ""]
-            out += [f"- `{line}`" for line in _backport_conflicts(entry)]
+            out += ["", f"<details><summary>conflicts on <code>{html.escape(entry['branch'])}</code></summary>",
+                    ""]
+            out += [f"- {md_code(line)}" for line in _backport_conflicts(entry)]
             out += ["", "</details>"]
     out += ["", f"{len(result['branches'])} branches: {_backport_summary(result)}"]
     return "\n".join(out) + "\n"

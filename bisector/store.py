@@ -1,14 +1,19 @@
 """SQLite record of runs, steps and every scenario execution (the verdict cache)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 from pathlib import Path
+
+from bisector.errors import UsageError
+
+SCHEMA_VERSION = 1  # PRAGMA user_version of the files this bisector writes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -64,6 +69,40 @@ CREATE TABLE IF NOT EXISTS builds (
 """
 
 
+# How a file of schema version N becomes version N + 1 (0: files written before versions were kept).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    0: lambda db: None,  # same tables as version 1
+}
+
+
+class StoreError(UsageError):
+    """The record file cannot be used (corrupt, read-only, disk full, newer schema)."""
+
+
+def _advice(exc: sqlite3.Error) -> str:
+    text = str(exc).lower()
+    if "readonly" in text or "unable to open" in text or "access permission" in text:
+        return "it cannot be written: fix its permissions or give another --state-dir"
+    if "full" in text:
+        return "the disk is full: free space and run the same command again (verdicts so far are kept)"
+    if "locked" in text or "busy" in text:
+        return "another process holds it locked: wait for it, then run again"
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return "it is corrupt: move it aside (its cached verdicts are lost) and run again"
+    return "move it aside or give another --state-dir"
+
+
+def _guarded(method):
+    """Turn an SQLite failure inside a Store method into one StoreError line naming the file."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"bisector record {self.path}: {exc}; {_advice(exc)}") from None
+    return call
+
+
 @dataclass
 class RunRecord:
     """A run being recorded: set `result` when it finishes; leaving without one marks it failed."""
@@ -101,14 +140,37 @@ class Store:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.db = None
+        self._open()
+
+    @_guarded
+    def _open(self) -> None:
         self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA busy_timeout = 30000")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"bisector record {self.path} has schema version {version}; this bisector reads "
+                             f"up to {SCHEMA_VERSION}: upgrade bisector or give another --state-dir")
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+            if tables:
+                for step in range(version, SCHEMA_VERSION):
+                    MIGRATIONS[step](self.db)
+            for statement in filter(str.strip, SCHEMA.split(";")):
+                self.db.execute(statement)
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -117,6 +179,7 @@ class Store:
         self.close()
 
     # -- runs ------------------------------------------------------------------------------------
+    @_guarded
     def start_run(self, kind: str, key: str, params: dict, pid: int) -> tuple[int, int | None]:
         """A new run row; returns (run id, id of the unfinished run with the same key it resumes)."""
         row = self.db.execute("SELECT id FROM runs WHERE key = ? AND status = 'running' "
@@ -145,25 +208,30 @@ class Store:
         finally:
             self.finish_run(run_id, status, record.result)
 
+    @_guarded
     def finish_run(self, run_id: int, status: str, result: dict | None) -> None:
         self.db.execute("UPDATE runs SET status = ?, finished = ?, result = ? WHERE id = ?",
                         (status, time.time(), json.dumps(result) if result is not None else None, run_id))
 
+    @_guarded
     def run(self, run_id: int | str) -> sqlite3.Row | None:
         if run_id == "latest":
             return self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
         return self.db.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
 
+    @_guarded
     def runs(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM runs ORDER BY id").fetchall()
 
     # -- executions (the verdict cache) ----------------------------------------------------------
+    @_guarded
     def executions(self, sha: str, scenario_key: str) -> list[Execution]:
         rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? ORDER BY id",
                                (sha, scenario_key)).fetchall()
         return [Execution(r["sha"], r["verdict"], r["reason"], r["log_path"], r["seconds"], r["build"],
                           json.loads(r["details"] or "{}")) for r in rows]
 
+    @_guarded
     def add_execution(self, scenario_key: str, execution: Execution) -> None:
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
                         "build, details, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -172,6 +240,7 @@ class Store:
                          json.dumps(execution.details), time.time()))
 
     # -- steps -----------------------------------------------------------------------------------
+    @_guarded
     def add_step(self, run_id: int, seq: int, round_no: int, role: str, execution: Execution,
                  cached: bool) -> None:
         self.db.execute("INSERT INTO steps (run_id, seq, round, sha, role, verdict, reason, log_path, "
@@ -179,15 +248,18 @@ class Store:
                         (run_id, seq, round_no, execution.sha, role, execution.verdict, execution.reason,
                          execution.log_path, execution.seconds, int(cached), execution.build, time.time()))
 
+    @_guarded
     def steps(self, run_id: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
 
     # -- builds (the artifact cache index) -------------------------------------------------------
+    @_guarded
     def builds(self) -> list[BuildRecord]:
         rows = self.db.execute("SELECT * FROM builds ORDER BY last_used").fetchall()
         return [BuildRecord(r["native_hash"], r["status"], r["strategy"], r["log_path"], r["artifact_dir"],
                             tuple(json.loads(r["files"])), r["size"], r["last_used"]) for r in rows]
 
+    @_guarded
     def put_build(self, record: BuildRecord) -> None:
         self.db.execute("INSERT OR REPLACE INTO builds (native_hash, status, strategy, log_path, "
                         "artifact_dir, files, size, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -195,8 +267,10 @@ class Store:
                          record.artifact_dir, json.dumps(list(record.files)), record.size,
                          record.last_used))
 
+    @_guarded
     def touch_build(self, native_hash: str, when: float) -> None:
         self.db.execute("UPDATE builds SET last_used = ? WHERE native_hash = ?", (when, native_hash))
 
+    @_guarded
     def delete_build(self, native_hash: str) -> None:
         self.db.execute("DELETE FROM builds WHERE native_hash = ?", (native_hash,))

@@ -1,9 +1,16 @@
-"""Tool-owned worktrees steps run in: the local pool, and a Ray node's checkout from its own clone."""
+"""Tool-owned worktrees steps run in: the local pool, and a Ray node's checkout from its own clone.
+
+A slot is `<state-dir>/worktrees/slot-N/` holding a marker file (`bisector-slot`) and the work tree
+(`tree/`). Only folders carrying the marker are ever removed, every git command on a slot names its
+git dir and work tree explicitly (it cannot climb to another repository), and a slot that fails its
+integrity check is recreated instead of reused.
+"""
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -15,63 +22,158 @@ import git
 from bisector.errors import GitError
 from bisector.refs import GitRepo
 
+MARKER = "bisector-slot"
+
+
+class SlotError(Exception):
+    """A slot is not what the pool made (its marker, .git file or registration changed)."""
+
+
+def slot_git(worktree: Path) -> git.Git:
+    """git for a slot's work tree, pinned to the slot's own git dir (from the marker beside it)."""
+    worktree = Path(worktree)
+    try:
+        marker = json.loads((worktree.parent / MARKER).read_text())
+        admin = Path(marker["admin"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SlotError(f"{worktree}: no bisector slot marker") from None
+    if not (admin / "commondir").is_file() or admin.parent.name != "worktrees":
+        raise SlotError(f"{worktree}: its git dir {admin} is gone")
+    pinned = git.Git(str(worktree))
+    pinned.set_persistent_git_options(git_dir=str(admin), work_tree=str(worktree))
+    pinned.update_environment(GIT_CEILING_DIRECTORIES=str(worktree.parent))
+    return pinned
+
 
 def untracked_files(worktree: Path, pattern: str) -> list[str]:
     """Untracked files (ignored ones included) matching pattern, relative to the worktree."""
-    out = git.Git(str(worktree)).ls_files("--others", "--", pattern)
+    out = slot_git(worktree).ls_files("--others", "--", pattern)
     return [line for line in out.splitlines() if line]
 
 
 def clean_ignored(worktree: Path) -> None:
     """Delete the ignored files (build dirs, extension modules) from a worktree."""
-    git.Git(str(worktree)).clean("-ffdqX")
+    slot_git(worktree).clean("-ffdqX")
+
+
+def _admin_of(tree: Path) -> Path | None:
+    """The git dir a work tree's .git file names, or None when there is no such file."""
+    try:
+        text = (tree / ".git").read_text()
+    except OSError:
+        return None
+    head, _, rest = text.strip().partition("gitdir: ")
+    return Path(rest) if not head and rest else None
+
+
+def _mark(tree: Path, admin: Path | None) -> None:
+    """Write the marker beside a tool-made work tree: it is the tool's, and this is its git dir."""
+    (tree.parent / MARKER).write_text(json.dumps({"admin": str(admin) if admin else None}))
 
 
 class WorktreePool:
     """Detached worktrees owned by the tool under state_dir/worktrees, reused between steps.
 
-    Use as a context manager: every worktree is removed and pruned on exit, Ctrl-C included.
+    Use as a context manager: the slots it made are removed on exit, Ctrl-C included; folders
+    without the tool's marker and other worktrees of the repository are never touched.
     """
 
     def __init__(self, repo: GitRepo, state_dir: Path):
         self.repo = repo
-        self.base = Path(state_dir) / "worktrees"
+        self.base = Path(state_dir).absolute() / "worktrees"
         self.free: list[Path] = []
         self.all: list[Path] = []
         self.lock = threading.Lock()
 
     def __enter__(self) -> "WorktreePool":
         self.base.mkdir(parents=True, exist_ok=True)
-        self._prune()
-        for stale in sorted(self.base.iterdir()):
-            shutil.rmtree(stale, ignore_errors=True)
-        self._prune()
+        for slot in sorted(self.base.iterdir()):
+            if (slot / MARKER).is_file():
+                self._remove(slot / "tree")
+        self._forget_stale_registrations()
         return self
 
     def __exit__(self, *exc) -> None:
-        for path in self.all:
-            try:
-                self.repo.git.worktree("remove", "--force", str(path))
-            except git.GitCommandError:
-                shutil.rmtree(path, ignore_errors=True)
-        self._prune()
+        for tree in self.all:
+            self._remove(tree)
+        self._forget_stale_registrations()  # of slots a step broke (their .git file gone)
 
-    def _prune(self) -> None:
-        self.repo.git.worktree("prune")
+    def _owns(self, tree: Path) -> bool:
+        return tree.parent.parent == self.base and tree.name == "tree"
+
+    def _forget_stale_registrations(self) -> None:
+        """Drop registrations of this pool's slots whose folders are gone (git worktree prune, for
+        the tool's own slots only)."""
+        registry = self.repo.common_dir / "worktrees"
+        if not registry.is_dir():
+            return
+        for admin in registry.iterdir():
+            try:
+                tree = Path((admin / "gitdir").read_text().strip()).parent
+            except OSError:
+                continue
+            if self._owns(tree) and not (tree / ".git").exists():
+                shutil.rmtree(admin, ignore_errors=True)
+
+    def _remove(self, tree: Path) -> None:
+        """Remove one of the tool's slots by path: its registration, then its folder."""
+        admin = _admin_of(tree)
+        try:
+            self.repo.git.worktree("remove", "--force", "--force", str(tree))
+        except git.GitCommandError:
+            pass
+        if admin is not None and admin.parent == self.repo.common_dir / "worktrees" and admin.is_dir():
+            try:
+                if Path((admin / "gitdir").read_text().strip()).parent == tree:
+                    shutil.rmtree(admin, ignore_errors=True)
+            except OSError:
+                pass
+        if (tree.parent / MARKER).is_file():
+            shutil.rmtree(tree.parent, ignore_errors=True)
+
+    def _create(self, sha: str) -> Path:
+        """A new marked slot with sha checked out."""
+        n = 0
+        while (self.base / f"slot-{n}").exists():
+            n += 1
+        slot = self.base / f"slot-{n}"
+        slot.mkdir(parents=True)
+        tree = slot / "tree"
+        _mark(tree, None)
+        self.repo.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+        _mark(tree, _admin_of(tree))
+        self._check(tree)
+        return tree
+
+    def _check(self, tree: Path) -> None:
+        """Raise SlotError unless tree is still the worktree this pool registered."""
+        admin = Path(json.loads((tree.parent / MARKER).read_text())["admin"] or "")
+        if admin.parent != self.repo.common_dir / "worktrees":
+            raise SlotError(f"{tree}: registered outside {self.repo.common_dir}")
+        if _admin_of(tree) != admin:
+            raise SlotError(f"{tree}: its .git file is missing or changed")
+        if Path((admin / "gitdir").read_text().strip()) != tree / ".git":
+            raise SlotError(f"{tree}: its registration points elsewhere")
 
     def acquire(self, sha: str) -> Path:
         """A worktree with sha checked out, clean apart from ignored files (build outputs)."""
         with self.lock:
-            path = self.free.pop() if self.free else None
-            if path is None:
-                path = self.base / f"slot-{len(self.all)}"
-                self.repo.git.worktree("add", "--detach", "--force", "--quiet", str(path), sha)
-                self.all.append(path)
-                return path
-        worktree = git.Git(str(path))
-        worktree.checkout("--detach", "--force", "--quiet", sha)
-        worktree.clean("-ffdq")
-        return path
+            tree = self.free.pop() if self.free else None
+        if tree is not None:
+            try:
+                self._check(tree)
+                worktree = slot_git(tree)
+                worktree.checkout("--detach", "--force", "--quiet", sha)
+                worktree.clean("-ffdq")
+                return tree
+            except (OSError, ValueError, SlotError, git.GitCommandError):
+                with self.lock:
+                    self.all.remove(tree)
+                    self._remove(tree)
+        with self.lock:
+            tree = self._create(sha)
+            self.all.append(tree)
+        return tree
 
     def release(self, path: Path) -> None:
         with self.lock:
@@ -80,8 +182,6 @@ class WorktreePool:
     def checkout(self, sha: str) -> "_Lease":
         """`with pool.checkout(sha) as path:` leases a worktree for one step."""
         return _Lease(self, sha)
-
-
 class _Lease:
     def __init__(self, pool: WorktreePool, sha: str):
         self.pool, self.sha, self.path = pool, sha, None
@@ -131,6 +231,7 @@ class NodeCheckout:
                 if not _has_commit(clone, self.sha):
                     clone.git.fetch("--quiet", "origin", self.sha)
                 clone.git.worktree("add", "--detach", "--force", "--quiet", str(self.path), self.sha)
+                _mark(self.path, _admin_of(self.path))
             except git.GitCommandError as exc:
                 detail = (exc.stderr or "").strip().splitlines() or [str(exc)]
                 raise GitError(f"cannot get {self.sha[:12]} from {self.source}: {detail[-1].strip()}") from None

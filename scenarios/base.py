@@ -73,20 +73,48 @@ class BaseScenario(ABC):
         """Judge the commit checked out at ctx.checkout."""
 
 
-# A GPU memory fault as a parent process sees it (ROCm runtime / HSA): each tuple's parts on one line.
+class FaultSignature:
+    """Literal parts that must appear in order on one line; a digit must follow part number
+    `digit_after`. Checked with plain substring search: linear in the line's length."""
+
+    def __init__(self, *parts: str, digit_after: int | None = None):
+        self.parts, self.digit_after = parts, digit_after
+
+    @property
+    def marker(self) -> str:
+        """The first part: a line without it cannot match (what a stream scan looks for)."""
+        return self.parts[0]
+
+    def search(self, line: str) -> bool:
+        at = 0
+        for n, part in enumerate(self.parts):
+            at = line.find(part, at)
+            while at >= 0 and n == self.digit_after and not line[at + len(part):at + len(part) + 1].isdigit():
+                at = line.find(part, at + 1)
+            if at < 0:
+                return False
+            at += len(part)
+        return True
+
+
+# A GPU memory fault as a parent process sees it (ROCm runtime / HSA).
 FAULT_SIGNATURES = (
-    ("Memory access fault by GPU node-",),
-    ("HSA_STATUS_ERROR_MEMORY_FAULT",),
-    ("HSA_STATUS_ERROR_EXCEPTION", "0x1016"),
+    FaultSignature("Memory access fault by GPU node-", digit_after=0),
+    FaultSignature("HSA_STATUS_ERROR_MEMORY_FAULT"),
+    FaultSignature("HSA_STATUS_ERROR_EXCEPTION", "0x1016"),
 )
+FAULT_MARKERS = tuple(sig.marker for sig in FAULT_SIGNATURES)
+FAULT_LINE_CHARS = 500  # a fault line is reported by its first characters
 
 
 def fault_lines(text: str, limit: int = 5) -> list[str]:
-    """Lines of text that carry a GPU memory-fault signature (substring tests: linear in the text)."""
+    """Lines of text that carry a GPU memory-fault signature (linear in the text's length)."""
     found = []
+    if not any(marker in text for marker in FAULT_MARKERS):
+        return found
     for line in text.splitlines():
-        if any(all(part in line for part in parts) for parts in FAULT_SIGNATURES):
-            found.append(line.strip())
+        if any(sig.search(line) for sig in FAULT_SIGNATURES):
+            found.append(line.strip()[:FAULT_LINE_CHARS])
             if len(found) == limit:
                 break
     return found

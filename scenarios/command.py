@@ -6,9 +6,9 @@ import json
 import shutil
 
 from bisector.errors import ScenarioAbort, ScenarioError
-from bisector.process import run_process
+from bisector.process import Limits, run_process
 from bisector.signatures import failure_signature
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
+from scenarios.base import FAULT_MARKERS, BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
 SKIP_EXIT = 125
 
@@ -43,15 +43,16 @@ class CommandScenario(BaseScenario):
         if _is_checkout_relative(argv[0]) and candidate.exists():
             argv[0] = str(candidate)
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env, ctx.cancel)
+            result = run_process(argv, ctx.checkout, ctx.log_path, Limits(ctx.timeout, ctx.cancel), ctx.env,
+                                 FAULT_MARKERS)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)
         if result.timed_out:
             return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
         code = result.returncode
-        faults = fault_lines(result.output)
-        failed = {"signature": failure_signature(result.output, code)}
+        faults = fault_lines("\n".join(result.marked))
+        failed = {"signature": failure_signature(result.output + "\n" + "\n".join(result.marked), code)}
         if result.signal_name:
             reason = f"killed by {result.signal_name}"
             return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)

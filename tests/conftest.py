@@ -7,9 +7,13 @@ checked without a GPU) and `slow` (seconds or more each) come on top. A test wit
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -170,3 +174,75 @@ case $n in
 esac
 grep -q good state
 """
+
+
+# -- real vLLM release source, shared by every worker ------------------------------------------------
+SDIST_CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", Path.home() / ".cache" / "vllm-sdists"))
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """Hold SDIST_CACHE for this process: pytest-xdist workers must not fetch or extract into it at once."""
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(SDIST_CACHE / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def fetch_sdists(versions) -> None:
+    """Download the missing vllm-X.tar.gz into SDIST_CACHE from pip's default index."""
+    missing = [v for v in versions if not (SDIST_CACHE / f"vllm-{v}.tar.gz").exists()]
+    if not missing:
+        return
+    from pip._internal.models.index import PyPI
+    from pip._internal.network.session import PipSession
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    session = PipSession()
+    index = session.get(PyPI.simple_url.rstrip("/") + "/vllm/",
+                        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    index.raise_for_status()
+    urls = {f["filename"]: f["url"] for f in index.json()["files"]}
+    for version in missing:
+        name = f"vllm-{version}.tar.gz"
+        response = session.get(urls[name])
+        response.raise_for_status()
+        partial = SDIST_CACHE / (name + ".part")
+        partial.write_bytes(response.content)
+        partial.replace(SDIST_CACHE / name)
+
+
+def python_sources(version: str) -> Path:
+    """The release's vllm/**.py files, extracted once next to its sdist; read-only for the probe."""
+    dest = SDIST_CACHE / "python-sources" / version
+    if not dest.exists():
+        partial = dest.with_name(version + ".part")
+        shutil.rmtree(partial, ignore_errors=True)
+        extract_python_sources(SDIST_CACHE / f"vllm-{version}.tar.gz", partial)
+        partial.rename(dest)
+    return dest
+
+
+def extract_python_sources(sdist: Path, dest: Path) -> None:
+    """Extract only the sdist's vllm/**.py files into dest/vllm."""
+    with tarfile.open(sdist) as tar:
+        members = []
+        for member in tar:
+            top, _, relative = member.name.partition("/")
+            if member.isfile() and relative.startswith("vllm/") and relative.endswith(".py"):
+                member.name = relative
+                members.append(member)
+        tar.extractall(dest, members=members, filter="data")
+
+
+@pytest.fixture(scope="session")
+def vllm_sources():
+    """vllm_sources(version) -> the release's vllm/**.py tree (read-only), fetched and extracted once under
+    a file lock; skips the test when the registry cannot be reached and nothing is cached."""
+    def sources(version: str) -> Path:
+        with cache_lock():
+            try:
+                fetch_sdists([version])
+            except Exception as exc:  # the registry is unreachable: nothing to check against
+                pytest.skip(f"cannot download vLLM {version} into {SDIST_CACHE}: {type(exc).__name__}: {exc}")
+            return python_sources(version)
+    return sources

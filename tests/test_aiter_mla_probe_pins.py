@@ -47,6 +47,8 @@ from aiter import dtypes
 
 from ..jit.utils.chip_info import get_gfx
 
+pytestmark = pytest.mark.integration
+
 
 def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
                              fast_mode=True, num_kv_splits=32, intra_batch_mode=False):

@@ -1,18 +1,13 @@
 """aiter-mla-probe on real vLLM release source: the required verdicts.
 
-The sdists are fetched once into ~/.cache/vllm-sdists (as shared/tools/vllm-release-repo does, through
-pip's own session); their `vllm/**.py` files are extracted once beside them, in python-sources/.
-Parallel test processes share that cache under a file lock.
+The release sources come from the `vllm_sources` fixture (conftest.py): sdists fetched once into
+~/.cache/vllm-sdists, their `vllm/**.py` files extracted beside them.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
-import os
 import shutil
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +19,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")]
 
-CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", Path.home() / ".cache" / "vllm-sdists"))
 VERSIONS = ("0.18.1", "0.19.0", "0.24.0", "0.25.0", "0.27.0")
 TARGET = "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
 FIX_CONTEXT = ('        if kv_cache_dtype_str in ("fp8", "fp8_e4m3", "fp8_e5m2"):\n'
@@ -32,69 +26,10 @@ FIX_CONTEXT = ('        if kv_cache_dtype_str in ("fp8", "fp8_e4m3", "fp8_e5m2")
 FIX_LINE = "            q_dtype = dtypes.fp8\n"  # upstream PR 47276
 
 
-@contextlib.contextmanager
-def cache_lock():
-    """Hold CACHE for this process: pytest-xdist workers must not fetch or extract into it at once."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def fetch_sdists(versions) -> None:
-    """Download the missing vllm-X.tar.gz into CACHE from pip's default index."""
-    missing = [v for v in versions if not (CACHE / f"vllm-{v}.tar.gz").exists()]
-    if not missing:
-        return
-    from pip._internal.models.index import PyPI
-    from pip._internal.network.session import PipSession
-    CACHE.mkdir(parents=True, exist_ok=True)
-    session = PipSession()
-    index = session.get(PyPI.simple_url.rstrip("/") + "/vllm/",
-                        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    index.raise_for_status()
-    urls = {f["filename"]: f["url"] for f in index.json()["files"]}
-    for version in missing:
-        name = f"vllm-{version}.tar.gz"
-        response = session.get(urls[name])
-        response.raise_for_status()
-        partial = CACHE / (name + ".part")
-        partial.write_bytes(response.content)
-        partial.replace(CACHE / name)
-
-
-def python_sources(version: str) -> Path:
-    """The release's vllm/**.py files, extracted once next to its sdist; read-only for the probe."""
-    dest = CACHE / "python-sources" / version
-    if not dest.exists():
-        partial = dest.with_name(version + ".part")
-        shutil.rmtree(partial, ignore_errors=True)
-        extract_python_sources(CACHE / f"vllm-{version}.tar.gz", partial)
-        partial.rename(dest)
-    return dest
-
-
-def extract_python_sources(sdist: Path, dest: Path) -> None:
-    """Extract only the sdist's vllm/**.py files into dest/vllm."""
-    with tarfile.open(sdist) as tar:
-        members = []
-        for member in tar:
-            top, _, relative = member.name.partition("/")
-            if member.isfile() and relative.startswith("vllm/") and relative.endswith(".py"):
-                member.name = relative
-                members.append(member)
-        tar.extractall(dest, members=members, filter="data")
-
-
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory) -> dict[str, Path]:
+def releases(tmp_path_factory, vllm_sources) -> dict[str, Path]:
     """Checkouts by ref: v<version> for each of VERSIONS, and fix-47276 (v0.24.0 plus the fix)."""
-    with cache_lock():
-        try:
-            fetch_sdists(VERSIONS)
-        except Exception as exc:  # the registry is unreachable: nothing to check against
-            pytest.skip(f"cannot download vLLM sdists into {CACHE}: {type(exc).__name__}: {exc}")
-        trees = {f"v{version}": python_sources(version) for version in VERSIONS}
+    trees = {f"v{version}": vllm_sources(version) for version in VERSIONS}
     trees["fix-47276"] = tmp_path_factory.mktemp("vllm-releases") / "fix-47276"
     shutil.copytree(trees["v0.24.0"], trees["fix-47276"])
     target = trees["fix-47276"] / TARGET

@@ -3,11 +3,12 @@ import json
 
 import pytest
 
-from conftest import bisector
 from dpa_fp8_kv_records import RECORDS_DIR, recorded
-from scenarios import Verdict
-from scenarios.base import ProcessResult
+from scenarios.base import Verdict
+from bisector.process import ProcessResult
 from scenarios.dpa_fp8_kv.classify import classify, details
+
+pytestmark = pytest.mark.integration
 
 ILLEGAL = "an illegal memory access was encountered"
 
@@ -62,11 +63,11 @@ def test_the_real_downgrade_line_is_in_the_details():
                                "UNIFORM_BATCH); setting cudagraph_mode=FULL_AND_PIECEWISE"}
 
 
-def test_classify_cli_on_the_real_fault_log(tmp_path):
+def test_classify_cli_on_the_real_fault_log(tmp_path, cli):
     _, output = recorded("h200-c8-planted-fault")
     log = tmp_path / "child.log"
     log.write_text(output)
-    done = bisector("scenario", "classify", "dpa-fp8-kv-graph-capture", "--option", "platform=cuda",
+    done = cli("scenario", "classify", "dpa-fp8-kv-graph-capture", "--option", "platform=cuda",
                     "--log", str(log), "--exit-code", "1", "--json")
     assert done.returncode == 1, done.stderr
     outcome = json.loads(done.stdout)

@@ -11,21 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git
-from test_aiter_mla_probe_real import fetch_sdists, python_sources
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory):
-    try:
-        fetch_sdists(["0.24.0"])
-    except Exception as exc:  # no network and no cached sdist
-        pytest.skip(f"vLLM 0.24.0 sdist unavailable: {exc}")
+def history(tmp_path_factory, git, vllm_sources):
     tmp = tmp_path_factory.mktemp("history")
     release = tmp / "release"
-    subprocess.run(["cp", "-r", str(python_sources("0.24.0")), str(release)], check=True)
+    subprocess.run(["cp", "-r", str(vllm_sources("0.24.0")), str(release)], check=True)
     git(release, "init", "-q", "-b", "main")
     git(release, "add", "-A")
     git(release, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v0.24.0")
@@ -39,7 +34,8 @@ def history(tmp_path_factory):
 
 
 def show(repo: Path, sha: str, path: str) -> str:
-    return git(repo, "show", f"{sha}:{path}")
+    return subprocess.run(["git", "-C", str(repo), "show", f"{sha}:{path}"], check=True, capture_output=True,
+                          text=True).stdout
 
 
 def imported_names(source: str, module: str) -> set[str]:
@@ -51,7 +47,7 @@ def defined_names(source: str) -> set[str]:
     return {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
 
 
-def test_twelve_python_only_commits_with_their_roles(history):
+def test_twelve_python_only_commits_with_their_roles(history, git):
     repo, commits = history
     assert len(commits) == 13 and commits[0]["role"] == "base"
     assert [c["n"] for c in commits if c["role"] == "planted-fault"] == [8]
@@ -85,7 +81,7 @@ def test_c8_sizes_the_fp8_split_buffer_with_zero_splits_for_short_sequences(hist
             compile(show(repo, commits[n]["sha"], path), path, "exec")
 
 
-def test_the_same_release_gives_the_same_shas(history, tmp_path):
+def test_the_same_release_gives_the_same_shas(history, tmp_path, git):
     repo, commits = history
     again = tmp_path / "again"
     subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo",

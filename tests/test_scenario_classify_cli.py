@@ -3,16 +3,20 @@ import json
 
 import pytest
 
-from conftest import bisector
 from dpa_fp8_kv_records import APERTURE, FAULT, HSA, RECORDS
 
 NAME = "dpa-fp8-kv-graph-capture"
+pytestmark = pytest.mark.integration
 
 
-def classify(tmp_path, record, *args):
-    log = tmp_path / "child.log"
-    log.write_text(RECORDS[record])
-    return bisector("scenario", "classify", NAME, "--log", str(log), *args)
+@pytest.fixture
+def classify(tmp_path, cli):
+    """classify(record, *args) -> `bisector scenario classify` on that saved record."""
+    def run(record: str, *args: str):
+        log = tmp_path / "child.log"
+        log.write_text(RECORDS[record])
+        return cli("scenario", "classify", NAME, "--log", str(log), *args)
+    return run
 
 
 @pytest.mark.parametrize("record, exit_code, code, start", [
@@ -22,14 +26,14 @@ def classify(tmp_path, record, *args):
     ("oom", "1", 125, "skip: out of GPU memory: torch.OutOfMemoryError: HIP out of memory."),
     ("ok-then-teardown-abort", "-6", 0, "good: graph capture and a decode step finished on ROCM_AITER_MLA"),
 ])
-def test_verdicts_of_saved_logs(tmp_path, record, exit_code, code, start):
-    done = classify(tmp_path, record, "--option", "platform=rocm", "--exit-code", exit_code)
+def test_verdicts_of_saved_logs(tmp_path, record, exit_code, code, start, classify):
+    done = classify(record, "--option", "platform=rocm", "--exit-code", exit_code)
     assert done.returncode == code, done.stderr
     assert done.stdout.startswith(start)
 
 
-def test_json_names_the_matched_lines(tmp_path):
-    done = classify(tmp_path, "fault-then-engine-failed", "--exit-code", "1", "--json")
+def test_json_names_the_matched_lines(tmp_path, classify):
+    done = classify("fault-then-engine-failed", "--exit-code", "1", "--json")
     outcome = json.loads(done.stdout)
     assert outcome["verdict"] == "bad"
     assert outcome["details"]["platforms"] == ["rocm", "cuda"]  # auto: the log's origin is unknown
@@ -37,8 +41,8 @@ def test_json_names_the_matched_lines(tmp_path):
     assert HSA in outcome["details"]["matched"]
 
 
-def test_a_killed_child_is_reported_by_its_signal(tmp_path):
-    done = classify(tmp_path, "loading", "--exit-code", "-9", "--option", "platform=cuda")
+def test_a_killed_child_is_reported_by_its_signal(tmp_path, classify):
+    done = classify("loading", "--exit-code", "-9", "--option", "platform=cuda")
     assert (done.returncode, done.stdout.strip()) == (
         125, "skip: killed by SIGKILL before the marker: INFO 05-20 10:00:03 [default_loader.py:267] "
              "Loading weights took 0.52 seconds")
@@ -48,16 +52,16 @@ def test_a_killed_child_is_reported_by_its_signal(tmp_path):
     (("--option", "platform=tpu"), "option platform='tpu': must be one of auto, rocm, cuda"),
     (("--option", "nonsense"), "--option takes KEY=VALUE"),
 ])
-def test_bad_input_is_one_line_error(tmp_path, args, message):
-    done = classify(tmp_path, "ok", *args)
+def test_bad_input_is_one_line_error(tmp_path, args, message, classify):
+    done = classify("ok", *args)
     assert done.returncode == 2
     assert done.stderr.strip() == f"bisector: error: {message}" or message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_scenario_without_a_log_classifier_is_an_error(tmp_path):
+def test_scenario_without_a_log_classifier_is_an_error(tmp_path, cli, classify):
     log = tmp_path / "child.log"
     log.write_text("x\n")
-    done = bisector("scenario", "classify", "aiter-mla-probe", "--log", str(log))
+    done = cli("scenario", "classify", "aiter-mla-probe", "--log", str(log))
     assert (done.returncode, done.stderr.strip()) == (
         2, "bisector: error: scenario 'aiter-mla-probe' cannot judge a saved log")

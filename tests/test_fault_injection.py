@@ -1,0 +1,105 @@
+"""Issue 11's fault injection: SIGKILL the driver at random moments (steps, builds, store writes), resume.
+
+After every round the answer is right, no commit ever ran twice at once, the user's repository is as
+it was, and no process of the tool is left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KILLS = 50
+SEED = 11
+
+
+def tool_processes(root: Path) -> list[int]:
+    """Live processes whose cwd or command line lies under root (steps, builds, leaders)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(root)) or str(root) in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
+    rng = random.Random(SEED)
+    repo = make_repo()
+    repo.commit("build files", {"setup.py": "", "requirements/build/rocm.txt": "setuptools\n",
+                                "csrc/x.c": "int x = 0;\n"})
+    shas = []
+    for i in range(16):  # native sources change every fourth commit: fresh builds among reuses
+        files = {"counter.txt": f"{i}\n", "state": "bad\n" if i >= 11 else "good\n"}
+        if i % 4 == 3:
+            files["csrc/x.c"] = f"int x = {i};\n"
+        shas.append(repo.commit(f"change {i}", files))
+    before = repo.snapshot()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    python = tmp_path / "python"
+    python.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$*" in *setup.py*|*pip*) sleep 0.05; exit 0;; esac
+        exec {sys.executable} "$@"
+        """))
+    step = tmp_path / "step.sh"
+    step.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        id=$(cat counter.txt)-$1
+        for pid in $(cat {marks}/running.$id 2>/dev/null); do
+            kill -0 $pid 2>/dev/null && echo "$id: $pid still running as $$ starts" >> {marks}/overlaps
+        done
+        echo $$ >> {marks}/running.$id
+        sleep 0.05
+        grep -q good state
+        """))
+    python.chmod(0o755)
+    step.chmod(0o755)
+    state = tmp_path / "state"
+    env = {**os.environ, **git_env, "PYTHONPATH": str(ROOT)}
+    kills = rounds = 0
+    while kills < KILLS:
+        rounds += 1
+        args = ["run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+                "--build", "source", "--python", str(python), "--jobs", str(1 + rounds % 2),
+                "--json", str(tmp_path / "r.json"), "--", str(step), f"round{rounds}"]
+        for _ in range(rng.randint(4, 8)):
+            driver = subprocess.Popen([sys.executable, "-m", "bisector.cli", *args], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.2, 1.6))
+            if driver.poll() is None:
+                driver.kill()
+                kills += 1
+            driver.wait()
+        done = cli(*args)
+        assert done.returncode == 0, done.stderr
+        assert json.loads((tmp_path / "r.json").read_text())["culprit"]["sha"] == shas[11]
+        assert not (marks / "overlaps").exists(), (marks / "overlaps").read_text()
+        assert repo.snapshot() == before
+        deadline = time.monotonic() + 5
+        while tool_processes(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tool_processes(tmp_path) == []
+    assert kills >= KILLS and rounds >= 3
