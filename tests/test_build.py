@@ -390,3 +390,29 @@ def test_a_wheel_that_fails_falls_back_to_a_compile_in_auto_only(make_repo, venv
     assert (result.ok, result.strategy) == (True, "source"), result.reason
     assert "(after precompiled failed: develop-precompiled exited 1" in result.reason
     assert gcc_runs(state) == 1 and list((work / "fixturepkg").glob("_C*.so"))
+
+
+def test_a_reused_build_brings_back_every_file_the_build_added(make_repo, tmp_path):
+    """Not only extension modules: a wheel's generated and vendored Python (vllm/_version.py,
+    vllm/third_party/flashmla) must come back with a reused build, or backends that need them fail."""
+    from bisector.builds.base import built_outputs
+    from bisector.refs import GitRepo as Repo
+    from bisector.worktrees import WorktreePool
+
+    repo = make_repo()
+    sha = repo.commit("pkg", {"pkg/__init__.py": "", ".gitignore": "build/\n*.so\n*.egg-info/\n__pycache__/\n"})
+    added = {"pkg/_C.abi3.so": b"elf", "pkg/_version.py": b"__version__ = '1'\n",
+             "pkg/third_party/flashmla/__init__.py": b"x = 1\n"}
+    scratch = {"build/temp/native.o": b"o", "pkg/__pycache__/x.cpython-311.pyc": b"c",
+               "pkg.egg-info/PKG-INFO": b"m"}
+    with WorktreePool(Repo(repo.path), tmp_path / "state") as pool, pool.checkout(sha) as work:
+        for rel, data in {**added, **scratch}.items():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_bytes(data)
+        assert sorted(built_outputs(work)) == sorted(added)
+        cache = ArtifactCache(tmp_path / "state", parse_size("1G"))
+        cache.save("n" * 64, work, built_outputs(work), "precompiled", None)
+        for rel in added:
+            (work / rel).unlink()
+        cache.restore("n" * 64, work)
+        assert {rel: (work / rel).read_bytes() for rel in added} == added

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 # A strategy that only copies files costs nothing; one that compiles costs a compile.
 FREE_COST, COMPILE_COST = 0.0, 1.0
 UNAVAILABLE = "unavailable"
-EXTENSION_PATTERN = "*.so"
 
 
 @dataclass(frozen=True)
@@ -128,11 +127,19 @@ def keep_outputs(cache: "ArtifactCache", target: Target, built: BuildResult) -> 
 
 
 def built_outputs(worktree: Path) -> list[str]:
-    """Extension modules in the tree, outside the build/ scratch dir (kept for incremental builds)."""
-    return [rel for rel in untracked_files(worktree, EXTENSION_PATTERN) if not rel.startswith("build/")]
+    """Every file the build added to the tree (extension modules, generated and vendored Python), outside
+    the build/ scratch dir (kept for incremental builds), caches and egg-info."""
+    return [rel for rel in untracked_files(worktree, "*") if _is_output(rel)]
+
+
+def _is_output(rel: str) -> bool:
+    """Outputs: extension modules and the Python a build or wheel adds (vllm/_version.py, vendored
+    packages such as vllm/third_party/flashmla); not the build's scratch dir, caches or metadata."""
+    return not rel.startswith("build/") and "__pycache__/" not in rel and ".egg-info/" not in rel \
+        and not rel.endswith(".pyc")
 
 
 def remove_outputs(worktree: Path) -> None:
-    """Delete extension modules a previous step left (ignored files survive `git clean`)."""
+    """Delete what a previous step's build left (ignored files survive `git clean`)."""
     for rel in built_outputs(worktree):
         (worktree / rel).unlink()
