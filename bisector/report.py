@@ -58,8 +58,11 @@ def _search_notes(result: dict) -> list[str]:
         pair = seeded.get("pair")
         how = ("confirmed against its parent" if seeded["confirmed"] else "not confirmed; bisected on") \
             if pair else "none testable; bisected"
-        notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
-                     + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+        if kind == "prefilter":
+            notes.append(f"  by the main scenario: {how}" if pair else "  no testable parent; bisected")
+        else:
+            notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
+                         + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
     change = result.get("pin_change")
     if change:
         notes.append(f"this commit moves {change['name'].upper()} {change['from']} → {change['to']}; the behaviour "
