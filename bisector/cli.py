@@ -24,6 +24,7 @@ from bisector.results import SETTLED
 from bisector.steps import Handler, Step
 from bisector.store import Store
 from scenarios import available, create
+from scenarios.base import source_hash
 from scenarios.command import CommandScenario
 
 console = Console(stderr=True, highlight=False)
@@ -67,8 +68,9 @@ def python_option(purpose: str):
 def build_options(command):
     """The build options `run` and `backport` share (see build_settings)."""
     options = [
-        click.option("--build", "build", type=click.Choice(STRATEGIES), default="auto", show_default=True,
-                     help="How each commit is built: cheapest valid (auto), or one strategy."),
+        click.option("--build", "build", type=click.Choice(STRATEGIES), default=None,
+                     help="How each commit is built: cheapest valid for a vLLM tree (auto), or one strategy. "
+                          "Default: auto for a named scenario, none for -- CMD (it builds for itself)."),
         click.option("--rocm-arch",
                      help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942."),
         click.option("--wheels", metavar="DIR|URL-TEMPLATE",
@@ -81,8 +83,15 @@ def build_options(command):
     return command
 
 
-def build_settings(build: str, python: str, rocm_arch: str | None, wheels: str | None,
-                   cache_size: str) -> BuildSettings:
+DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
+                      "--build auto builds vLLM trees)")
+
+
+def build_settings(build: str | None, python: str, rocm_arch: str | None, wheels: str | None,
+                   cache_size: str, command: tuple[str, ...] = ()) -> BuildSettings:
+    """The build options; without --build a -- CMD run builds nothing, as `git bisect run` does."""
+    if build is None:
+        build = "none" if command else "auto"
     try:
         return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
     except ValueError as exc:
@@ -92,9 +101,10 @@ def build_settings(build: str, python: str, rocm_arch: str | None, wheels: str |
 class ProgressHandler(Handler):
     """One line per step on stderr: step n of about m, commits left, commit, elapsed, ETA."""
 
-    def __init__(self):
+    def __init__(self, notes: list[str] | None = None):
         self.start = time.monotonic()
         self.count = 0
+        self.notes = notes or []
 
     def waiting(self, holder: str) -> None:
         console.print(f"waiting for another bisector run on this repository ({holder}) …")
@@ -102,6 +112,8 @@ class ProgressHandler(Handler):
     def started(self, run_id: int, total: int, resumed_from: int | None) -> None:
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")
+        for note in self.notes:
+            console.print(note, soft_wrap=True)
 
     def testing(self, sha: str, role: str) -> None:
         console.print(f"  testing {sha[:12]} ({role}) …", style="dim")
@@ -131,8 +143,10 @@ def _sigterm(signum, frame):
 
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.option("--repo", default=".", show_default=True, help="Repository to bisect (never modified).")
-@click.option("--good", required=True, help="A commit without the fault (with --find-fix: the fixed one).")
-@click.option("--bad", required=True, help="A commit with the fault.")
+@click.option("--good", required=True, multiple=True,
+              help="A commit without the fault (with --find-fix: the fixed one). May be given several times.")
+@click.option("--bad", required=True, multiple=True,
+              help="A commit with the fault (with --find-fix, several may be given).")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
 @click.option("--first-parent", is_flag=True, help="Follow first parents only (a merge is one unit).")
@@ -171,21 +185,23 @@ def _sigterm(signum, frame):
 @click.option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a "
                                     "local one).")
 @click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
+@click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
         fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, command):
+        gpus_per_run, ray_address, remote, no_cache, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
         else CommandScenario(list(command))
-    builder = build_settings(build, python, rocm_arch, wheels, cache_size)
+    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
         builder))
-    cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
+    cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
+                    first_parent=first_parent, no_cache=no_cache, command_line=command_line(),
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
@@ -197,13 +213,24 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
             json_file.write_text(json.dumps(planned, indent=2) + "\n")
         click.echo(report.plan_text(planned))
         sys.exit(0)
-    result = run_bisection(cfg, ProgressHandler())
+    result = run_bisection(cfg, ProgressHandler([DEFAULT_BUILD_NOTE] if command and build is None else []))
+    for warning in result.get("warnings", ()):
+        console.print(f"warning: {warning}")
     if json_file:
         json_file.write_text(report.bisect_json(result))
     if markdown_file:
         markdown_file.write_text(report.bisect_markdown(result))
     click.echo(report.bisect_text(result))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
+
+
+def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:
+    return refs[0] if len(refs) == 1 else refs
+
+
+def command_line() -> list[str]:
+    """How this bisector was invoked, as an argument list (stored with the run, shown in reports)."""
+    return ["bisector", *sys.argv[1:]]
 
 
 class BackportProgress:
@@ -235,9 +262,10 @@ class BackportProgress:
               help="Write JUnit XML: one test case per branch.")
 @python_option("Python environment scenarios run in.")
 @build_options
+@click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, command):
+             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, no_cache, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     if scenario_name and command:
         raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
@@ -247,7 +275,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         else CommandScenario(list(command)) if command else None
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size))
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command),
+                         no_cache=no_cache, command_line=command_line())
     result = run_backport(cfg, BackportProgress())
     for path, render in ((json_file, report.backport_json), (markdown_file, report.backport_markdown),
                          (junit_file, report.backport_junit)):
@@ -295,11 +324,11 @@ def scenario() -> None:
 
 @scenario.command("list")
 def scenario_list() -> None:
-    """Scenarios by name, with version and what they need."""
+    """Scenarios by name, with the hash of their source (part of the verdict cache key) and needs."""
     for name, cls in sorted(available().items()):
         needs = "build" if cls.needs_build else "no build"
         defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
-        click.echo(f"{name} (v{cls.version}, {needs}): {cls.description}")
+        click.echo(f"{name} (source {source_hash(cls)[:8]}, {needs}): {cls.description}")
         if defaults:
             click.echo(f"    options: {defaults}")
 
@@ -335,27 +364,51 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
         return None
 
 
-@main.command("report")
-@click.argument("run_id", metavar="RUN_ID|latest")
-@click.option("--repo", default=".", show_default=True, help="Repository whose record to read.")
-@state_dir_option
-@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
-def report_command(run_id, repo, state_dir, fmt, output):
-    """Regenerate a run's report from the stored record (bisection or backport)."""
-    if run_id != "latest" and not run_id.isdigit():
-        raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+def open_record(repo: str, state_dir: Path | None) -> Store:
+    """The store of repo's state dir (or --state-dir), or UsageError when there is none."""
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
         raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
     database = directory / "bisector.sqlite"
     if not database.is_file():
         raise UsageError(f"no bisector record in {directory}")
-    store = Store(database)
+    return Store(database)
+
+
+def repo_root(repo: str) -> str | None:
+    """The root path runs record for repo, None when repo is no git repository."""
     try:
-        row = store.run(run_id)
-        if row is None:
-            raise UsageError(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
+        return str(GitRepo(Path(repo)).root)
+    except GitError:
+        return None
+
+
+@main.command("report")
+@click.argument("run_id", metavar="RUN_ID|latest")
+@click.option("--repo", default=".", show_default=True, help="Repository whose record to read.")
+@click.option("--scenario", "scenario_name", help="latest: the last finished run of this scenario.")
+@state_dir_option
+@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
+def report_command(run_id, repo, scenario_name, state_dir, fmt, output):
+    """Regenerate a run's report from the stored record (bisection or backport).
+
+    `latest` is the last finished run of --repo (and of --scenario when given)."""
+    if run_id != "latest" and not run_id.isdigit():
+        raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    store = open_record(repo, state_dir)
+    try:
+        if run_id == "latest":
+            root = repo_root(repo)
+            row = store.latest_finished(root, scenario_name)
+            if row is None:
+                raise UsageError(f"no finished run of {root or 'any repository'}"
+                                 + (f" with scenario {scenario_name}" if scenario_name else "")
+                                 + f" in {store.path}")
+        else:
+            row = store.run(run_id)
+            if row is None:
+                raise UsageError(f"no run {run_id} in {store.path}")
         text = report.render(row, fmt)
     finally:
         store.close()
@@ -363,6 +416,83 @@ def report_command(run_id, repo, state_dir, fmt, output):
         output.write_text(text)
     else:
         click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command("runs")
+@click.option("--repo", default=".", show_default=True, help="Repository whose runs to list.")
+@click.option("--all-repos", is_flag=True, help="Every repository recorded in the state dir.")
+@state_dir_option
+def runs_command(repo, all_repos, state_dir):
+    """Recorded runs: id, repository, range, command, state, answer."""
+    store = open_record(repo, state_dir)
+    try:
+        rows = store.runs()
+    finally:
+        store.close()
+    root = None if all_repos else repo_root(repo)
+    for row in rows:
+        line = report.run_line(row)
+        if root is None or json.loads(row["params"]).get("repo") == root:
+            click.echo(line)
+
+
+@main.group()
+def cache() -> None:
+    """The verdict cache: list what is stored, forget verdicts so they are judged again."""
+
+
+def _sha_prefix(commit: str | None, repo: str) -> str:
+    """--commit as a sha prefix: a ref resolved in repo, else hex as given."""
+    if not commit:
+        return ""
+    try:
+        return GitRepo(Path(repo)).resolve(commit)
+    except GitError:
+        if all(c in "0123456789abcdef" for c in commit.lower()) and len(commit) >= 4:
+            return commit.lower()
+        raise UsageError(f"--commit: unknown commit {commit!r}") from None
+
+
+def cache_filters(command):
+    for option in reversed([
+            click.option("--repo", default=".", show_default=True, help="Repository whose cache to use."),
+            state_dir_option,
+            click.option("--commit", help="Only this commit (ref or sha prefix)."),
+            click.option("--scenario", "scenario_name", help="Only verdicts of this scenario (e.g. command).")]):
+        command = option(command)
+    return command
+
+
+@cache.command("list")
+@cache_filters
+def cache_list(repo, state_dir, commit, scenario_name):
+    """Cached verdicts per commit and key: runs, verdicts, and what the key stands for."""
+    store = open_record(repo, state_dir)
+    try:
+        rows = store.cached_verdicts(_sha_prefix(commit, repo), scenario_name)
+    finally:
+        store.close()
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["recorded"]))
+        click.echo(f"{row['sha'][:12]}  {row['scenario_key']}  {row['verdicts']} ({row['runs']} run(s))  {when}")
+        if row["parts"]:
+            click.echo(f"    {row['parts']}")
+    click.echo(f"{len(rows)} cached verdict(s)", err=True)
+
+
+@cache.command("forget")
+@cache_filters
+@click.option("--all", "everything", is_flag=True, help="Forget every cached verdict.")
+def cache_forget(repo, state_dir, commit, scenario_name, everything):
+    """Drop cached verdicts (of --commit, --scenario, or --all): they are judged again next time."""
+    if not (commit or scenario_name or everything):
+        raise UsageError("give --commit SHA, --scenario NAME, or --all")
+    store = open_record(repo, state_dir)
+    try:
+        count = store.forget_verdicts(_sha_prefix(commit, repo), scenario_name)
+    finally:
+        store.close()
+    click.echo(f"forgot {count} execution(s)")
 
 
 @main.command("doctor")

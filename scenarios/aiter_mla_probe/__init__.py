@@ -10,7 +10,7 @@ from pathlib import Path
 from bisector.process import run_process
 from scenarios.aiter_mla_probe.child import RESULT_PREFIX
 from scenarios.aiter_mla_probe.contract import ProbeConfig
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 120.0
@@ -20,7 +20,6 @@ class AiterMLAProbe(BaseScenario):
     """Builds AiterMLAMetadataBuilder for one rank's configuration and checks AITER's tiling contract."""
 
     name = "aiter-mla-probe"
-    version = "1"
     description = ("CPU: run the checkout's AiterMLAMetadataBuilder from source against a stand-in AITER; "
                    "bad when the Q dtype it sizes metadata for changes AITER's tiling")
     needs_build = False
@@ -30,6 +29,10 @@ class AiterMLAProbe(BaseScenario):
     def __init__(self, options=None):
         super().__init__(options)
         self.config = ProbeConfig.from_options(self.options)
+
+    def environment(self, python: str) -> dict:
+        """The probe runs the checkout's Python against torch in the --python environment."""
+        return python_environment(python, ("torch",))
 
     def run(self, ctx: StepContext) -> Outcome:
         log = str(ctx.log_path)

@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 from bisector.process import ProcessResult
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
+from bisector.builds.native import installed_rocm_version
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine
 from scenarios.dpa_fp8_kv.config import write_model_dir
@@ -26,7 +27,6 @@ class DpaFp8KvScenario(BaseScenario):
     """
 
     name = "dpa-fp8-kv-graph-capture"
-    version = "1"
     description = ("tiny DeepSeek-V3 on AITER MLA with FP8 KV cache and full decode graphs; "
                    "GPU memory fault or SIGABRT is bad")
     option_defaults = OPTION_DEFAULTS
@@ -39,6 +39,11 @@ class DpaFp8KvScenario(BaseScenario):
     @property
     def gpus_per_run(self) -> int:
         return self.settings.gpus
+
+    def environment(self, python: str) -> dict:
+        """Python, torch, AITER and Triton in the --python environment, and the installed ROCm."""
+        return {**python_environment(python, ("torch", "amd-aiter", "aiter", "triton")),
+                "rocm": installed_rocm_version()}
 
     def run(self, ctx: StepContext) -> Outcome:
         probe = probe_rocm_gpus(self.system_root)
