@@ -150,8 +150,8 @@ class BisectPolicy:
             self.search.record(step.sha, self.to_term[step.verdict])
 
     def wants(self, sha: str) -> bool:
-        return self.search.is_open(sha) or sha in (*self.ends.olds, self.ends.new, *self.ends.merge_bases) \
-            or bool(self.seed_pair and sha in self.seed_pair)
+        return sha in (*self.ends.olds, self.ends.new, *self.ends.merge_bases, *(self.seed_pair or ())) \
+            or self.search.is_open(sha)
 
     def progress(self) -> tuple[int, int]:
         return self.search.testable_mask.bit_count(), self.search.steps_left()

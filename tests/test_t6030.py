@@ -69,6 +69,7 @@ def history(tmp_path_factory) -> History:
         h.add_line(f"S{n}", f"{n}(side): {line} line on a side branch", "hello2")
     h.git("checkout", "-q", h.shas["S5"])
     h.merge("A", "H5", "merge HASH5 and SIDE_HASH5")
+    h.git("branch", "merge-a")  # A is on no other branch: a ref keeps it in clones
     h.git("checkout", "-q", "side")
     h.merge("B", "H7", "merge HASH7 and SIDE_HASH7")
     h.git("checkout", "-q", "-b", "parallel", h.shas["H1"])
@@ -160,17 +161,18 @@ CASES = [
     Case("good merge base when good and bad are siblings", ("S7",), "H7", has("hello", "Yet")),
     Case("skipped merge base when good and bad are siblings", ("H7",), "S7",
          has("hello2", "second line"), at("H4")),
-    Case("bad merge base when good and bad are siblings", ("S7",), "H7", has("hello", "Ciao")),
+    Case("bad merge base when good and bad are siblings", ("S7",), "H7",  # fixed on the side branch
+         f"{has('hello', 'Ciao')} && ! {exists('hello2')}"),
     Case("good merge bases when good and bad are siblings (two merge bases)", ("A",), "B",
          has("hello", "Should be the last")),
-    Case("many merge bases: one is bad", ("A",), "B", has("hello2", "first line")),
+    Case("many merge bases: one is bad", ("A",), "B", f"{has('hello2', 'first line')} && ! {at('A')}"),
     Case("many merge bases: one is skipped", ("A",), "B", has("hello2", "second line"), at("H5")),
     Case("optimized merge base checks (several good, one a sibling)", ("S7", "A"), "H7", has("hello", "Yet")),
     Case("several good: an ancestor and a sibling", ("H2", "S7"), "H7", has("hello", "Yet")),
     Case("sibling good with a skip in the range", ("S7",), "H7", has("hello", "Yet"), at("H6")),
     Case("fix hunt on siblings: good merge base", ("S7",), "H7", has("hello", "Yet"), find_fix=True),
-    Case("fix hunt on siblings: merge base already fixed", ("S7",), "H7", has("hello", "Ciao"),
-         find_fix=True),
+    Case("fix hunt on siblings: merge base already fixed", ("S7",), "H7",  # broken again on the side
+         f"{has('hello', 'Ciao')} && ! {exists('hello2')}", find_fix=True),
     Case("bisect errors out if bad and good are mistaken", ("H4",), "H2", has("hello", "A new day")),
     Case("git bisect run --first-parent simple case", ("H4",), "B", has("hello", "line"), first_parent=True),
     # the parallel branch: pathspecs, first parent, skipping merges
@@ -225,9 +227,13 @@ def git_answer(case: Case, history: History, tmp_path: Path) -> tuple:
     started = subprocess.run(start, capture_output=True, text=True, env=env)
     if started.returncode:
         return ("refused", None)
-    done = subprocess.run(["git", "-C", str(clone), "bisect", "run", "sh", str(script)], capture_output=True,
-                          text=True, env=env)
-    out = done.stdout + done.stderr
+    out = ""
+    for _ in range(3):  # git 2.39's `bisect run` stops after checking out a second merge base: run again
+        done = subprocess.run(["git", "-C", str(clone), "bisect", "run", "sh", str(script)],
+                              capture_output=True, text=True, env=env)
+        out = done.stdout + done.stderr
+        if not out.rstrip().endswith("bisect run success") or "first" in out:
+            break
     found = re.search(r"([0-9a-f]{40}) is the first .*commit", out)
     if found:
         return ("first", found.group(1))
