@@ -40,6 +40,8 @@ class BackportConfig:
     repeat: int = 1
     builder: object = field(default_factory=NoBuild)
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
+    no_cache: bool = False
+    command_line: Sequence[str] = ()
 
 
 class BackportHandler:
@@ -139,12 +141,14 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
-                  "create_branches": cfg.create_branches, "repeat": cfg.repeat}
+                  "create_branches": cfg.create_branches, "repeat": cfg.repeat,
+                  "scenario_name": cfg.scenario.name if cfg.scenario else None,
+                  "command_line": list(cfg.command_line), "no_cache": cfg.no_cache}
         key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
         try:
             executor.start(pool, state_dir / "logs")
             with store.recording("backport", key, params) as run:
-                ctx = RunContext(store, judge, executor, run.id) if judge else None
+                ctx = RunContext(store, judge, executor, run.id, no_cache=cfg.no_cache) if judge else None
                 checker = _BranchChecker(repo, pool, ctx, fix, cfg.create_branches)
                 entries = []
                 for name, tip in branches:
@@ -158,6 +162,9 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     "fix_ref": cfg.fix,
                     "fix_subject": repo.commit_info(fix).subject,
                     "scenario": judge.key if judge else None,
+                    "cache_key": judge.key_parts if judge else None,
+                    "command_line": list(cfg.command_line),
+                    "repo": str(repo.root),
                     "globs": list(cfg.branches),
                     "branches": entries,
                     "executions": ctx.executions if ctx else 0,

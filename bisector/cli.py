@@ -30,6 +30,7 @@ from bisector.results import SETTLED
 from bisector.steps import Handler, Step
 from bisector.store import Store
 from scenarios import available, create
+from scenarios.base import source_hash
 from scenarios.command import CommandScenario
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)  # one event, one line: never wrapped
@@ -75,9 +76,10 @@ class FiniteFloat(click.FloatRange):
 
 def not_an_option(ctx, param, value):
     """Refuse a value that is an option name (`--good --bad X` left --good without its value)."""
-    if isinstance(value, str) and value.startswith("-"):
-        raise click.BadParameter(f"got the option {value!r} where a value belongs; "
-                                 f"give {param.opts[0]} a value")
+    for given in value if isinstance(value, tuple) else (value,):
+        if isinstance(given, str) and given.startswith("-"):
+            raise click.BadParameter(f"got the option {given!r} where a value belongs; "
+                                     f"give {param.opts[0]} a value")
     return value
 
 
@@ -161,8 +163,9 @@ def python_option(purpose: str):
 def build_options(command):
     """The build options `run` and `backport` share (see build_settings)."""
     options = [
-        click.option("--build", "build", type=click.Choice(STRATEGIES), default="auto", show_default=True,
-                     help="How each commit is built: cheapest valid (auto), or one strategy."),
+        click.option("--build", "build", type=click.Choice(STRATEGIES), default=None,
+                     help="How each commit is built: cheapest valid for a vLLM tree (auto), or one strategy. "
+                          "Default: auto for a named scenario, none for -- CMD (it builds for itself)."),
         click.option("--rocm-arch",
                      help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942."),
         click.option("--wheels", metavar="DIR|URL-TEMPLATE",
@@ -175,8 +178,15 @@ def build_options(command):
     return command
 
 
-def build_settings(build: str, python: str, rocm_arch: str | None, wheels: str | None,
-                   cache_size: str) -> BuildSettings:
+DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
+                      "--build auto builds vLLM trees)")
+
+
+def build_settings(build: str | None, python: str, rocm_arch: str | None, wheels: str | None,
+                   cache_size: str, command: tuple[str, ...] = ()) -> BuildSettings:
+    """The build options; without --build a -- CMD run builds nothing, as `git bisect run` does."""
+    if build is None:
+        build = "none" if command else "auto"
     try:
         return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
     except ValueError as exc:
@@ -187,9 +197,10 @@ class ProgressHandler(Handler):
     """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
 
-    def __init__(self):
+    def __init__(self, notes: list[str] | None = None):
         self.count = 0
         self.start = time.monotonic()
+        self.notes = notes or []  # said once, at the start
         self.logs: Path | None = None
         self.running: dict[str, float] = {}  # sha -> when it started
         self.shown: dict[str, str] = {}      # sha -> the last progress line printed for it
@@ -203,7 +214,9 @@ class ProgressHandler(Handler):
         self.logs = logs
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")
-        if self.count == 0 and not self.running:  # one heartbeat for the whole command (--prefilter runs twice)
+        if self.count == 0 and not self.running:  # once per command (--prefilter runs twice)
+            for note in self.notes:
+                console.print(escape(note))
             threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
     def testing(self, sha: str, role: str) -> None:
@@ -261,9 +274,10 @@ def _sigterm(signum, frame):
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
               help="Repository to bisect (never modified).")
-@click.option("--good", required=True, callback=not_an_option,
-              help="A commit without the fault (with --find-fix: the fixed one).")
-@click.option("--bad", required=True, callback=not_an_option, help="A commit with the fault.")
+@click.option("--good", required=True, multiple=True, callback=not_an_option,
+              help="A commit without the fault (with --find-fix: the fixed one). May be given several times.")
+@click.option("--bad", required=True, multiple=True, callback=not_an_option,
+              help="A commit with the fault (with --find-fix, several may be given).")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
 @click.option("--first-parent", is_flag=True, help="Follow first parents only (a merge is one unit).")
@@ -312,12 +326,13 @@ def _sigterm(signum, frame):
 @click.option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a "
                                     "local one).")
 @click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
+@click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature,
         prefilter_name, prefilter_options, log_limit, plan, executor_kind, gpus, gpus_per_run, ray_address,
-        remote, command):
+        remote, no_cache, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
@@ -329,11 +344,12 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         else CommandScenario(list(command))
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     pr_url_template = pr_links(repo, pr_url_template)
-    builder = build_settings(build, python, rocm_arch, wheels, cache_size)
+    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
         builder))
-    cfg = RunConfig(repo=Path(repo), good=good, bad=bad, scenario=scenario, first_parent=first_parent,
+    cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
+                    first_parent=first_parent, no_cache=no_cache, command_line=command_line(),
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
@@ -346,13 +362,24 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         if json_file:
             write_output("--json", json_file, json.dumps(planned, indent=2) + "\n")
         sys.exit(0)
-    result = run_bisection(cfg, ProgressHandler())
+    result = run_bisection(cfg, ProgressHandler([DEFAULT_BUILD_NOTE] if command and build is None else []))
+    for warning in result.get("warnings", ()):
+        console.print(f"warning: {escape(warning)}")
     click.echo(report.bisect_text(result))
     if json_file:
         write_output("--json", json_file, report.bisect_json(result))
     if markdown_file:
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
     sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
+
+
+def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:
+    return refs[0] if len(refs) == 1 else refs
+
+
+def command_line() -> list[str]:
+    """How this bisector was invoked, as an argument list (stored with the run, shown in reports)."""
+    return ["bisector", *sys.argv[1:]]
 
 
 class BackportProgress:
@@ -387,9 +414,10 @@ class BackportProgress:
 @python_option("Python environment scenarios run in.")
 @build_options
 @log_limit_option
+@click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, command):
+             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, no_cache, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
                ("--junit", junit_file, report.backport_junit))
@@ -403,8 +431,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         else CommandScenario(list(command)) if command else None
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size),
-                         log_limit=parse_log_limit(log_limit))
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command),
+                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line())
     result = run_backport(cfg, BackportProgress())
     click.echo(report.backport_text(result))
     for option, path, render in outputs:
@@ -458,11 +486,11 @@ def scenario() -> None:
 
 @scenario.command("list")
 def scenario_list() -> None:
-    """Scenarios by name, with version and what they need."""
+    """Scenarios by name, with the hash of their source (part of the verdict cache key) and needs."""
     for name, cls in sorted(available().items()):
         needs = "build" if cls.needs_build else "no build"
         defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
-        click.echo(f"{name} (v{cls.version}, {needs}): {cls.description}")
+        click.echo(f"{name} (source {source_hash(cls)[:8]}, {needs}): {cls.description}")
         if defaults:
             click.echo(f"    options: {defaults}")
 
@@ -560,30 +588,54 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
         return None
 
 
-@main.command("report")
-@click.argument("run_id", metavar="RUN_ID|latest")
-@click.option("--repo", default=".", callback=not_an_option, show_default=True,
-              help="Repository whose record to read.")
-@state_dir_option
-@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
-@pr_url_template_option
-def report_command(run_id, repo, state_dir, fmt, output, pr_url_template):
-    """Regenerate a run's report from the stored record (bisection or backport)."""
-    if run_id != "latest" and not run_id.isdigit():
-        raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
-    pr_url_template = pr_links(repo, pr_url_template)
+def open_record(repo: str, state_dir: Path | None) -> Store:
+    """The store of repo's state dir (or --state-dir), or UsageError when there is none."""
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
         raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
     database = directory / "bisector.sqlite"
     if not database.is_file():
         raise UsageError(f"no bisector record in {directory}")
-    store = Store(database)
+    return Store(database)
+
+
+def repo_root(repo: str) -> str | None:
+    """The root path runs record for repo, None when repo is no git repository."""
     try:
-        row = store.run(run_id)
-        if row is None:
-            raise UsageError(f"no run {run_id} in {database}" if run_id != "latest" else f"no runs in {database}")
+        return str(GitRepo(Path(repo)).root)
+    except GitError:
+        return None
+
+
+@main.command("report")
+@click.argument("run_id", metavar="RUN_ID|latest")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository whose record to read.")
+@click.option("--scenario", "scenario_name", help="latest: the last finished run of this scenario.")
+@state_dir_option
+@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
+@pr_url_template_option
+def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_template):
+    """Regenerate a run's report from the stored record (bisection or backport).
+
+    `latest` is the last finished run of --repo (and of --scenario when given)."""
+    if run_id != "latest" and not run_id.isdigit():
+        raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    pr_url_template = pr_links(repo, pr_url_template)
+    store = open_record(repo, state_dir)
+    try:
+        if run_id == "latest":
+            root = repo_root(repo)
+            row = store.latest_finished(root, scenario_name)
+            if row is None:
+                raise UsageError(f"no finished run of {root or 'any repository'}"
+                                 + (f" with scenario {scenario_name}" if scenario_name else "")
+                                 + f" in {store.path}")
+        else:
+            row = store.run(run_id)
+            if row is None:
+                raise UsageError(f"no run {run_id} in {store.path}")
         text = report.render(row, fmt, pr_url_template)
     finally:
         store.close()
@@ -591,6 +643,83 @@ def report_command(run_id, repo, state_dir, fmt, output, pr_url_template):
         write_output("--output", output, text)
     else:
         click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command("runs")
+@click.option("--repo", default=".", show_default=True, help="Repository whose runs to list.")
+@click.option("--all-repos", is_flag=True, help="Every repository recorded in the state dir.")
+@state_dir_option
+def runs_command(repo, all_repos, state_dir):
+    """Recorded runs: id, repository, range, command, state, answer."""
+    store = open_record(repo, state_dir)
+    try:
+        rows = store.runs()
+    finally:
+        store.close()
+    root = None if all_repos else repo_root(repo)
+    for row in rows:
+        line = report.run_line(row)
+        if root is None or json.loads(row["params"]).get("repo") == root:
+            click.echo(line)
+
+
+@main.group()
+def cache() -> None:
+    """The verdict cache: list what is stored, forget verdicts so they are judged again."""
+
+
+def _sha_prefix(commit: str | None, repo: str) -> str:
+    """--commit as a sha prefix: a ref resolved in repo, else hex as given."""
+    if not commit:
+        return ""
+    try:
+        return GitRepo(Path(repo)).resolve(commit)
+    except GitError:
+        if all(c in "0123456789abcdef" for c in commit.lower()) and len(commit) >= 4:
+            return commit.lower()
+        raise UsageError(f"--commit: unknown commit {commit!r}") from None
+
+
+def cache_filters(command):
+    for option in reversed([
+            click.option("--repo", default=".", show_default=True, help="Repository whose cache to use."),
+            state_dir_option,
+            click.option("--commit", help="Only this commit (ref or sha prefix)."),
+            click.option("--scenario", "scenario_name", help="Only verdicts of this scenario (e.g. command).")]):
+        command = option(command)
+    return command
+
+
+@cache.command("list")
+@cache_filters
+def cache_list(repo, state_dir, commit, scenario_name):
+    """Cached verdicts per commit and key: runs, verdicts, and what the key stands for."""
+    store = open_record(repo, state_dir)
+    try:
+        rows = store.cached_verdicts(_sha_prefix(commit, repo), scenario_name)
+    finally:
+        store.close()
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["recorded"]))
+        click.echo(f"{row['sha'][:12]}  {row['scenario_key']}  {row['verdicts']} ({row['runs']} run(s))  {when}")
+        if row["parts"]:
+            click.echo(f"    {row['parts']}")
+    click.echo(f"{len(rows)} cached verdict(s)", err=True)
+
+
+@cache.command("forget")
+@cache_filters
+@click.option("--all", "everything", is_flag=True, help="Forget every cached verdict.")
+def cache_forget(repo, state_dir, commit, scenario_name, everything):
+    """Drop cached verdicts (of --commit, --scenario, or --all): they are judged again next time."""
+    if not (commit or scenario_name or everything):
+        raise UsageError("give --commit SHA, --scenario NAME, or --all")
+    store = open_record(repo, state_dir)
+    try:
+        count = store.forget_verdicts(_sha_prefix(commit, repo), scenario_name)
+    finally:
+        store.close()
+    click.echo(f"forgot {count} execution(s)")
 
 
 @main.command("doctor")

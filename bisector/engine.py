@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -42,8 +43,8 @@ DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 @dataclass
 class RunConfig:
     repo: Path
-    good: str
-    bad: str
+    good: str | Sequence[str]  # several: git's many good revs (with --find-fix: several bad ones)
+    bad: str | Sequence[str]
     scenario: Scenario
     first_parent: bool = False
     paths: Sequence[str] = ()
@@ -65,6 +66,8 @@ class RunConfig:
     signature: str | None = None      # any | auto | a regex; default: the scenario's default_signature
     prefilter: Scenario | None = None  # a cheap scenario bisected first; this one confirms its culprit
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
+    no_cache: bool = False             # judge every commit again (still recording the verdicts)
+    command_line: Sequence[str] = ()   # how the user asked for this run, stored and shown in reports
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -199,10 +202,17 @@ class Judge:
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
 
+    @cached_property
+    def key_parts(self) -> dict:
+        """What the verdict cache key hashes: the scenario's identity and the build strategy."""
+        build = self.builder.name if self.scenario.needs_build else "none"
+        return {**self.scenario.identity(self.python), "build": build}
+
     @property
     def key(self) -> str:
-        """The verdict cache key: which question this judge answers."""
-        return f"{self.scenario.name}/{self.scenario.version}/{self.scenario.fingerprint()}"
+        """The verdict cache key: which question this judge answers (`scenario/hash of key_parts`)."""
+        blob = json.dumps(self.key_parts, sort_keys=True, default=str)
+        return f"{self.scenario.name}/{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
     def decide(self, runs: list[Execution]) -> Execution | None:
         """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
@@ -218,9 +228,11 @@ class Judge:
             if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
                 return run
         if len(runs) >= self.repeat:
-            return Execution(runs[-1].sha, Verdict.GOOD.value,
-                             runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
-                             runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, runs[-1].details)
+            if self.repeat == 1:
+                return runs[-1]
+            return Execution(runs[-1].sha, Verdict.GOOD.value, f"{len(runs)} clean runs", runs[-1].log_path,
+                             sum(r.seconds for r in runs), runs[-1].build,
+                             {**runs[-1].details, "clean_runs": [r.details for r in runs]})
         return None
 
     def _outgrown_timeout(self, run: Execution) -> bool:
@@ -258,17 +270,20 @@ class RunContext:
     """One run's moving parts: where verdicts are stored, who judges, where steps run, what was seen.
 
     `run_id` None means no run row (a single judged commit): steps are then not recorded.
+    `no_cache`: only executions recorded by this run count (earlier verdicts are not served).
     """
 
     def __init__(self, store: Store, judge: Judge, executor: Executor, run_id: int | None = None,
-                 handler: Handler | None = None):
+                 handler: Handler | None = None, no_cache: bool = False):
         self.store, self.judge, self.executor = store, judge, executor
         self.run_id, self.handler = run_id, handler or Handler()
         self.steps: list[Step] = []
         self.executions = 0
+        self.after_execution = store.last_execution_id() if no_cache else 0
+        store.remember_key(judge.key, judge.key_parts)
 
     def history(self, sha: str) -> list[Execution]:
-        return self.store.executions(sha, self.judge.key)
+        return self.store.executions(sha, self.judge.key, self.after_execution)
 
     def record(self, fresh: list[Execution]) -> list[Execution]:
         """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
@@ -280,7 +295,7 @@ class RunContext:
 
     def add_step(self, sha: str, role: str, round_no: int, execution: Execution, cached: bool) -> Step:
         step = Step(sha, role, round_no, execution.verdict, execution.reason, cached, execution.seconds,
-                    execution.log_path, execution.build, dict(execution.details))
+                    execution.log_path, execution.build, dict(execution.details), self.judge.key_parts)
         if self.run_id is not None:
             self.store.add_step(self.run_id, len(self.steps), round_no, role, execution, cached)
         self.steps.append(step)
@@ -348,7 +363,8 @@ class RunContext:
             landed = self.run_round(batch, policy)
 
 
-def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
+def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> str:
+    old = olds[0] if len(olds) == 1 else list(olds)
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
                        cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
@@ -359,33 +375,57 @@ def run_key(cfg: RunConfig, old: str, new: str, judge_key: str) -> str:
 
 @dataclass(frozen=True)
 class Range:
-    """The validated range a run bisects: old and new in git's terms, with the user's names."""
+    """The validated range a run bisects: old and new in git's terms, with the user's names.
+
+    good and bad are the resolved shas; the side that may be given several times is a list.
+    """
 
     repo: GitRepo
-    good: str
-    bad: str
+    good: str | list[str]
+    bad: str | list[str]
     ends: Endpoints
     commits: list
 
 
+def _refs(value: str | Sequence[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
 def _resolve_range(cfg: RunConfig) -> Range:
-    """Validate the asked range, or raise UsageError."""
+    """Validate the asked range, or raise UsageError.
+
+    As git bisect does: many old refs (good; bad with --find-fix) and one new ref; when an old ref is
+    not an ancestor of the new one, their merge bases must be tested first (Endpoints.merge_bases).
+    """
     repo = GitRepo(cfg.repo)
-    good, bad = repo.resolve(cfg.good), repo.resolve(cfg.bad)
-    old, new = (bad, good) if cfg.find_fix else (good, bad)
     old_name, new_name = ("bad", "good") if cfg.find_fix else ("good", "bad")
-    ends = Endpoints(old, new, old_name, new_name, getattr(cfg, old_name), getattr(cfg, new_name))
-    if old == new:
-        raise UsageError(f"good and bad are the same commit ({new[:12]})")
-    if not repo.is_ancestor(old, new):
-        raise UsageError(f"{old_name} {ends.old_ref} is not an ancestor of {new_name} {ends.new_ref}"
-                         + (" (with --find-fix, --bad is the older end)" if cfg.find_fix else ""))
-    commits = repo.range_commits([old], new, cfg.first_parent, cfg.paths)
+    old_refs, new_refs = _refs(getattr(cfg, old_name)), _refs(getattr(cfg, new_name))
+    if len(new_refs) != 1:
+        raise UsageError(f"give one --{new_name} (--{old_name} may be given several times"
+                         + (", with --find-fix --bad is the older end)" if cfg.find_fix else ")"))
+    new, olds = repo.resolve(new_refs[0]), [repo.resolve(ref) for ref in old_refs]
+    olds = list(dict.fromkeys(olds))
+    old_ref_of = dict(zip([repo.resolve(ref) for ref in old_refs], old_refs))
+    for old in olds:
+        if old == new:
+            raise UsageError(f"good and bad are the same commit ({new[:12]})")
+        if repo.is_ancestor(new, old):
+            raise UsageError(f"{new_name} {new_refs[0]} is an ancestor of {old_name} {old_ref_of[old]}: "
+                             f"did you swap --good and --bad?"
+                             + (" (with --find-fix, --bad is the older end)" if cfg.find_fix else ""))
+    bases: list[str] = []
+    if not all(repo.is_ancestor(old, new) for old in olds):
+        bases = [base for base in repo.merge_bases(new, olds) if base not in olds]
+    ends = Endpoints(olds[0], new, old_name, new_name, old_ref_of[olds[0]], new_refs[0],
+                     tuple(olds), tuple(old_ref_of[old] for old in olds), tuple(bases))
+    commits = repo.range_commits(olds, new, cfg.first_parent, cfg.paths)
+    shown_olds = " ".join(old_refs)
     if len(commits) <= 1 and cfg.paths:
-        raise UsageError(f"empty range: no commit in {cfg.good}..{cfg.bad} touches {' '.join(cfg.paths)}")
+        raise UsageError(f"empty range: no commit in {shown_olds}..{new_refs[0]} touches {' '.join(cfg.paths)}")
     if not commits:
-        raise UsageError(f"empty range: no commits between {cfg.good} and {cfg.bad}")
-    return Range(repo, good, bad, ends, commits)
+        raise UsageError(f"empty range: no commits between {shown_olds} and {new_refs[0]}")
+    resolved = {old_name: olds[0] if len(olds) == 1 else olds, new_name: new}
+    return Range(repo, resolved["good"], resolved["bad"], ends, commits)
 
 
 def open_builder(cfg, repo: GitRepo, state_dir: Path):
@@ -405,7 +445,8 @@ def plan_bisection(cfg: RunConfig) -> dict:
     asked = _resolve_range(cfg)
     ends, commits = asked.ends, asked.commits
     state_dir = prepare_state_dir(choose_state_dir(asked.repo, cfg.state_dir))
-    builder = open_builder(cfg, asked.repo, state_dir)
+    # a scenario that runs the checkout as it is never builds, whatever --build says
+    builder = open_builder(cfg, asked.repo, state_dir) if cfg.scenario.needs_build else NoBuild()
     probes: list[dict] = []
     planned: set[str] = set()  # native hashes the steps listed so far will have built
 
@@ -422,8 +463,11 @@ def plan_bisection(cfg: RunConfig) -> dict:
                        "reason": reason, "commands": [c.as_dict() for c in commands]})
 
     if cfg.verify_endpoints:
-        add(ends.old, f"endpoint ({ends.old_name})")
+        for old in ends.olds:
+            add(old, f"endpoint ({ends.old_name})")
         add(ends.new, f"endpoint ({ends.new_name})")
+    for base in ends.merge_bases:
+        add(base, "merge base")
     first = Bisection(commits, ends.new).next_probes(max(1, cfg.jobs), cost=cost)
     for sha in first:
         add(sha, "probe 1")
@@ -434,7 +478,7 @@ def plan_bisection(cfg: RunConfig) -> dict:
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
     return {"commits": len(commits), "good": asked.good, "bad": asked.bad, "builder": builder.name,
-            "probes": probes}
+            "merge_bases": list(ends.merge_bases), "probes": probes}
 
 
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
@@ -442,6 +486,9 @@ def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContex
     """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists)."""
     priors = seeds.priors if seeds else None
     if cfg.flaky:
+        if len(asked.ends.olds) > 1 or asked.ends.merge_bases:
+            raise UsageError(f"--flaky needs one --{asked.ends.old_name} that is an ancestor of "
+                             f"--{asked.ends.new_name}")
         model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit)
         return FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
                            ctx.history, priors)
@@ -466,7 +513,9 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                       1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
                       signature_rule(cfg.signature or cfg.scenario.default_signature))
         params = {"repo": str(repo.root), "good": asked.good, "bad": asked.bad, "good_ref": cfg.good,
-                  "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
+                  "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
+                  "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
+                  "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
@@ -474,9 +523,9 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
             executor.start(pool, state_dir / "logs")
-            with store.recording("bisect", run_key(cfg, ends.old, ends.new, judge.key), params) as run:
+            with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key), params) as run:
                 handler.started(run.id, len(asked.commits), run.resumed_from, state_dir / "logs")
-                ctx = RunContext(store, judge, executor, run.id, handler)
+                ctx = RunContext(store, judge, executor, run.id, handler, cfg.no_cache)
                 policy = _policy(cfg, asked, seeds, ctx, builder.cost)
                 rounds = ctx.drive(policy)
                 answer, found = policy.answer()
@@ -493,12 +542,15 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                     "culprit": culprit,
                     ("first_good" if cfg.find_fix else "first_bad"): culprit,
                     "candidates": list(answer.candidates),
-                    "range": [ends.old] + [sha for sha, _ in asked.commits],
+                    "range": list(ends.olds) + [sha for sha, _ in asked.commits],
                     "steps": [s.as_dict() for s in ctx.steps],
                     "executions": ctx.executions,
                     "rounds": rounds,
                     "scenario": judge.key,
                     "signature": judge.signature.as_dict(),
+                    "cache_key": judge.key_parts,
+                    "command_line": list(cfg.command_line),
+                    "repo": str(repo.root),
                     "resumed_from": run.resumed_from,
                     **extra,
                 }
@@ -527,7 +579,7 @@ def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[Se
         return None, info
     parents = dict(asked.commits)
     parent = (parents[culprit] or (None,))[0]
-    testable = parent in parents or parent == asked.ends.old
+    testable = parent in parents or parent in asked.ends.olds
     return SeedPlan(culprit, (), (culprit, parent) if testable else None,
                     {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
 
@@ -597,7 +649,7 @@ def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = 
         execution, cached = ctx.verdict(sha)
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
             "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
-            "scenario": ctx.judge.key, "details": execution.details}
+            "scenario": ctx.judge.key, "cache_key": ctx.judge.key_parts, "details": execution.details}
 
 
 def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, state_dir: Path | None = None) -> dict:

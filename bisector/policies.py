@@ -23,7 +23,11 @@ class Batch:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """The range's ends in git's terms (old, new) with the user's names for them and the refs given."""
+    """The range's ends in git's terms (old, new) with the user's names for them and the refs given.
+
+    Like git, one new end and one or more old ends; merge_bases are the merge bases of the new end
+    and the old ends that must be tested first because an old end is not an ancestor of the new one.
+    """
 
     old: str
     new: str
@@ -31,6 +35,17 @@ class Endpoints:
     new_name: str
     old_ref: str
     new_ref: str
+    more_olds: tuple[str, ...] = ()      # every old end (old included) when several were given
+    more_old_refs: tuple[str, ...] = ()
+    merge_bases: tuple[str, ...] = ()
+
+    @property
+    def olds(self) -> tuple[str, ...]:
+        return self.more_olds or (self.old,)
+
+    @property
+    def old_refs(self) -> tuple[str, ...]:
+        return self.more_old_refs or (self.old_ref,)
 
     @property
     def find_fix(self) -> bool:
@@ -45,11 +60,29 @@ class Endpoints:
 
     def check(self, step: Step) -> None:
         """Raise EndpointError unless step's verdict is the one its endpoint must have."""
-        expected = Term.OLD if step.sha == self.old else Term.NEW
+        expected = Term.NEW if step.sha == self.new else Term.OLD
         if self.to_term[step.verdict] is not expected:
-            name, ref = (self.old_name, self.old_ref) if step.sha == self.old else (self.new_name, self.new_ref)
+            name, ref = (self.new_name, self.new_ref) if step.sha == self.new else \
+                (self.old_name, dict(zip(self.olds, self.old_refs))[step.sha])
             raise EndpointError(f"endpoint check failed: {name} {ref} ({step.sha[:12]}) tested "
                                 f"{step.verdict}, not {name}: {step.reason}")
+
+    def check_merge_base(self, step: Step) -> str | None:
+        """git's merge-base rule: a new (bad) merge base means the range is wrong (EndpointError); a
+        skipped one is a warning (returned); an old (good) one lets the bisection go on."""
+        term = self.to_term[step.verdict]
+        olds = ", ".join(sha[:12] for sha in self.olds)
+        if term is Term.NEW:
+            change = "fixed" if not self.find_fix else "lost"
+            raise EndpointError(f"the range is wrong: the merge base {step.sha[:12]} of {self.new_name} "
+                                f"{self.new_ref} and {self.old_name} {', '.join(self.old_refs)} is "
+                                f"{step.verdict} ({step.reason}); so the fault was {change} between "
+                                f"{step.sha[:12]} and [{olds}], not brought in on the way to {self.new_ref}")
+        if term is Term.SKIP:
+            return (f"the merge base between {self.new[:12]} and [{olds}] had to be skipped "
+                    f"({step.reason}): we cannot be sure the first {self.new_name} commit is between "
+                    f"{step.sha[:12]} and {self.new[:12]}; bisected on anyway, as git bisect does")
+        return None
 
 
 class SearchPolicy(Protocol):
@@ -77,6 +110,8 @@ class BisectPolicy:
         self.seed_pair, self.verify_endpoints = seed_pair, verify_endpoints
         self.rounds = 0
         self.confirmed = False
+        self.merge_bases: dict[str, str] = {}  # sha -> verdict
+        self.warnings: list[str] = []
 
     def batches(self) -> Generator[Batch, list[Step], None]:
         if self.seed_pair:
@@ -84,9 +119,16 @@ class BisectPolicy:
             landed = yield Batch(0, ((candidate, "seed"), (parent, "seed")))
             self.confirmed = self._settle_seed(landed)
         if self.verify_endpoints and not self.confirmed:
-            landed = yield Batch(0, ((self.ends.old, "endpoint"), (self.ends.new, "endpoint")))
+            landed = yield Batch(0, (*((old, "endpoint") for old in self.ends.olds), (self.ends.new, "endpoint")))
             for step in landed:
                 self.ends.check(step)
+        for base in self.ends.merge_bases:  # one at a time, as git does: a bad one ends the run
+            landed = yield Batch(0, ((base, "merge base"),))
+            for step in landed:
+                self.merge_bases[step.sha] = step.verdict
+                warning = self.ends.check_merge_base(step)
+                if warning:
+                    self.warnings.append(warning)
         while not self.search.done:
             self.rounds += 1
             probes = self.search.next_probes(self.size, cost=self.cost)
@@ -97,7 +139,7 @@ class BisectPolicy:
         candidate, parent = self.seed_pair
         judged = {step.sha: self.to_term[step.verdict] for step in landed}
         for sha in (parent, candidate):
-            if sha != self.ends.old:
+            if sha not in self.ends.olds:
                 try:
                     self.search.record(sha, judged[sha])
                 except InconsistentVerdicts:
@@ -110,14 +152,20 @@ class BisectPolicy:
             self.search.record(step.sha, self.to_term[step.verdict])
 
     def wants(self, sha: str) -> bool:
-        return sha in (self.ends.old, self.ends.new) or bool(self.seed_pair and sha in self.seed_pair) \
-            or self.search.is_open(sha)  # the old end is no candidate: is_open does not know it
+        return sha in (*self.ends.olds, self.ends.new, *self.ends.merge_bases, *(self.seed_pair or ())) \
+            or self.search.is_open(sha)
 
     def progress(self) -> tuple[int, int]:
         return self.search.testable_mask.bit_count(), self.search.steps_left()
 
     def answer(self) -> tuple[Answer, dict]:
-        return self.search.answer(), {}
+        extra: dict = {}
+        if self.ends.merge_bases:
+            extra["merge_bases"] = [{"sha": sha, "verdict": self.merge_bases.get(sha)}
+                                    for sha in self.ends.merge_bases]
+        if self.warnings:
+            extra["warnings"] = list(self.warnings)
+        return self.search.answer(), extra
 
 
 @dataclass(frozen=True)

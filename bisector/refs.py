@@ -148,6 +148,15 @@ class GitRepo:
                 return None
             raise
 
+    def merge_bases(self, one: str, others: Sequence[str]) -> list[str]:
+        """Every best common ancestor of one and the others taken together (`git merge-base --all`)."""
+        try:
+            return self.git.merge_base("--all", one, *others).split()
+        except git.GitCommandError as exc:
+            if exc.status == 1:
+                return []
+            raise
+
     def file_text(self, sha: str, path: str) -> str | None:
         """Content of path at sha, or None when the file is not there."""
         try:

@@ -38,6 +38,37 @@ def github_pull_url_template(remote_url: str | None) -> str | None:
 
 
 
+def _shas(value) -> list[str]:
+    """A result's good or bad end: one sha, or a list of them (several --good)."""
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _short_ends(value) -> str:
+    return ",".join(sha[:12] for sha in _shas(value))
+
+
+def _command_line(result: dict) -> str | None:
+    """How the run was asked for, as one shell-quoted line (None for records that predate it)."""
+    argv = result.get("command_line")
+    return shlex.join(argv) if argv else None
+
+
+def run_line(row: Mapping) -> str:
+    """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer."""
+    params = json.loads(row["params"])
+    result = json.loads(row["result"]) if row["result"] else {}
+    if row["kind"] == "backport":
+        span = f"fix {str(params.get('fix', ''))[:12]} on {' '.join(params.get('globs', []))}"
+        answer = _backport_summary(result) if result else "-"
+    else:
+        span = f"{_short_ends(params.get('good'))}..{_short_ends(params.get('bad'))}"
+        culprit = result.get("culprit")
+        answer = (f"{_culprit_label(result)} {culprit['sha'][:12]}" if culprit else
+                  f"{len(result['candidates'])} candidates" if result else "-")
+    command = shlex.join(params["command_line"]) if params.get("command_line") else params.get("scenario")
+    return f"{row['id']:>4}  {row['kind']:<8} {row['status']:<11} {params.get('repo')}  {span}  {answer}  $ {command}"
+
+
 def _culprit_label(result: dict) -> str:
     return "first good commit (the fix)" if result.get("mode") == "find-fix" else "first bad commit"
 
@@ -103,6 +134,9 @@ def bisect_text(result: dict) -> str:
         lines.append(f"inconclusive: {_inconclusive(result)}")
         lines.extend(f"  {sha}" for sha in result["candidates"])
     lines += _search_notes(result)
+    lines += [f"warning: {warning}" for warning in result.get("warnings", ())]
+    if _command_line(result):
+        lines.append(f"command: {_command_line(result)}")
     lines.append(f"steps: {len(result['steps'])}, scenario executions: {result['executions']}, "
                  f"rounds: {result['rounds']}")
     for step in result["steps"]:
@@ -145,9 +179,11 @@ def bisect_markdown(result: dict, pr_url_template: str | None = None) -> str:
     else:
         out += [f"**Inconclusive:** {_inconclusive(result)}", ""]
         out += [f"- {md_code(sha)}" for sha in result["candidates"]]
-    notes = _search_notes(result)
+    notes = _search_notes(result) + [f"warning: {w}" for w in result.get("warnings", ())]
     if notes:
         out += ["", *(f"- {md_code(note.strip())}" for note in notes)]
+    if _command_line(result):
+        out += ["", f"Command: {md_code(_command_line(result))}"]
     out += ["", f"Scenario {md_code(result['scenario'])}: {result['executions']} executions, "
             f"{len(result['steps'])} steps, {result['rounds']} rounds.", "",
             "| # | commit | role | verdict | seconds | cached | reason |",
@@ -177,32 +213,37 @@ def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
 
 
 def bisect_junit(result: dict) -> str:
-    """One testcase per step: bad is a failure, skip is skipped, with the log tail attached."""
+    """A found culprit is a result, not a failure: every step is a passing testcase carrying its verdict
+    as a property (and its log tail); one more testcase, "answer", fails only when the run found no
+    culprit (inconclusive). Failed or aborted runs have no result record to render."""
     steps = result["steps"]
-    suite = ET.Element("testsuite", name=f"bisector run {result.get('run_id', '')}".strip(),
-                       tests=str(len(steps)),
-                       failures=str(sum(s["verdict"] == "bad" for s in steps)),
-                       skipped=str(sum(s["verdict"] == "skip" for s in steps)), errors="0",
-                       time=f"{sum(s['seconds'] for s in steps):.3f}")
-    props = ET.SubElement(suite, "properties")
     culprit = result.get("culprit")
+    suite = ET.Element("testsuite", name=f"bisector run {result.get('run_id', '')}".strip(),
+                       tests=str(len(steps) + 1), failures="0" if culprit else "1", skipped="0",
+                       errors="0", time=f"{sum(s['seconds'] for s in steps):.3f}")
+    props = ET.SubElement(suite, "properties")
     for name, value in (("scenario", result["scenario"]), ("mode", result.get("mode", "regression")),
-                        ("good", result["good"]), ("bad", result["bad"]),
+                        ("good", " ".join(_shas(result["good"]))), ("bad", " ".join(_shas(result["bad"]))),
                         (_culprit_label(result).replace(" ", "_"), culprit["sha"] if culprit else ""),
-                        ("candidates", " ".join(result["candidates"]))):
+                        ("candidates", " ".join(result["candidates"])),
+                        ("command", _command_line(result) or "")):
         ET.SubElement(props, "property", name=name, value=value)
     classname = "bisector." + result["scenario"].split("/")[0]
+    answer = ET.SubElement(suite, "testcase", classname=classname, name="answer", time="0.000")
+    if culprit:
+        ET.SubElement(answer, "system-out").text = f"{_culprit_label(result)}: {culprit['sha']} {culprit['subject']}"
+    else:
+        ET.SubElement(answer, "failure", type="inconclusive", message=_inconclusive(result)).text = \
+            "\n".join(result["candidates"])
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
                              name=f"step {n}: {step['sha'][:12]} ({step['role']})",
                              time=f"{step['seconds']:.3f}")
-        tail = log_tail(step["log"])
-        if step["verdict"] == "bad":
-            ET.SubElement(case, "failure", message=step["reason"], type="bad").text = tail
-            continue
-        if step["verdict"] == "skip":
-            ET.SubElement(case, "skipped", message=step["reason"])
-        ET.SubElement(case, "system-out").text = tail
+        case_props = ET.SubElement(case, "properties")
+        for name, value in (("verdict", step["verdict"]), ("reason", step["reason"]),
+                            ("cached", "yes" if step["cached"] else "no")):
+            ET.SubElement(case_props, "property", name=name, value=value)
+        ET.SubElement(case, "system-out").text = log_tail(step["log"])
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)
@@ -236,10 +277,11 @@ function show(id){document.querySelectorAll('.detail').forEach(d=>d.hidden=d.id!
 document.querySelectorAll('[data-target]').forEach(e=>e.classList.toggle('sel',e.dataset.target===id));}
 document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click',()=>show(e.dataset.target)));
 """
-_TONES = {"good": "good", "fixed": "good", "contained": "good", "already-contained": "good",
-          "clean": "good", "pass": "good", "ok": "good", "not-affected": "good",
-          "bad": "bad", "broken": "bad", "still-bad": "bad", "not-fixed": "bad", "fail": "bad",
-          "regressed": "bad", "skip": "skip", "conflict": "skip", "conflicts": "skip"}
+# Every verdict the tool produces: step verdicts, then backport verdicts (bisector.results.VERDICTS).
+_TONES = {"good": "good", "bad": "bad", "skip": "skip",
+          "verified": "good", "not-affected": "good", "already-fixed": "good", "contains": "good",
+          "already-picked": "good", "applies-unverified": "skip", "conflict": "bad",
+          "fix-ineffective": "bad", "untestable": "skip"}
 
 
 def _tone(verdict: object) -> str:
@@ -272,8 +314,8 @@ def bisect_html(result: dict) -> str:
     by_sha: dict[str, list[dict]] = {}
     for step in steps:
         by_sha.setdefault(step["sha"], []).append(step)
-    order = result.get("range") or list(dict.fromkeys([result["good"], *result["candidates"], *by_sha,
-                                                       result["bad"]]))
+    order = result.get("range") or list(dict.fromkeys([*_shas(result["good"]), *result["candidates"], *by_sha,
+                                                       *_shas(result["bad"])]))
     culprit = result.get("culprit")
     culprit_sha = culprit["sha"] if culprit else None
     candidates = set(result["candidates"]) if not culprit else set()
@@ -322,11 +364,14 @@ def bisect_html(result: dict) -> str:
                          f'{" · cached" if step["cached"] else ""}<br><code>{e(str(step["log"]))}</code></p>'
                          f'<pre class="log">{e(log_tail(step["log"]))}</pre>')
         details.append("".join(parts) + "</div>")
-    title = f"bisector run {result.get('run_id', '')}: {result['good'][:12]}..{result['bad'][:12]}"
+    title = f"bisector run {result.get('run_id', '')}: {_short_ends(result['good'])}..{_short_ends(result['bad'])}"
     body = (f"<h1>{e(title)}</h1>"
             f'<div class="meta">{e(result.get("mode", "regression"))} · scenario <code>'
             f'{e(result["scenario"])}</code> · {len(order)} commits · {len(steps)} steps · '
-            f'{result["executions"]} executions · {result["rounds"]} rounds</div>{headline}'
+            f'{result["executions"]} executions · {result["rounds"]} rounds'
+            + (f'<br>command: <code>{e(_command_line(result))}</code>' if _command_line(result) else "")
+            + "".join(f"<br>warning: {e(w)}" for w in result.get("warnings", ()))
+            + f'</div>{headline}'
             f'<div class="card"><div class="legend"><span><i style="background:#2e7d32"></i>good</span>'
             f'<span><i style="background:#c62828"></i>bad</span><span><i style="background:#f9a825">'
             f'</i>skip</span><span><i style="background:#d5d9de"></i>not tested</span>'
@@ -337,6 +382,12 @@ def bisect_html(result: dict) -> str:
             f'<div class="card"><table><tr><th>#</th><th>commit</th><th>role</th><th>verdict</th>'
             f'<th>seconds</th><th>cached</th><th>reason</th></tr>{"".join(rows)}</table></div>')
     return _page(title, body)
+
+
+def _equivalent(branch: dict) -> str:
+    """The commit on the branch that already carries the fix (already-picked), linked by patch id."""
+    sha = branch.get("equivalent")
+    return f"<code>{html.escape(sha[:12])}</code>" if sha else "—"
 
 
 def backport_html(result: dict) -> str:
@@ -351,16 +402,19 @@ def backport_html(result: dict) -> str:
                     f'<td><code>{e(_short(branch.get("pick")))}</code></td>'
                     f'<td>{_badge(branch.get("before"))}</td><td>{_badge(branch.get("after"))}</td>'
                     f'<td>{_badge(branch.get("verdict"))}</td>'
-                    f'<td>{ {True: "yes", False: "no"}.get(branch.get("equivalent"), "—")}</td>'
+                    f'<td>{_equivalent(branch)}</td>'
                     f'<td>{len(conflicts)}</td></tr>')
-        listed = "".join(f"<li><code>{e(str(c))}</code></li>" for c in conflicts) or "<li>none</li>"
+        listed = "".join(f"<li><code>{e(line)}</code></li>" for line in _backport_conflicts(branch)) \
+            or "<li>none</li>"
         details.append(f'<div class="card detail" id="{target}" hidden><b>{e(branch["branch"])}</b> '
                        f'at <code>{e(str(branch.get("tip") or ""))}</code><p>conflicts:</p>'
                        f"<ul>{listed}</ul></div>")
     fix = str(result["fix"])
     title = f"bisector backport of {fix[:12]}"
+    command = _command_line(result)
     body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(fix)}</code> · "
-            f"{len(result['branches'])} branches</div>"
+            f"{len(result['branches'])} branches"
+            + (f"<br>command: <code>{e(command)}</code>" if command else "") + "</div>"
             f'<div class="card"><table><tr><th>branch</th><th>tip</th><th>pick</th><th>before</th>'
             f'<th>after</th><th>verdict</th><th>equivalent</th><th>conflicts</th></tr>{"".join(rows)}'
             f'</table></div>{"".join(details)}')
@@ -396,7 +450,10 @@ def backport_text(result: dict) -> str:
     rows = [BACKPORT_COLUMNS, *_backport_rows(result)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(BACKPORT_COLUMNS) - 1)]
     lines = [f"fix {result['fix'][:12]} ({result['fix_ref']}): {result['fix_subject']}",
-             f"scenario: {result['scenario'] or 'none'}", ""]
+             f"scenario: {result['scenario'] or 'none'}"]
+    if _command_line(result):
+        lines.append(f"command: {_command_line(result)}")
+    lines.append("")
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
     for entry in result["branches"]:
@@ -411,6 +468,7 @@ def backport_markdown(result: dict) -> str:
     out = ["## bisector backport", "",
            f"Fix {md_code(result['fix'][:12])} ({md_code(result['fix_ref'])}): {md_code(result['fix_subject'])}",
            "", f"Scenario: {md_code(result['scenario'] or 'none')}", "",
+           *([f"Command: {md_code(_command_line(result))}", ""] if _command_line(result) else []),
            "| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
     for row in _backport_rows(result):
         cells = [md_code(row[0], True), md_code(row[1], True), *row[2:5], f"**{row[5]}**", md_code(row[6], True)]

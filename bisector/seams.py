@@ -21,7 +21,6 @@ class Scenario(Protocol):
     """A reproduction: judges one checked-out (and built) commit good, bad or skip."""
 
     name: ClassVar[str]
-    version: ClassVar[str]
     description: ClassVar[str]
     needs_build: ClassVar[bool]  # False: the checkout runs as it is (no build step)
     option_defaults: ClassVar[Mapping[str, str]]
@@ -30,8 +29,11 @@ class Scenario(Protocol):
     @property
     def gpus_per_run(self) -> int: ...
 
-    def fingerprint(self) -> str:
-        """Identity of what this scenario judges: part of the verdict cache key."""
+    def identity(self, python: str) -> dict:
+        """What decides a verdict besides the commit (JSON-able): the verdict cache key's parts.
+
+        BaseScenario gives: its source files' hash, its options and `environment(python)`.
+        """
 
     def run(self, ctx: "StepContext") -> "Outcome":
         """Judge the commit checked out at ctx.checkout."""

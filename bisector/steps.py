@@ -17,11 +17,13 @@ class Step:
     log_path: str | None
     build: str | None
     details: dict = field(default_factory=dict)
+    cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
 
     def as_dict(self) -> dict:
         return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
                 "reason": self.reason, "cached": self.cached, "seconds": round(self.seconds, 3),
-                "log": self.log_path, "build": self.build, "details": self.details}
+                "log": self.log_path, "build": self.build, "details": self.details,
+                "cache_key": self.cache_key}
 
 
 class Handler:

@@ -56,6 +56,10 @@ CREATE TABLE IF NOT EXISTS steps (
     recorded REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS steps_by_run ON steps (run_id, seq);
+CREATE TABLE IF NOT EXISTS cache_keys (
+    key TEXT PRIMARY KEY,             -- executions.scenario_key
+    parts TEXT NOT NULL               -- JSON: what the key hashes (scenario identity, build strategy)
+);
 CREATE TABLE IF NOT EXISTS builds (
     native_hash TEXT PRIMARY KEY,     -- native input trees + toolchain
     status TEXT NOT NULL,             -- ok | failed
@@ -223,11 +227,24 @@ class Store:
     def runs(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM runs ORDER BY id").fetchall()
 
+    def latest_finished(self, repo: str | None = None, scenario: str | None = None) -> sqlite3.Row | None:
+        """The last finished run, of repository repo (its root path) and scenario name when given."""
+        for row in reversed(self.db.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY id")
+                            .fetchall()):
+            params = json.loads(row["params"])
+            if repo is not None and params.get("repo") != repo:
+                continue
+            if scenario is not None and run_scenario_name(params) != scenario:
+                continue
+            return row
+        return None
+
     # -- executions (the verdict cache) ----------------------------------------------------------
     @_guarded
-    def executions(self, sha: str, scenario_key: str) -> list[Execution]:
-        rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? ORDER BY id",
-                               (sha, scenario_key)).fetchall()
+    def executions(self, sha: str, scenario_key: str, after_id: int = 0) -> list[Execution]:
+        """sha's executions under scenario_key, oldest first; only those after execution after_id."""
+        rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? AND id > ? "
+                               "ORDER BY id", (sha, scenario_key, after_id)).fetchall()
         return [Execution(r["sha"], r["verdict"], r["reason"], r["log_path"], r["seconds"], r["build"],
                           json.loads(r["details"] or "{}")) for r in rows]
 
@@ -238,6 +255,31 @@ class Store:
                         (execution.sha, scenario_key, execution.verdict, execution.reason,
                          execution.log_path, execution.seconds, execution.build,
                          json.dumps(execution.details), time.time()))
+
+    def last_execution_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]
+
+    def remember_key(self, key: str, parts: dict) -> None:
+        """Keep what a verdict cache key stands for, for `bisector cache list`."""
+        self.db.execute("INSERT OR REPLACE INTO cache_keys (key, parts) VALUES (?, ?)",
+                        (key, json.dumps(parts, sort_keys=True, default=str)))
+
+    def cached_verdicts(self, sha_prefix: str = "", scenario: str | None = None) -> list[sqlite3.Row]:
+        """Per (commit, key): executions, verdicts seen, last recorded, the key's parts; filtered by a
+        commit sha prefix and a scenario name."""
+        return self.db.execute(
+            "SELECT e.sha, e.scenario_key, COUNT(*) AS runs, GROUP_CONCAT(DISTINCT e.verdict) AS verdicts, "
+            "MAX(e.recorded) AS recorded, k.parts FROM executions e LEFT JOIN cache_keys k "
+            "ON k.key = e.scenario_key WHERE substr(e.sha, 1, length(?)) = ? AND (? IS NULL OR "
+            "substr(e.scenario_key, 1, length(?) + 1) = ? || '/') GROUP BY e.sha, e.scenario_key ORDER BY recorded",
+            (sha_prefix, sha_prefix, scenario, scenario, scenario)).fetchall()
+
+    def forget_verdicts(self, sha_prefix: str = "", scenario: str | None = None) -> int:
+        """Delete the executions matching (as cached_verdicts); returns how many."""
+        cur = self.db.execute("DELETE FROM executions WHERE substr(sha, 1, length(?)) = ? AND (? IS NULL OR "
+                              "substr(scenario_key, 1, length(?) + 1) = ? || '/')",
+                              (sha_prefix, sha_prefix, scenario, scenario, scenario))
+        return cur.rowcount
 
     # -- steps -----------------------------------------------------------------------------------
     @_guarded
@@ -274,3 +316,8 @@ class Store:
     @_guarded
     def delete_build(self, native_hash: str) -> None:
         self.db.execute("DELETE FROM builds WHERE native_hash = ?", (native_hash,))
+
+
+def run_scenario_name(params: dict) -> str:
+    """The scenario name a run's params name (older records: the first part of its key)."""
+    return params.get("scenario_name") or str(params.get("scenario") or "").split("/")[0]

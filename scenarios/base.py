@@ -1,8 +1,13 @@
 """The scenario protocol: what every reproduction implements, and the fault signatures they share."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
+import shutil
+import subprocess
+import sys
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -41,10 +46,9 @@ class StepContext:
 
 class BaseScenario(ABC):
     """What most scenarios share (implements bisector.seams.Scenario): options checked against
-    option_defaults, and a fingerprint of name, version and options."""
+    option_defaults, and a verdict cache identity of source, options and environment."""
 
     name: ClassVar[str]
-    version: ClassVar[str]
     description: ClassVar[str] = ""
     needs_build: ClassVar[bool] = True
     option_defaults: ClassVar[dict[str, str]] = {}
@@ -62,11 +66,17 @@ class BaseScenario(ABC):
     def gpus_per_run(self) -> int:
         return 0
 
-    def fingerprint(self) -> str:
-        """Identity of what this scenario judges: cache key part beside name and version."""
-        blob = json.dumps({"name": self.name, "version": self.version, "options": self.options},
-                          sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    def identity(self, python: str) -> dict:
+        """What decides this scenario's verdicts besides the commit: part of the verdict cache key."""
+        return {"scenario": self.name, "source": source_hash(type(self)), "options": dict(self.options),
+                "environment": self.environment(python)}
+
+    def environment(self, python: str) -> dict:
+        """Versions in the --python environment that change this scenario's verdicts (default: Python's).
+
+        Override to add what the scenario depends on, e.g. `python_environment(python, ("torch",))`.
+        """
+        return python_environment(python)
 
     @abstractmethod
     def run(self, ctx: StepContext) -> Outcome:
@@ -95,6 +105,55 @@ class FaultSignature:
                 return False
             at += len(part)
         return True
+
+
+def source_files(cls: type) -> list[Path]:
+    """The scenario's own code: its package's Python files, or its module when it is not in a package
+    of its own (scenarios/command.py)."""
+    module = sys.modules[cls.__module__]
+    path = Path(module.__file__).resolve()
+    package = module.__name__ if path.name == "__init__.py" else module.__name__.rpartition(".")[0]
+    if path.name != "__init__.py" and package in ("", "scenarios"):
+        return [path]
+    root = path.parent if path.name == "__init__.py" else Path(sys.modules[package].__file__).resolve().parent
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash(cls: type) -> str:
+    """sha256 (16 hex) of the scenario's source files, by path relative to their folder and content."""
+    files = source_files(cls)
+    base = files[0].parent
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+_ENVIRONMENT_PROBE = """
+import importlib.metadata as md, json, sys
+found = {"python": sys.version.split()[0], "prefix": sys.prefix}
+for name in sys.argv[1:]:
+    try:
+        found[name] = md.version(name)
+    except md.PackageNotFoundError:
+        found[name] = None
+print(json.dumps(found))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def python_environment(python: str, distributions: tuple[str, ...] = ()) -> dict:
+    """The --python interpreter's version and prefix, and the installed versions of distributions
+    (None when absent), read from package metadata without importing them."""
+    executable = shutil.which(python) or python
+    try:
+        out = subprocess.run([executable, "-c", _ENVIRONMENT_PROBE, *distributions], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        found = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"python": f"unavailable: {python} ({type(exc).__name__})"}
+    return {**found, "executable": str(Path(executable).absolute())}
 
 
 # A GPU memory fault as a parent process sees it (ROCm runtime / HSA).

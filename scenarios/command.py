@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
+from pathlib import Path
 
 from bisector.errors import ScenarioAbort, ScenarioError
 from bisector.process import Limits, run_process
 from bisector.signatures import failure_signature
-from scenarios.base import FAULT_MARKERS, BaseScenario, Outcome, StepContext, Verdict, fault_lines
+from scenarios.base import FAULT_MARKERS, BaseScenario, Outcome, StepContext, Verdict, fault_lines, python_environment
 
 SKIP_EXIT = 125
 
@@ -17,7 +17,6 @@ class CommandScenario(BaseScenario):
     """Exit 0 good, 125 skip, 1-127 bad; killed by a signal bad; other exits >= 128 abort the run."""
 
     name = "command"
-    version = "1"
     description = "run a command in the checkout; git bisect run's exit protocol"
 
     def __init__(self, argv: list[str]):
@@ -33,9 +32,10 @@ class CommandScenario(BaseScenario):
         """A command may drive a GPU: it gets one where there are GPUs, a CPU slot elsewhere."""
         return 1
 
-    def fingerprint(self) -> str:
-        blob = json.dumps({"name": self.name, "version": self.version, "argv": self.argv})
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    def identity(self, python: str) -> dict:
+        """argv, the content of every file it names outside the checkout, and the --python environment."""
+        return {"scenario": self.name, "argv": list(self.argv), "files": outside_files(self.argv),
+                "python": python_environment(python)}
 
     def run(self, ctx: StepContext) -> Outcome:
         argv = list(self.argv)
@@ -66,6 +66,28 @@ class CommandScenario(BaseScenario):
             return Outcome(Verdict.BAD, f"exit {code}: {faults[0]}", log, failed)
         raise ScenarioAbort(f"command exited {code} (>= 128, not a signal): aborting as git bisect run "
                             f"does; see {log}")
+
+
+def outside_files(argv: list[str]) -> dict[str, str]:
+    """sha256 (16 hex) of each file an argv word names outside the checkout: absolute paths (also as
+    the value of `--opt=/path`) and the program found on PATH. Relative words name files in the
+    checkout, which the commit already identifies."""
+    found: dict[str, str] = {}
+    for n, word in enumerate(argv):
+        value = word.partition("=")[2] if "=" in word and not word.startswith("/") else word
+        if n == 0 and "/" not in word:
+            value = shutil.which(word) or ""
+        if value.startswith("/") and Path(value).is_file():
+            found[value] = _file_hash(Path(value))
+    return found
+
+
+def _file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def _is_checkout_relative(program: str) -> bool:

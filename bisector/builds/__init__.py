@@ -44,6 +44,10 @@ class BuildSettings:
     cache_size: int = parse_size(DEFAULT_CACHE_SIZE)
     max_jobs: int = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
 
+    @property
+    def name(self) -> str:
+        return self.strategy
+
     def open(self, repo: GitRepo, state_dir: Path):
         if self.strategy == "none":
             return NoBuild()
@@ -84,6 +88,7 @@ class Builder:
         chosen = self.strategies.values() if self.name == "auto" else [self.strategies[self.name]]
         self.candidates = sorted(chosen, key=lambda strategy: strategy.cost)
         self.trees: dict[str, dict[str, str]] = {}
+        self.vllm_trees: dict[str, bool] = {}
         self.hash_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
 
@@ -92,6 +97,13 @@ class Builder:
             if sha not in self.trees:
                 self.trees[sha] = self.repo.tree_ids(sha, NATIVE_PATHS)
             return self.trees[sha]
+
+    def recognised(self, sha: str) -> bool:
+        """Whether sha's tree is one `auto` knows how to build: vLLM (setup.py and the vllm package)."""
+        with self.lock:
+            if sha not in self.vllm_trees:
+                self.vllm_trees[sha] = bool(self.repo.tree_ids(sha, ["vllm"]))
+            return self.vllm_trees[sha]
 
     def native(self, sha: str) -> str:
         return native_hash(self.native_trees(sha), self.toolchain)
@@ -115,6 +127,10 @@ class Builder:
         """The builds that could serve target, cheapest first; a refusal when none can."""
         if "setup.py" not in target.trees:
             yield Decision("none", "no setup.py at this commit", target.native)
+            return
+        if self.name == "auto" and not self.recognised(target.sha):
+            yield Decision("none", "not a vLLM tree (no vllm/ package beside setup.py): --build auto "
+                                   "builds only vLLM; name a strategy to build it anyway", target.native)
             return
         record = self.cache.get(target.native)
         if record and record.status == "failed":

@@ -13,7 +13,7 @@ from bisector.errors import ScenarioError
 from bisector.process import Limits, run_process
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 120.0
@@ -23,7 +23,6 @@ class AiterMLAProbe(BaseScenario):
     """Builds AiterMLAMetadataBuilder for one rank's configuration and checks AITER's tiling contract."""
 
     name = "aiter-mla-probe"
-    version = "2"
     description = ("CPU: run the checkout's AiterMLAMetadataBuilder from source against the AITER it pins; "
                    "bad when the Q dtype it sizes metadata for changes AITER's metadata")
     needs_build = False
@@ -45,6 +44,10 @@ class AiterMLAProbe(BaseScenario):
                            "aiter_refs": {repo: sources.refs_digest(repo) for repo in sorted(repos)}},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def environment(self, python: str) -> dict:
+        """The probe runs the checkout's Python against torch in the --python environment."""
+        return python_environment(python, ("torch",))
 
     def run(self, ctx: StepContext) -> Outcome:
         log = str(ctx.log_path)

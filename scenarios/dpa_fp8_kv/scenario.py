@@ -8,8 +8,9 @@ import tempfile
 from pathlib import Path
 
 from bisector.process import ProcessResult
+from bisector.builds.native import installed_rocm_version
 from bisector.signatures import failure_signature
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
 from scenarios.dpa_fp8_kv.config import write_model_dir
@@ -30,7 +31,6 @@ class DpaFp8KvScenario(BaseScenario):
     """
 
     name = "dpa-fp8-kv-graph-capture"
-    version = "2"
     description = ("tiny DeepSeek-V3 on an MLA backend (ROCm: AITER MLA) with FP8 KV cache and full "
                    "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad")
     option_defaults = OPTION_DEFAULTS
@@ -44,6 +44,11 @@ class DpaFp8KvScenario(BaseScenario):
     @property
     def gpus_per_run(self) -> int:
         return self.settings.gpus
+
+    def environment(self, python: str) -> dict:
+        """Python, torch, AITER and Triton in the --python environment, and the installed ROCm."""
+        return {**python_environment(python, ("torch", "amd-aiter", "aiter", "triton")),
+                "rocm": installed_rocm_version()}
 
     def run(self, ctx: StepContext) -> Outcome:
         env = {**os.environ, **ctx.env}

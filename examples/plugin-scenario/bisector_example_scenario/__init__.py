@@ -8,7 +8,6 @@ class FileMarker(BaseScenario):
     """Reads one file of the checkout; no build, no GPU."""
 
     name = "file-marker"
-    version = "1"
     description = "bad when --option path=FILE contains --option marker=TEXT; skip when FILE is missing"
     needs_build = False
     option_defaults = {"path": "state", "marker": "bad"}
