@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.builds import NoBuild
+from bisector.envs import EnvSettings
 from bisector.engine import Judge, RepoLock, RunContext, default_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
@@ -38,6 +39,7 @@ class BackportConfig:
     python: str = "python3"
     repeat: int = 1
     builder: object = field(default_factory=NoBuild)
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
 
 
 class BackportHandler:
@@ -136,7 +138,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
     with RepoLock(state_dir), WorktreePool(repo, state_dir) as pool:
         store = Store(state_dir / "bisector.sqlite")
         judge = Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout, cfg.python,
-                      cfg.repeat) if cfg.scenario else None
+                      cfg.repeat, cfg.envs.open(state_dir)) if cfg.scenario else None
         executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,

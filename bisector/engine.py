@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from bisector.builds import BuildResult, NoBuild
+from bisector.envs import DEFAULT_VERSIONS, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse
@@ -52,6 +53,7 @@ class RunConfig:
     confidence: float = 0.95
     fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
     max_runs_per_commit: int = 20
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -109,6 +111,7 @@ class Judge:
     timeout: float | None
     python: str
     repeat: int = 1
+    envs: object = field(default_factory=SharedEnv)  # where each commit runs (bisector.envs)
 
     @property
     def key(self) -> str:
@@ -125,9 +128,11 @@ class Judge:
             if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
                 return run
         if len(runs) >= self.repeat:
-            return Execution(runs[-1].sha, Verdict.GOOD.value,
-                             runs[-1].reason if self.repeat == 1 else f"{len(runs)} clean runs",
-                             runs[-1].log_path, sum(r.seconds for r in runs), runs[-1].build, {})
+            last = runs[-1]
+            return Execution(last.sha, Verdict.GOOD.value,
+                             last.reason if self.repeat == 1 else f"{len(runs)} clean runs",
+                             last.log_path, sum(r.seconds for r in runs), last.build,
+                             {"env": last.details["env"]} if "env" in last.details else {})
         return None
 
     def _outgrown_timeout(self, run: Execution) -> bool:
@@ -136,9 +141,28 @@ class Judge:
 
     def test(self, worktree: Path, sha: str, done: list[Execution], logs: Path,
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
-        """Build, then run the scenario until sha's verdict is decided; new executions only."""
+        """In the commit's environment: build, then run the scenario until sha's verdict is decided;
+        new executions only (each records the environment's key and versions under details["env"])."""
+        with self.envs.environment(worktree_reader(worktree), logs) as environment:
+            if not environment.ok:  # not a scenario run: the environment store remembers its failures
+                return [Execution(sha, Verdict.SKIP.value, environment.reason, None, 0.0, None,
+                                  {"env_failed": True, "env": {"key": environment.key}})]
+            template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
+                                   env={**slot_env, **environment.env}, python=environment.python or self.python,
+                                   cancel=cancel)
+            fresh = self._runs(sha, done, template, environment)
+            if environment.key is None:
+                return fresh
+            names = getattr(self.scenario, "env_versions", DEFAULT_VERSIONS)
+            step_env = {"key": environment.key, "python": environment.python,
+                        "versions": self.envs.versions(environment, names)}
+        return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
+
+    def _runs(self, sha: str, done: list[Execution], template: StepContext, environment) -> list[Execution]:
+        """Build in environment, then scenario runs with template's settings until the verdict is decided."""
         fresh: list[Execution] = []
-        build = self.builder.prepare(worktree, sha, logs) if self.scenario.needs_build \
+        worktree, logs = template.checkout, template.log_path
+        build = self.builder.prepare(worktree, sha, logs, environment) if self.scenario.needs_build \
             else BuildResult("none", True, "scenario needs no build")
         while self.decide(done + fresh) is None:
             attempt = len(done) + len(fresh)
@@ -149,8 +173,7 @@ class Judge:
                     build.log_path
                 details = {"build_failed": True}
             else:
-                ctx = StepContext(checkout=worktree, log_path=log_path, timeout=self.timeout,
-                                  env={**build.env, **slot_env}, python=self.python, cancel=cancel)
+                ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
                 details = dict(outcome.details)
@@ -180,7 +203,7 @@ class RunContext:
     def record(self, fresh: list[Execution]) -> list[Execution]:
         """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
         for execution in fresh:
-            if not execution.details.get("build_failed"):
+            if not (execution.details.get("build_failed") or execution.details.get("env_failed")):
                 self.store.add_execution(self.judge.key, execution)
                 self.executions += 1
         return fresh
@@ -365,7 +388,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         store = Store(state_dir / "bisector.sqlite")
         builder = open_builder(cfg, repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
-                      1 if cfg.flaky else cfg.repeat)  # --flaky asks for one run at a time
+                      1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                      cfg.envs.open(state_dir))
         params = {"repo": str(repo.root), "good": asked.good, "bad": asked.bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
@@ -435,7 +459,8 @@ def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = 
         executor = LocalExecutor([{}])
         try:
             executor.start(pool, state_dir / "logs")
-            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir))
+            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir),
+                                        envs=judge.envs.open(state_dir))
             execution, cached = RunContext(store, judge, executor).verdict(sha)
         finally:
             executor.shutdown()
