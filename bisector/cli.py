@@ -15,9 +15,11 @@ from bisector import __version__, doctor, report
 from bisector.builds import STRATEGIES, BuildSettings, NoBuild
 from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import BackportConfig, run_backport
-from bisector.engine import Judge, RunConfig, default_state_dir, judge_one, plan_bisection, run_bisection
-from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, GitError,
-                             UsageError)
+from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES, EnvSettings, EnvStore
+from bisector.engine import (Judge, RunConfig, default_state_dir, judge_one, plan_bisection,
+                             prepare_state_dir, run_bisection)
+from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, EnvironmentFailed,
+                             GitError, UsageError)
 from bisector.executor import EXECUTORS, Placement, create_executor
 from bisector.refs import GitRepo
 from bisector.results import SETTLED
@@ -75,6 +77,20 @@ def build_options(command):
                      help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}."),
         click.option("--cache-size", default=DEFAULT_CACHE_SIZE, show_default=True,
                      help="Cap on stored compiled artifacts (least recently used evicted)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def env_options(command):
+    """--env and --env-cache-size (`run`, `backport`, `scenario run`)."""
+    options = [
+        click.option("--env", "env_mode", type=click.Choice(MODES), default="shared", show_default=True,
+                     help="Run every commit in --python (shared), or in an environment built from that "
+                          "commit's own requirements over --python (per-commit)."),
+        click.option("--env-cache-size", type=click.IntRange(min=1), default=DEFAULT_ENV_CACHE_SIZE,
+                     show_default=True, help="Per-commit environments kept (least recently used removed)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -162,6 +178,7 @@ def _sigterm(signum, frame):
 @click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
               help="--flaky: runs on one commit at most.")
 @build_options
+@env_options
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
@@ -174,8 +191,8 @@ def _sigterm(signum, frame):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky, confidence,
-        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, command):
+        fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, env_mode, env_cache_size, plan,
+        executor_kind, gpus, gpus_per_run, ray_address, remote, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
@@ -189,7 +206,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
-                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor)
+                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
+                    envs=EnvSettings(env_mode, python, env_cache_size))
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)
@@ -235,9 +253,11 @@ class BackportProgress:
               help="Write JUnit XML: one test case per branch.")
 @python_option("Python environment scenarios run in.")
 @build_options
+@env_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, command):
+             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, env_mode, env_cache_size,
+             command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     if scenario_name and command:
         raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
@@ -247,7 +267,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         else CommandScenario(list(command)) if command else None
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size))
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size),
+                         envs=EnvSettings(env_mode, python, env_cache_size))
     result = run_backport(cfg, BackportProgress())
     for path, render in ((json_file, report.backport_json), (markdown_file, report.backport_markdown),
                          (junit_file, report.backport_junit)):
@@ -313,9 +334,11 @@ def scenario_list() -> None:
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python):
+@env_options
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, env_mode, env_cache_size):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
-    judge = Judge(create(name, parse_options(options)), NoBuild(), timeout, python)
+    judge = Judge(create(name, parse_options(options)), NoBuild(), timeout, python,
+                  envs=EnvSettings(env_mode, python, env_cache_size))
     outcome = judge_one(Path(repo), ref, judge, state_dir)
     if json_file:
         json_file.write_text(json.dumps(outcome, indent=2) + "\n")
@@ -323,6 +346,66 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
     sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
+
+
+@main.group("env")
+def env_group() -> None:
+    """Per-commit environments (--env per-commit): create one, list them, remove them."""
+
+
+def open_env_store(repo: str, state_dir: Path | None, python: str) -> EnvStore:
+    directory = resolve_state_dir(repo, state_dir)
+    if directory is None:
+        raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
+    return EnvSettings("per-commit", python).open(prepare_state_dir(Path(directory)))
+
+
+@env_group.command("create")
+@click.option("--repo", default=".", show_default=True, help="Repository holding the commit (never modified).")
+@click.option("--ref", required=True, help="Commit whose requirements the environment holds.")
+@state_dir_option
+@python_option("Base interpreter the environment overlays.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the environment as JSON.")
+def env_create(repo, ref, state_dir, python, json_file):
+    """Create (or find) the environment a commit runs in with --env per-commit."""
+    git_repo = GitRepo(Path(repo))
+    sha = git_repo.resolve(ref)
+    store = open_env_store(repo, state_dir, python)
+    environment = store.create(lambda path: git_repo.file_text(sha, path))
+    if not environment.ok:
+        raise EnvironmentFailed(environment.reason)
+    if json_file:
+        json_file.write_text(json.dumps(environment.as_dict(), indent=2) + "\n")
+    click.echo(f"{environment.key} {'created' if environment.created else 'exists'}: {environment.python}")
+
+
+@env_group.command("list")
+@click.option("--repo", default=".", show_default=True, help="Repository whose state dir to read.")
+@state_dir_option
+def env_list(repo, state_dir):
+    """Stored environments, most recently used first."""
+    for record in open_env_store(repo, state_dir, sys.executable).list():
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["last_used"]))
+        status = "ok" if record["status"] == "ok" else f"failed: {record['reason']}"
+        click.echo(f"{record['key']}  used {used}  {len(record['requirements'])} requirements  "
+                   f"python {record['base']['executable']}  {status}")
+
+
+@env_group.command("remove")
+@click.argument("key", required=False)
+@click.option("--all", "remove_all", is_flag=True, help="Remove every stored environment.")
+@click.option("--repo", default=".", show_default=True, help="Repository whose state dir to use.")
+@state_dir_option
+def env_remove(key, remove_all, repo, state_dir):
+    """Remove environment KEY, or --all."""
+    if bool(key) == remove_all:
+        raise UsageError("give exactly one of KEY or --all")
+    store = open_env_store(repo, state_dir, sys.executable)
+    keys = [record["key"] for record in store.list()] if remove_all else [key]
+    for each in keys:
+        if not store.remove(each):
+            raise UsageError(f"no environment {each}")
+        click.echo(f"removed {each}")
 
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
