@@ -143,7 +143,7 @@ class Judge:
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
         """In the commit's environment: build, then run the scenario until sha's verdict is decided;
         new executions only (each records the environment's key and versions under details["env"])."""
-        with self.envs.environment(worktree_reader(worktree), logs) as environment:
+        with self.envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers its failures
                 return [Execution(sha, Verdict.SKIP.value, environment.reason, None, 0.0, None,
                                   {"env_failed": True, "env": {"key": environment.key}})]

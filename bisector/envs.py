@@ -183,7 +183,7 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise UsageError("--env per-commit needs uv: pip install uv (it is a bisector dependency)")
+    raise UsageError("--env per-commit needs uv >= 0.10: pip install uv (a bisector dependency)")
 
 
 @dataclass
@@ -256,7 +256,7 @@ class SharedEnv(_Opened):
         self.settings = settings
 
     @contextlib.contextmanager
-    def environment(self, read: Reader, log_dir: Path) -> Iterator[Environment]:
+    def environment(self, read: Reader) -> Iterator[Environment]:
         yield Environment("")  # the judge's own --python
 
     def versions(self, environment: Environment, names) -> dict:
@@ -284,24 +284,32 @@ class EnvStore(_Opened):
         return requirement_set(read, platform_of(self.base))
 
     @contextlib.contextmanager
-    def environment(self, read: Reader, log_dir: Path) -> Iterator[Environment]:
-        """The commit's environment, created if new; in use (not evictable) until the block ends."""
+    def environment(self, read: Reader) -> Iterator[Environment]:
+        """The commit's environment, created if new; in use (not evictable) until the block ends.
+
+        Steps share a stored environment under shared locks; a missing one is created under the key's
+        exclusive lock, for which the others wait.
+        """
         try:
             wanted = self.requirements(read)
         except (ValueError, OSError) as exc:
             yield Environment(self.settings.python, ok=False, reason=f"environment unresolvable: {exc}")
             return
         key = environment_key(wanted, self.base)
-        with self._locked(key, fcntl.LOCK_EX) as handle:
-            environment = self._get_or_create(key, wanted)
-            fcntl.flock(handle, fcntl.LOCK_SH)  # others may use it now; eviction waits for us
-            if environment.created:
-                self._evict(keep=key)
+        with self._locked(key, fcntl.LOCK_SH) as handle:
+            environment = self._stored(key, wanted)
+            if environment is None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                environment = self._stored(key, wanted) or self._create(key, wanted)
+                fcntl.flock(handle, fcntl.LOCK_SH)
+                if environment.created:
+                    self._evict(keep=key)
             yield environment
 
     def create(self, read: Reader) -> Environment:
         """The environment for one tree, created if missing (`bisector env create`)."""
-        with self.environment(read, self.root) as environment:
+        with self.environment(read) as environment:
             return environment
 
     def list(self) -> list[dict]:
@@ -347,18 +355,21 @@ class EnvStore(_Opened):
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _get_or_create(self, key: str, wanted: RequirementSet) -> Environment:
-        """Under the key's exclusive lock: the stored environment, its remembered failure, or a new one."""
+    def _stored(self, key: str, wanted: RequirementSet) -> Environment | None:
+        """The stored environment of key (or its remembered failure), marked used; None when there is none."""
+        meta = self.root / key / ENV_FILE
+        if not meta.is_file():
+            return None
+        (self.root / key / "used").touch()
+        return self._environment(key, wanted, json.loads(meta.read_text()), created=False)
+
+    def _create(self, key: str, wanted: RequirementSet) -> Environment:
+        """Under the key's exclusive lock: a new environment, or its failure (remembered if the set's)."""
         home = self.root / key
-        meta = home / ENV_FILE
-        if meta.is_file():
-            record = json.loads(meta.read_text())
-            (home / "used").touch()
-            return self._environment(key, wanted, record, created=False)
         shutil.rmtree(home, ignore_errors=True)  # a creation that did not finish
         home.mkdir(parents=True)
         record = self._build(home, wanted)
-        meta.write_text(json.dumps(record, indent=2) + "\n")
+        (home / ENV_FILE).write_text(json.dumps(record, indent=2) + "\n")
         (home / "used").touch()
         if record["status"] == "failed" and not record.get("remember"):
             shutil.rmtree(home)  # not the requirement set's fault (e.g. no network): try again next time

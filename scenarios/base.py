@@ -49,6 +49,7 @@ class BaseScenario(ABC):
     description: ClassVar[str] = ""
     needs_build: ClassVar[bool] = True
     option_defaults: ClassVar[dict[str, str]] = {}
+    env_versions: ClassVar[tuple[str, ...]] = ("torch", "transformers")  # recorded per step (--env per-commit)
 
     def __init__(self, options: Mapping[str, str] | None = None):
         options = dict(options or {})

@@ -208,3 +208,19 @@ def test_cache_size_keeps_the_most_recently_used(tmp_path):
     second = store.create(worktree_reader(repo.path))
     assert first.key != second.key
     assert [record["key"] for record in store.list()] == [second.key]
+
+
+def test_one_creator_per_key_others_wait(tmp_path):
+    repo = RepoBuilder(tmp_path / "repo")
+    repo.commit("pin", {"requirements/common.txt": "packaging==24.2\n"})
+    outs = [tmp_path / f"{n}.json" for n in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-m", "bisector.cli", "env", "create", "--repo", str(repo.path),
+                               "--ref", "HEAD", "--state-dir", str(tmp_path / "state"), "--json", str(out)],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+             for out in outs]
+    assert [proc.wait(timeout=600) for proc in procs] == [0, 0, 0]
+    made = [json.loads(out.read_text()) for out in outs]
+    assert len({each["key"] for each in made}) == 1
+    assert sorted(each["created"] for each in made) == [False, False, True]
+    log = next((tmp_path / "state" / "envs").glob("*/create.log")).read_text()
+    assert log.count("venv --quiet --system-site-packages") == 1

@@ -30,6 +30,8 @@ class DpaFp8KvScenario(BaseScenario):
     description = ("tiny DeepSeek-V3 on AITER MLA with FP8 KV cache and full decode graphs; "
                    "GPU memory fault or SIGABRT is bad")
     option_defaults = OPTION_DEFAULTS
+    # what a step's JSON records of its environment (--env per-commit)
+    env_versions = ("torch", "pytorch-triton-rocm", "triton", "amd-aiter", "transformers", "numba")
     system_root = Path("/")  # where /dev/kfd and /sys are looked up; tests point it at a fake tree
 
     def __init__(self, options=None):
