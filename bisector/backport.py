@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from bisector.builds import NoBuild
 from bisector.engine import Judge, RunContext, open_builder, open_state
+from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
@@ -42,6 +43,7 @@ class BackportConfig:
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
     no_cache: bool = False
     command_line: Sequence[str] = ()
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
 
 
 class BackportHandler:
@@ -137,7 +139,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
     branches = matching_branches(repo, cfg.branches)
     with open_state(repo, cfg.state_dir, log_limit=cfg.log_limit) as (state_dir, pool, store):
         judge = Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout, cfg.python,
-                      cfg.repeat) if cfg.scenario else None
+                      cfg.repeat, envs=cfg.envs.open(state_dir)) if cfg.scenario else None
         executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,

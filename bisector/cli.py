@@ -21,9 +21,10 @@ from bisector.builds import STRATEGIES, BuildSettings, NoBuild
 from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import BackportConfig, run_backport
 from bisector.engine import (Judge, RunConfig, calibrate, default_state_dir, judge_one, plan_bisection,
-                             run_bisection)
-from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, GitError,
-                             UsageError)
+                             prepare_state_dir, run_bisection)
+from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES, EnvSettings, EnvStore
+from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, EnvironmentFailed,
+                             GitError, UsageError)
 from bisector.executor import EXECUTORS, Placement, create_executor
 from bisector.refs import GitRepo
 from bisector.results import SETTLED
@@ -178,6 +179,20 @@ def build_options(command):
     return command
 
 
+def env_options(command):
+    """--env and --env-cache-size (`run`, `backport`, `scenario run`)."""
+    options = [
+        click.option("--env", "env_mode", type=click.Choice(MODES), default="shared", show_default=True,
+                     help="Run every commit in --python (shared), or in an environment built from that "
+                          "commit's own requirements over --python (per-commit)."),
+        click.option("--env-cache-size", type=click.IntRange(min=1), default=DEFAULT_ENV_CACHE_SIZE,
+                     show_default=True, help="Per-commit environments kept (least recently used removed)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
                       "--build auto builds vLLM trees)")
 
@@ -317,6 +332,7 @@ def _sigterm(signum, frame):
 @click.option("--prefilter-option", "prefilter_options", multiple=True, metavar="KEY=VALUE",
               help="Option of the --prefilter scenario.")
 @log_limit_option
+@env_options
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
 @click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
@@ -331,8 +347,8 @@ def _sigterm(signum, frame):
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature,
-        prefilter_name, prefilter_options, log_limit, plan, executor_kind, gpus, gpus_per_run, ray_address,
-        remote, no_cache, command):
+        prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
+        gpus_per_run, ray_address, remote, no_cache, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
@@ -354,7 +370,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
                     max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
-                    signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit))
+                    signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
+                    envs=EnvSettings(env_mode, python, env_cache_size))
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)
@@ -414,10 +431,12 @@ class BackportProgress:
 @python_option("Python environment scenarios run in.")
 @build_options
 @log_limit_option
+@env_options
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, no_cache, command):
+             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, env_mode,
+             env_cache_size, no_cache, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
                ("--junit", junit_file, report.backport_junit))
@@ -432,7 +451,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
                          python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command),
-                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line())
+                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line(),
+                         envs=EnvSettings(env_mode, python, env_cache_size))
     result = run_backport(cfg, BackportProgress())
     click.echo(report.backport_text(result))
     for option, path, render in outputs:
@@ -508,10 +528,13 @@ def scenario_list() -> None:
               help="How the commit is built before it is judged (as for `bisector run`).")
 @click.option("--wheels", metavar="DIR|URL-TEMPLATE", help="Per-commit wheels for --build precompiled.")
 @log_limit_option
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, log_limit):
+@env_options
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, log_limit, env_mode,
+                 env_cache_size):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     check_writable("--json", json_file)
-    judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, None, wheels), timeout, python)
+    judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, None, wheels), timeout, python,
+                  envs=EnvSettings(env_mode, python, env_cache_size))
     outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit))
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
@@ -576,6 +599,66 @@ def scenario_classify(name, options, log_file, exit_code, as_json):
         for line in outcome.details.get("matched", []):
             click.echo(f"  {line}")
     sys.exit({"good": 0, "bad": 1}.get(outcome.verdict.value, 125))
+
+
+@main.group("env")
+def env_group() -> None:
+    """Per-commit environments (--env per-commit): create one, list them, remove them."""
+
+
+def open_env_store(repo: str, state_dir: Path | None, python: str) -> EnvStore:
+    directory = resolve_state_dir(repo, state_dir)
+    if directory is None:
+        raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
+    return EnvSettings("per-commit", python).open(prepare_state_dir(Path(directory)))
+
+
+@env_group.command("create")
+@click.option("--repo", default=".", show_default=True, help="Repository holding the commit (never modified).")
+@click.option("--ref", required=True, help="Commit whose requirements the environment holds.")
+@state_dir_option
+@python_option("Base interpreter the environment overlays.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the environment as JSON.")
+def env_create(repo, ref, state_dir, python, json_file):
+    """Create (or find) the environment a commit runs in with --env per-commit."""
+    git_repo = GitRepo(Path(repo))
+    sha = git_repo.resolve(ref)
+    store = open_env_store(repo, state_dir, python)
+    environment = store.create(lambda path: git_repo.file_text(sha, path))
+    if not environment.ok:
+        raise EnvironmentFailed(environment.reason)
+    if json_file:
+        json_file.write_text(json.dumps(environment.as_dict(), indent=2) + "\n")
+    click.echo(f"{environment.key} {'created' if environment.created else 'exists'}: {environment.python}")
+
+
+@env_group.command("list")
+@click.option("--repo", default=".", show_default=True, help="Repository whose state dir to read.")
+@state_dir_option
+def env_list(repo, state_dir):
+    """Stored environments, most recently used first."""
+    for record in open_env_store(repo, state_dir, sys.executable).list():
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["last_used"]))
+        status = "ok" if record["status"] == "ok" else f"failed: {record['reason']}"
+        click.echo(f"{record['key']}  used {used}  {len(record['requirements'])} requirements  "
+                   f"python {record['base']['executable']}  {status}")
+
+
+@env_group.command("remove")
+@click.argument("key", required=False)
+@click.option("--all", "remove_all", is_flag=True, help="Remove every stored environment.")
+@click.option("--repo", default=".", show_default=True, help="Repository whose state dir to use.")
+@state_dir_option
+def env_remove(key, remove_all, repo, state_dir):
+    """Remove environment KEY, or --all."""
+    if bool(key) == remove_all:
+        raise UsageError("give exactly one of KEY or --all")
+    store = open_env_store(repo, state_dir, sys.executable)
+    keys = [record["key"] for record in store.list()] if remove_all else [key]
+    for each in keys:
+        if not store.remove(each):
+            raise UsageError(f"no environment {each}")
+        click.echo(f"removed {each}")
 
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:

@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import git
 
 from bisector.builds import BuildResult, NoBuild
+from bisector.envs import DEFAULT_VERSIONS, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.blame import blame_fix, blame_reverse
@@ -68,6 +69,7 @@ class RunConfig:
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
     no_cache: bool = False             # judge every commit again (still recording the verdicts)
     command_line: Sequence[str] = ()   # how the user asked for this run, stored and shown in reports
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
 
 
 def default_state_dir(repo: GitRepo) -> Path:
@@ -201,12 +203,14 @@ class Judge:
     python: str
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
+    envs: object = field(default_factory=SharedEnv)  # where each commit runs (bisector.envs)
 
     @cached_property
     def key_parts(self) -> dict:
-        """What the verdict cache key hashes: the scenario's identity and the build strategy."""
+        """What the verdict cache key hashes: the scenario's identity, the build strategy, and whether each
+        commit runs in its own environment (its key then follows from the commit and the base python)."""
         build = self.builder.name if self.scenario.needs_build else "none"
-        return {**self.scenario.identity(self.python), "build": build}
+        return {**self.scenario.identity(self.python), "build": build, "env": self.envs.settings.mode}
 
     @property
     def key(self) -> str:
@@ -241,9 +245,28 @@ class Judge:
 
     def test(self, worktree: Path, sha: str, done: list[Execution], logs: Path,
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
-        """Build, then run the scenario until sha's verdict is decided; new executions only."""
+        """In the commit's environment: build, then run the scenario until sha's verdict is decided;
+        new executions only (each records the environment's key and versions under details["env"])."""
+        with self.envs.environment(worktree_reader(worktree)) as environment:
+            if not environment.ok:  # not a scenario run: the environment store remembers its failures
+                return [Execution(sha, Verdict.SKIP.value, environment.reason, None, 0.0, None,
+                                  {"env_failed": True, "env": {"key": environment.key}})]
+            template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
+                                   env={**slot_env, **environment.env}, python=environment.python or self.python,
+                                   cancel=cancel)
+            fresh = self._runs(sha, done, template, environment)
+            if environment.key is None:
+                return fresh
+            names = getattr(self.scenario, "env_versions", DEFAULT_VERSIONS)
+            step_env = {"key": environment.key, "python": environment.python,
+                        "versions": self.envs.versions(environment, names)}
+        return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
+
+    def _runs(self, sha: str, done: list[Execution], template: StepContext, environment) -> list[Execution]:
+        """Build in environment, then scenario runs with template's settings until the verdict is decided."""
         fresh: list[Execution] = []
-        build = self.builder.prepare(worktree, sha, logs) if self.scenario.needs_build \
+        worktree, logs = template.checkout, template.log_path
+        build = self.builder.prepare(worktree, sha, logs, environment) if self.scenario.needs_build \
             else BuildResult("none", True, "scenario needs no build")
         while self.decide(done + fresh) is None:
             attempt = len(done) + len(fresh)
@@ -254,8 +277,7 @@ class Judge:
                     build.log_path
                 details = {"build_failed": True}
             else:
-                ctx = StepContext(checkout=worktree, log_path=log_path, timeout=self.timeout,
-                                  env={**build.env, **slot_env}, python=self.python, cancel=cancel)
+                ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
                 details = dict(outcome.details)
@@ -288,7 +310,7 @@ class RunContext:
     def record(self, fresh: list[Execution]) -> list[Execution]:
         """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
         for execution in fresh:
-            if not execution.details.get("build_failed"):
+            if not (execution.details.get("build_failed") or execution.details.get("env_failed")):
                 self.store.add_execution(self.judge.key, execution)
                 self.executions += 1
         return fresh
@@ -511,7 +533,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
         builder = open_builder(cfg, repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
                       1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
-                      signature_rule(cfg.signature or cfg.scenario.default_signature))
+                      signature_rule(cfg.signature or cfg.scenario.default_signature),
+                      cfg.envs.open(state_dir))
         params = {"repo": str(repo.root), "good": asked.good, "bad": asked.bad, "good_ref": cfg.good,
                   "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
                   "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
@@ -633,8 +656,9 @@ def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
         executor = LocalExecutor([{}])
         try:
             executor.start(pool, state_dir / "logs")
-            yield RunContext(store, dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir)),
-                             executor)
+            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir),
+                                        envs=judge.envs.open(state_dir))
+            yield RunContext(store, judge, executor)
         finally:
             GROUPS.stop()
             executor.shutdown()

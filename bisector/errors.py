@@ -57,3 +57,9 @@ class ScenarioAbort(AbortError):
 
 class ExecutorError(AbortError):
     """A step could not be run to a verdict (e.g. its Ray worker kept dying): no verdict recorded."""
+
+
+class EnvironmentFailed(BisectorError):
+    """`bisector env create`: the commit's environment cannot be created (e.g. unresolvable)."""
+
+    exit_code = 1

@@ -53,6 +53,7 @@ class BaseScenario(ABC):
     needs_build: ClassVar[bool] = True
     option_defaults: ClassVar[dict[str, str]] = {}
     default_signature: ClassVar[str] = "any"  # --signature when not given: any | auto | a regex
+    env_versions: ClassVar[tuple[str, ...]] = ("torch", "transformers")  # recorded per step (--env per-commit)
 
     def __init__(self, options: Mapping[str, str] | None = None):
         options = dict(options or {})

@@ -235,14 +235,25 @@ def extract_python_sources(sdist: Path, dest: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm_sources():
-    """vllm_sources(version) -> the release's vllm/**.py tree (read-only), fetched and extracted once under
-    a file lock; skips the test when the registry cannot be reached and nothing is cached."""
-    def sources(version: str) -> Path:
+def vllm_sdist():
+    """vllm_sdist(version) -> the release's sdist (vllm-X.tar.gz), fetched once under a file lock; skips the
+    test when the registry cannot be reached and nothing is cached."""
+    def sdist(version: str) -> Path:
         with cache_lock():
             try:
                 fetch_sdists([version])
             except Exception as exc:  # the registry is unreachable: nothing to check against
                 pytest.skip(f"cannot download vLLM {version} into {SDIST_CACHE}: {type(exc).__name__}: {exc}")
+        return SDIST_CACHE / f"vllm-{version}.tar.gz"
+    return sdist
+
+
+@pytest.fixture(scope="session")
+def vllm_sources(vllm_sdist):
+    """vllm_sources(version) -> the release's vllm/**.py tree (read-only), fetched and extracted once under
+    a file lock; skips the test when the registry cannot be reached and nothing is cached."""
+    def sources(version: str) -> Path:
+        vllm_sdist(version)
+        with cache_lock():
             return python_sources(version)
     return sources

@@ -68,7 +68,7 @@ class NoBuild:
     def decide(self, sha: str) -> Decision:
         return Decision("none", "no build", "")
 
-    def prepare(self, worktree: Path, sha: str, log_dir: Path) -> BuildResult:
+    def prepare(self, worktree: Path, sha: str, log_dir: Path, environment=None) -> BuildResult:
         return BuildResult("none", True, "no build")
 
 
@@ -108,9 +108,13 @@ class Builder:
     def native(self, sha: str) -> str:
         return native_hash(self.native_trees(sha), self.toolchain)
 
-    def target(self, sha: str, worktree: Path | None = None) -> Target:
+    def target(self, sha: str, worktree: Path | None = None, environment=None) -> Target:
+        """What a strategy serves; environment (bisector.envs.Environment) is where the build runs, by
+        default --python itself."""
+        python = getattr(environment, "python", "") or self.settings.python
         return Target(sha, self.native(sha), self.native_trees(sha),
-                      worktree or self.state_dir / "worktrees" / "slot-N")
+                      worktree or self.state_dir / "worktrees" / "slot-N", python,
+                      getattr(environment, "installer", ()), getattr(environment, "env", {}))
 
     def cost(self, sha: str) -> float:
         """0 when no compile is needed (built before, or a wheel), 1 for a compile, 2 for a known failure."""
@@ -148,10 +152,10 @@ class Builder:
         if not served:
             yield target.refuse("; ".join(refusals) + ("" if self.name == "auto" else f" (--build {self.name})"))
 
-    def prepare(self, worktree: Path, sha: str, log_dir: Path) -> BuildResult:
-        """Make worktree runnable for sha: stale outputs out, then the cheapest strategy that serves it;
-        when that fails, the next one (a wheel that fails to install: compile instead)."""
-        target = self.target(sha, worktree)
+    def prepare(self, worktree: Path, sha: str, log_dir: Path, environment=None) -> BuildResult:
+        """Make worktree runnable for sha in environment: stale outputs out, then the cheapest strategy
+        that serves it; when that fails, the next one (a wheel that fails to install: compile instead)."""
+        target = self.target(sha, worktree, environment)
         with self.lock:
             hash_lock = self.hash_locks.setdefault(target.native, threading.Lock())
         with hash_lock:  # two slots never build the same native inputs at once

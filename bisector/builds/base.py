@@ -66,6 +66,13 @@ class Target:
     native: str  # native-input hash (bisector.builds.native.native_hash)
     trees: Mapping[str, str]  # native input path -> tree id, for the paths present at sha
     worktree: Path  # a placeholder when only planning
+    python: str = "python3"  # the interpreter of the environment the build runs in
+    installer: tuple[str, ...] = ()  # installs requirement files there; () = `python -m pip install`
+    variables: Mapping[str, str] = field(default_factory=dict)  # select that environment (PATH, VIRTUAL_ENV)
+
+    @property
+    def install(self) -> tuple[str, ...]:
+        return self.installer or (self.python, "-m", "pip", "install")
 
     @property
     def short(self) -> str:
@@ -111,7 +118,7 @@ def run_commands(target: Target, decision: Decision, log_dir: Path) -> BuildResu
     log_path = None
     for n, command in enumerate(decision.commands, 1):
         log_path = Path(log_dir) / f"build-{target.sha[:12]}-{decision.native[:12]}-{n}-{command.label}.log"
-        result = run_process(list(command.argv), target.worktree, log_path, env=command.env)
+        result = run_process(list(command.argv), target.worktree, log_path, env={**target.variables, **command.env})
         if result.returncode != 0:
             return BuildResult(decision.strategy, False,
                                f"{command.label} exited {result.returncode} ({decision.reason})", str(log_path))

@@ -18,7 +18,7 @@ class Precompiled:
     cost = FREE_COST
 
     def __init__(self, context: BuildContext):
-        self.python, self.cache = context.settings.python, context.cache
+        self.cache = context.cache
         self.wheels = WheelSource(context.settings.wheels) if context.settings.wheels else None
 
     def can_serve(self, target: Target) -> Decision:
@@ -26,7 +26,7 @@ class Precompiled:
         if not wheel:
             return target.refuse(f"no wheel for {target.sha[:12]}")
         return Decision(self.name, f"native {target.short} not built, wheel {Path(wheel).name}", target.native,
-                        tuple(precompiled_plan(self.python, wheel)))
+                        tuple(precompiled_plan(target.python, wheel)))
 
     def prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         built = run_commands(target, decision, log_dir)

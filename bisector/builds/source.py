@@ -26,9 +26,9 @@ class SourceBuild:
         why = "--build source" if self.settings.strategy == self.name else \
             f"native {target.short} not built" + (", no wheel" if self.settings.wheels else "")
         return Decision(self.name, why, target.native,
-                        tuple(source_plan(self.settings.python, requirements, self.toolchain, self.settings.max_jobs,
+                        tuple(source_plan(target.python, requirements, self.toolchain, self.settings.max_jobs,
                                           compiler_cache_env(compiler_launcher(), self.compiler_cache,
-                                                             target.worktree))))
+                                                             target.worktree), target.install)))
 
     def prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         clean_ignored(target.worktree)  # an earlier commit's build dir may hold stale objects and modules
@@ -54,12 +54,13 @@ def compiler_cache_env(launcher: str | None, cache_dir: Path, worktree: Path) ->
 
 
 def source_plan(python: str, requirements: str | None, toolchain: Toolchain, max_jobs: int,
-                cache_env: dict) -> list[Command]:
-    """vLLM's documented ROCm build: install the commit's build requirements, `setup.py develop`."""
+                cache_env: dict, install: tuple[str, ...] = ()) -> list[Command]:
+    """vLLM's documented ROCm build in python's environment: install the commit's build requirements
+    (with `install`, default `python -m pip install`), `setup.py develop`."""
     env = {"PYTORCH_ROCM_ARCH": toolchain.arch, "MAX_JOBS": str(max_jobs), **cache_env}
     commands = []
     if requirements:
-        commands.append(Command("build-requirements", (python, "-m", "pip", "install", "-r", requirements),
-                                {}))
+        install = install or (python, "-m", "pip", "install")
+        commands.append(Command("build-requirements", (*install, "-r", requirements), {}))
     commands.append(Command("develop", (python, "setup.py", "develop"), env))
     return commands

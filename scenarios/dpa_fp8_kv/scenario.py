@@ -35,6 +35,8 @@ class DpaFp8KvScenario(BaseScenario):
                    "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad")
     option_defaults = OPTION_DEFAULTS
     default_signature = "auto"  # a long bisection meets other crashes: blame only the bad end's fault
+    # what a step's JSON records of its environment (--env per-commit)
+    env_versions = ("torch", "pytorch-triton-rocm", "triton", "amd-aiter", "transformers", "numba")
     system_root = Path("/")  # where /dev/kfd and /sys are looked up; tests point it at a fake tree
 
     def __init__(self, options=None):

@@ -1,0 +1,454 @@
+"""The environment a step runs in: the user's interpreter (`--env shared`), or per commit an overlay
+virtual environment over it holding that commit's own runtime requirements (`--env per-commit`).
+
+An overlay is created with uv (`uv venv --system-site-packages`, `uv pip install`) from
+requirements/common.txt plus the platform file (rocm.txt, cuda.txt when the base torch is a CUDA build),
+following `-r` includes, with the torch family removed as vLLM's use_existing_torch.py does and excluded
+from resolution, so the base's accelerator build of torch is the one every step imports. Environments are
+keyed by the normalised requirement set and the base's fingerprint, shared by every commit with the same
+set, stored under <state dir>/envs/<key>/ and capped by count (least recently used removed). One process
+creates a key at a time (an exclusive file lock); steps using an environment hold a shared lock on it, so
+eviction never removes one in use. The base interpreter is never written to.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from bisector.errors import UsageError
+
+MODES = ("shared", "per-commit")
+DEFAULT_ENV_CACHE_SIZE = 8
+# Distributions that must come from the base interpreter, never from an overlay.
+TORCH_FAMILY = ("torch", "torchvision", "torchaudio", "torchcodec", "triton", "pytorch-triton-rocm")
+# The runtime requirement files: requirements/ from 0.5.5, requirements-*.txt at the top before.
+COMMON_FILES = ("requirements/common.txt", "requirements-common.txt")
+PLATFORM_FILES = {"rocm": ("requirements/rocm.txt", "requirements-rocm.txt"),
+                  "cuda": ("requirements/cuda.txt", "requirements-cuda.txt")}
+DEFAULT_VERSIONS = ("torch", "transformers")
+UNRESOLVABLE_MARKERS = ("No solution found", "unsatisfiable", "not found in the package registry",
+                        "no version of", "Because ")
+ENV_FILE = "env.json"
+
+Reader = Callable[[str], "str | None"]  # repository-relative path -> text, None when absent
+
+
+@dataclass(frozen=True)
+class RequirementSet:
+    """A commit's normalised runtime requirements, and what was dropped as torch family."""
+
+    requirements: tuple[str, ...]
+    dropped: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def is_torch_family(name: str) -> bool:
+    """use_existing_torch.py drops every torch* requirement; triton builds belong to torch as well."""
+    canonical = _canonical(name)
+    return "torch" in canonical or canonical in TORCH_FAMILY
+
+
+def normalise(line: str) -> str | None:
+    """One requirement line without comment, name canonical, spaces out of the specifier; None if blank."""
+    text = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()
+    if not text:
+        return None
+    if text.startswith("-"):
+        return " ".join(text.split())
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", text)
+    if not match:
+        return " ".join(text.split())
+    spec, _, marker = text[match.end():].partition(";")
+    spec = re.sub(r"\[([^\]]*)\]", lambda m: "[" + ",".join(sorted(
+        _canonical(extra.strip()) for extra in m.group(1).split(","))) + "]", "".join(spec.split()))
+    marker = " ".join(marker.replace('"', "'").split())
+    return _canonical(match.group(0)) + spec + (f"; {marker}" if marker else "")
+
+
+def requirement_set(read: Reader, platform: str) -> RequirementSet:
+    """The runtime requirements of the tree `read` sees: common + platform file, `-r` followed."""
+    starts = [next((path for path in candidates if read(path) is not None), None)
+              for candidates in (COMMON_FILES, PLATFORM_FILES[platform])]
+    seen: list[str] = []
+    kept: set[str] = set()
+    dropped: set[str] = set()
+
+    def follow(path: str) -> None:
+        if path in seen:
+            return
+        text = read(path)
+        if text is None:
+            raise ValueError(f"{path} is included but absent")
+        seen.append(path)
+        for raw in text.splitlines():
+            line = normalise(raw)
+            if line is None:
+                continue
+            include = re.match(r"(?:-r|--requirement)[\s=]+(\S+)$", line)
+            if include:
+                follow(posixpath.normpath(posixpath.join(posixpath.dirname(path), include.group(1))))
+            elif not line.startswith("-") and is_torch_family(re.match(r"[a-z0-9-]+", line).group(0)):
+                dropped.add(line)
+            else:
+                kept.add(line)
+
+    for start in filter(None, starts):
+        follow(start)
+    if not seen:
+        raise ValueError(f"no runtime requirement file ({' or '.join(COMMON_FILES)})")
+    return RequirementSet(tuple(sorted(kept)), tuple(sorted(dropped)), tuple(seen))
+
+
+# Run in the base interpreter: who it is and which torch it has, without importing torch.
+_FINGERPRINT = r"""
+import importlib.metadata as md, importlib.util, json, os, re, sys
+family = {}
+for name in %r:
+    try:
+        family[name] = md.version(name)
+    except md.PackageNotFoundError:
+        pass
+accel = {"hip": None, "cuda": None}
+try:
+    text = md.distribution("torch").locate_file("torch/version.py").read_text()
+    for key in accel:
+        found = re.search(r"^%%s\s*(?::[^=]*)?=\s*['\"]([^'\"]+)" %% key, text, re.M)
+        accel[key] = found.group(1) if found else None
+except (md.PackageNotFoundError, OSError):
+    pass
+spec = importlib.util.find_spec("torch")
+sites = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)]
+print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "version": sys.version.split()[0],
+                  "family": family, **accel, "torch_origin": spec.origin if spec else None, "sites": sites}))
+""" % (TORCH_FAMILY,)
+
+_TORCH_ORIGIN = "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s else '')"
+
+_VERSIONS = r"""
+import importlib.metadata as md, json, sys
+found = {}
+for name in sys.argv[1:]:
+    try:
+        found[name] = md.version(name)
+    except md.PackageNotFoundError:
+        found[name] = None
+print(json.dumps(found))
+"""
+
+
+def base_fingerprint(python: str) -> dict:
+    """The base interpreter's identity: path, prefix, version, torch family versions, HIP/CUDA version."""
+    try:
+        out = subprocess.run([python, "-c", _FINGERPRINT], capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        raise UsageError(f"--python {python}: {exc.strerror}") from None
+    if out.returncode != 0:
+        raise UsageError(f"--python {python} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(out.stdout)
+
+
+def platform_of(base: dict) -> str:
+    """rocm unless the base torch is a CUDA build: the platform file an overlay takes."""
+    return "cuda" if base.get("cuda") and not base.get("hip") else "rocm"
+
+
+def environment_key(requirements: RequirementSet, base: dict) -> str:
+    identity = {key: base.get(key) for key in ("executable", "prefix", "version", "family", "hip", "cuda")}
+    blob = json.dumps({"requirements": list(requirements.requirements), "base": identity}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def uv_binary() -> str:
+    """uv from its Python package (a dependency), else from PATH; UsageError when neither has it."""
+    try:
+        import uv
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found:
+            return found
+    raise UsageError("--env per-commit needs uv >= 0.10: pip install uv (a bisector dependency)")
+
+
+@dataclass
+class Environment:
+    """Where one step runs: its python, the key of its environment (None: shared), and if it failed."""
+
+    python: str  # "" in a shared environment: the judge's --python
+    key: str | None = None
+    ok: bool = True
+    reason: str = ""
+    created: bool = False
+    requirements: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    path: Path | None = None
+
+    @property
+    def installer(self) -> tuple[str, ...]:
+        """The command that installs requirement files into this environment (builds' own needs), torch
+        family excluded; () in a shared environment (the build uses pip there)."""
+        if self.path is None:
+            return ()
+        return (uv_binary(), "pip", "install", "--python", self.python, "--excludes", str(self.path / "excludes.txt"))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables that make the environment the one a step's commands find first."""
+        if self.path is None:
+            return {}
+        bin_dir = self.path / "venv" / "bin"
+        return {"VIRTUAL_ENV": str(self.path / "venv"),
+                "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "python": self.python, "created": self.created,
+                "requirements": list(self.requirements), "dropped": list(self.dropped)}
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What the user asked for (--env, --python, --env-cache-size); `open` binds it to a state dir."""
+
+    mode: str = "shared"
+    python: str = "python3"
+    cache_size: int = DEFAULT_ENV_CACHE_SIZE
+
+    def open(self, state_dir: Path) -> "SharedEnv | EnvStore":
+        if self.mode not in MODES:
+            raise UsageError(f"unknown --env {self.mode!r} (one of {', '.join(MODES)})")
+        if self.mode == "shared":
+            return SharedEnv(self)
+        return EnvStore(self, Path(state_dir) / "envs")
+
+
+class _Opened:
+    """An opened environment provider: pickled (into a Ray task) as its settings, reopened on the node."""
+
+    settings: EnvSettings
+
+    def open(self, state_dir: Path) -> "SharedEnv | EnvStore":
+        return self.settings.open(state_dir)
+
+    def __reduce__(self):
+        return EnvSettings, (self.settings.mode, self.settings.python, self.settings.cache_size)
+
+
+class SharedEnv(_Opened):
+    """Every step runs in --python itself."""
+
+    def __init__(self, settings: EnvSettings = EnvSettings()):
+        self.settings = settings
+
+    @contextlib.contextmanager
+    def environment(self, read: Reader) -> Iterator[Environment]:
+        yield Environment("")  # the judge's own --python
+
+    def versions(self, environment: Environment, names) -> dict:
+        return {}
+
+
+class EnvStore(_Opened):
+    """Overlay environments under root/<key>/ (venv/, requirements.txt, create.log, env.json)."""
+
+    def __init__(self, settings: EnvSettings, root: Path):
+        self.settings, self.root = settings, Path(root)
+        self.uv = uv_binary()
+        self._base: dict | None = None
+        self._versions: dict[tuple, dict] = {}
+        self.lock = threading.Lock()
+
+    @property
+    def base(self) -> dict:
+        with self.lock:
+            if self._base is None:
+                self._base = base_fingerprint(self.settings.python)
+            return self._base
+
+    def requirements(self, read: Reader) -> RequirementSet:
+        return requirement_set(read, platform_of(self.base))
+
+    @contextlib.contextmanager
+    def environment(self, read: Reader) -> Iterator[Environment]:
+        """The commit's environment, created if new; in use (not evictable) until the block ends.
+
+        Steps share a stored environment under shared locks; a missing one is created under the key's
+        exclusive lock, for which the others wait.
+        """
+        try:
+            wanted = self.requirements(read)
+        except (ValueError, OSError) as exc:
+            yield Environment(self.settings.python, ok=False, reason=f"environment unresolvable: {exc}")
+            return
+        key = environment_key(wanted, self.base)
+        with self._locked(key, fcntl.LOCK_SH) as handle:
+            environment = self._stored(key, wanted)
+            if environment is None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                environment = self._stored(key, wanted) or self._create(key, wanted)
+                fcntl.flock(handle, fcntl.LOCK_SH)
+                if environment.created:
+                    self._evict(keep=key)
+            yield environment
+
+    def create(self, read: Reader) -> Environment:
+        """The environment for one tree, created if missing (`bisector env create`)."""
+        with self.environment(read) as environment:
+            return environment
+
+    def list(self) -> list[dict]:
+        """Stored environments, most recently used first."""
+        entries = []
+        for meta in self.root.glob(f"*/{ENV_FILE}"):
+            record = json.loads(meta.read_text())
+            record["last_used"] = self._used_at(meta.parent)
+            entries.append(record)
+        return sorted(entries, key=lambda record: -record["last_used"])
+
+    def remove(self, key: str) -> bool:
+        """Delete one environment unless a step is using it; False when there is no such key."""
+        if not re.fullmatch(r"[0-9a-f]{16}", key) or not (self.root / key).exists():
+            return False
+        with self._locked(key, fcntl.LOCK_EX | fcntl.LOCK_NB) as handle:
+            if handle is None:
+                raise UsageError(f"environment {key} is in use")
+            shutil.rmtree(self.root / key)
+        return True
+
+    def versions(self, environment: Environment, names) -> dict:
+        """Installed versions of names as the environment's python sees them (remembered per key)."""
+        wanted = (environment.key, tuple(names))
+        if wanted not in self._versions:
+            out = subprocess.run([environment.python, "-c", _VERSIONS, *names], capture_output=True, text=True,
+                                 timeout=120)
+            self._versions[wanted] = json.loads(out.stdout) if out.returncode == 0 else {}
+        return self._versions[wanted]
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, mode: int) -> Iterator:
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{key}.lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, mode)
+            except BlockingIOError:
+                yield None
+                return
+            try:
+                yield handle
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _stored(self, key: str, wanted: RequirementSet) -> Environment | None:
+        """The stored environment of key (or its remembered failure), marked used; None when there is none."""
+        meta = self.root / key / ENV_FILE
+        if not meta.is_file():
+            return None
+        (self.root / key / "used").touch()
+        return self._environment(key, wanted, json.loads(meta.read_text()), created=False)
+
+    def _create(self, key: str, wanted: RequirementSet) -> Environment:
+        """Under the key's exclusive lock: a new environment, or its failure (remembered if the set's)."""
+        home = self.root / key
+        shutil.rmtree(home, ignore_errors=True)  # a creation that did not finish
+        home.mkdir(parents=True)
+        record = self._build(home, wanted)
+        (home / ENV_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        (home / "used").touch()
+        if record["status"] == "failed" and not record.get("remember"):
+            shutil.rmtree(home)  # not the requirement set's fault (e.g. no network): try again next time
+        return self._environment(key, wanted, record, created=record["status"] == "ok")
+
+    def _environment(self, key: str, wanted: RequirementSet, record: dict, created: bool) -> Environment:
+        home = self.root / key
+        ok = record["status"] == "ok"
+        return Environment(str(home / "venv" / "bin" / "python") if ok else self.settings.python, key, ok,
+                           record.get("reason", ""), created, wanted.requirements, wanted.dropped,
+                           home if ok else None)
+
+    def _build(self, home: Path, wanted: RequirementSet) -> dict:
+        """uv venv over the base, the base's site dirs after the overlay's, uv pip install; torch checked."""
+        base = self.base
+        record = {"key": home.name, "status": "failed", "requirements": list(wanted.requirements),
+                  "dropped": list(wanted.dropped), "files": list(wanted.files), "base": base,
+                  "created_at": time.time()}
+        (home / "requirements.txt").write_text("".join(f"{line}\n" for line in wanted.requirements))
+        (home / "excludes.txt").write_text("".join(f"{name}\n" for name in TORCH_FAMILY))
+        log = home / "create.log"
+        venv, python = home / "venv", home / "venv" / "bin" / "python"
+        start = time.monotonic()
+        steps = [[self.uv, "venv", "--quiet", "--system-site-packages", "--python", self.settings.python,
+                  str(venv)],
+                 [self.uv, "pip", "install", "--python", str(python), "-r", str(home / "requirements.txt"),
+                  "--excludes", str(home / "excludes.txt")]]
+        with open(log, "w") as out:
+            for n, argv in enumerate(steps):
+                out.write(f"$ {' '.join(argv)}\n")
+                out.flush()
+                result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
+                if result.returncode != 0:
+                    return {**record, **self._failure(log, argv)}
+                if n == 0:
+                    _see_base_sites(python, base["sites"])
+        origin = subprocess.run([str(python), "-c", _TORCH_ORIGIN], capture_output=True, text=True).stdout.strip()
+        if origin != (base["torch_origin"] or ""):
+            return {**record, "reason": f"environment imports torch from {origin or 'nowhere'}, "
+                                        f"not the base's {base['torch_origin']}"}
+        return {**record, "status": "ok", "reason": "", "seconds": round(time.monotonic() - start, 3)}
+
+    @staticmethod
+    def _failure(log: Path, argv: list[str]) -> dict:
+        text = log.read_text(errors="replace")
+        lines = [line.strip() for line in text.splitlines()[1:] if line.strip() and not line.startswith("$")]
+        detail = " ".join(lines[-6:])[-400:]
+        unresolvable = any(marker in text for marker in UNRESOLVABLE_MARKERS)
+        what = "environment unresolvable" if unresolvable else f"environment creation failed ({argv[1]})"
+        return {"reason": f"{what}: {detail}", "remember": unresolvable}
+
+    def _evict(self, keep: str) -> None:
+        """Remove the least recently used environments beyond the cap; never one in use."""
+        ready = [meta.parent for meta in self.root.glob(f"*/{ENV_FILE}")
+                 if json.loads(meta.read_text())["status"] == "ok"]
+        ready.sort(key=self._used_at)
+        for home in ready[:max(0, len(ready) - self.settings.cache_size)]:
+            if home.name == keep:
+                continue
+            with self._locked(home.name, fcntl.LOCK_EX | fcntl.LOCK_NB) as handle:
+                if handle is not None:
+                    shutil.rmtree(home, ignore_errors=True)
+
+    @staticmethod
+    def _used_at(home: Path) -> float:
+        used = home / "used"
+        return used.stat().st_mtime if used.exists() else 0.0
+
+
+def _see_base_sites(python: Path, sites: list[str]) -> None:
+    """Make the base's site dirs (a venv's too, which --system-site-packages misses) follow the overlay's."""
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    lines = "".join(f"import site; site.addsitedir({site!r})\n" for site in sites)
+    (Path(purelib) / "_bisector_base.pth").write_text(lines)
+
+
+def worktree_reader(worktree: Path) -> Reader:
+    def read(path: str) -> str | None:
+        file = Path(worktree) / path
+        return file.read_text(errors="replace") if file.is_file() else None
+    return read
