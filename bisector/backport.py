@@ -18,7 +18,7 @@ from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
 from bisector.refs import GitRepo
-from bisector.results import SETTLED
+from bisector.results import RESULT_SCHEMA, SETTLED
 from bisector.seams import Scenario
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
@@ -157,6 +157,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     entries.append(checker.check(name, tip))
                     handler.checked(entries[-1])
                 run.result = {
+                    "schema": RESULT_SCHEMA,
                     "run_id": run.id,
                     "kind": "backport",
                     "fix": fix,

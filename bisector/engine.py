@@ -21,6 +21,7 @@ from bisector.blame import blame_fix, blame_reverse
 from bisector.policies import Batch, BisectPolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
 from bisector.process import Cancelled
 from bisector.refs import GitRepo
+from bisector.results import RESULT_SCHEMA
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seams import Executor, Scenario
 from bisector.seeding import SeedPlan, plan_seeds
@@ -434,6 +435,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                     extra["seeded"] = seeds.as_dict(policy.confirmed)
                 culprit = repo.commit_info(answer.first_new).as_dict() if answer.first_new else None
                 run.result = {
+                    "schema": RESULT_SCHEMA,
                     "run_id": run.id,
                     "mode": "find-fix" if cfg.find_fix else "regression",
                     "good": asked.good, "bad": asked.bad,
