@@ -20,7 +20,7 @@ from bisector.executor import LocalExecutor
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
 from bisector.refs import GitRepo
-from bisector.results import SETTLED
+from bisector.results import RESULT_SCHEMA, SETTLED
 from bisector.seams import Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
@@ -158,6 +158,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     entries.append(checker.check(name, tip))
                     handler.checked(entries[-1])
                 run.result = {
+                    "schema": RESULT_SCHEMA,
                     "run_id": run.id,
                     "kind": "backport",
                     "fix": fix,

@@ -28,6 +28,7 @@ from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, 
                                SearchPolicy)
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS, Cancelled, kill_recorded_groups
 from bisector.refs import GitRepo
+from bisector.results import RESULT_SCHEMA
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seams import Executor, Scenario
 from bisector.seeding import SeedPlan, plan_seeds
@@ -559,6 +560,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> dict:
                 if answer.first_new:
                     extra.update(_pin_change(repo, answer.first_new, cfg))
                 run.result = {
+                    "schema": RESULT_SCHEMA,
                     "run_id": run.id,
                     "mode": "find-fix" if cfg.find_fix else "regression",
                     "good": asked.good, "bad": asked.bad,

@@ -79,6 +79,7 @@ def stand_in(repo, count: int, native_at: set[int], bad_from: int, broken: set[i
         files = {"fixturepkg/__init__.py": package(native if i not in native_at else i, i >= bad_from, i)}
         if i == 0:
             files.update({"setup.py": FIXTURE_SETUP, "check.py": CHECK, build_reqs: "setuptools\n",
+                          "vllm/__init__.py": "",  # `--build auto` builds only trees it knows as vLLM
                           ".gitignore": "build/\n*.so\n*.egg-info/\n"})
         if i in native_at or i == 0:
             native = i
@@ -93,7 +94,7 @@ def run_auto(cli):
     def run(repo, shas, python, state_dir, *extra):
         return cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                    "--state-dir", str(state_dir), "--python", python, "--json", str(state_dir / "r.json"),
-                   *extra, "--", python, "check.py", env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+                   "--build", "auto", *extra, "--", python, "check.py", env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
 
     return run
 
@@ -129,7 +130,7 @@ def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv
     # a second bisection of another range reuses every artifact: no compile at all
     again = cli("run", "--repo", str(repo.path), "--good", shas[1], "--bad", shas[30],
                 "--state-dir", str(state), "--python", venv_python, "--json", str(tmp_path / "2.json"),
-                "--", venv_python, "check.py")
+                "--build", "auto", "--", venv_python, "check.py")
     assert again.returncode == 0, again.stderr
     second = json.loads((tmp_path / "2.json").read_text())
     assert second["first_bad"]["sha"] == shas[17]
@@ -227,7 +228,7 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path, cl
     before = repo.snapshot()
     state = tmp_path / "state"
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--plan",
-               "--rocm-arch", "gfx950", "--state-dir", str(state), "--json", str(tmp_path / "plan.json"),
+               "--build", "auto", "--rocm-arch", "gfx950", "--state-dir", str(state), "--json", str(tmp_path / "plan.json"),
                "--", "true", env={"MAX_JOBS": "7"})
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
@@ -297,7 +298,7 @@ def test_bad_build_options_are_usage_errors(make_repo, tmp_path, cli):
     shas = stand_in(repo, 3, native_at=set(), bad_from=2)
     before = repo.snapshot()
     common = ("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-              "--state-dir", str(tmp_path / "s"))
+              "--state-dir", str(tmp_path / "s"), "--build", "auto")
     for extra, message in ((("--cache-size", "lots"), "--cache-size"),
                            (("--wheels", str(tmp_path / "missing")), "neither a directory"),
                            (("--wheels", "https://example.invalid/wheels/"), "needs {commit}")):

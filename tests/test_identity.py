@@ -253,6 +253,7 @@ def test_every_report_format_of_real_runs_shows_the_command_and_junit_fails_only
                     for case in suite.findall("testcase") if case.get("name") != "answer"]
         assert verdicts == [s["verdict"] for s in result["steps"]]
         assert json.loads(rendered["json"])["command_line"] == result["command_line"]
+        assert json.loads(rendered["json"])["schema"] == 2
 
 
 def test_backport_html_of_a_real_run_colours_verdicts_and_renders_conflicts(tmp_path):
