@@ -327,20 +327,21 @@ def test_markdown_neutralises_hostile_commit_text(make_repo, tmp_path, git_env, 
         assert danger not in plain, (danger, markdown)
 
 
-def test_backport_markdown_neutralises_hostile_branch_names(make_repo, tmp_path, cli, git):
+def test_backport_markdown_neutralises_hostile_branch_names_and_fix_subjects(make_repo, tmp_path, cli, git):
     repo = make_repo()
     shas = repo.linear(2, bad_from=99)
     branch = "rel/<img/src=x/onerror=alert(1)>@everyone"
     git(repo.path, "branch", branch, shas[0])
-    fix = repo.commit("the fix", {"fix.txt": "fixed\n"})
+    fix = repo.commit(HOSTILE, {"fix.txt": "fixed\n"})
     out = tmp_path / "b.md"
     proc = cli("backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel/*",
                     "--markdown", str(out))
     assert proc.returncode in (0, 1), proc.stderr
     markdown = out.read_text()
-    assert "onerror" in markdown
+    assert "onerror" in markdown and "alert(1)" in markdown
     plain = outside_code_spans(markdown)
-    assert "<img" not in plain and "@everyone" not in plain, markdown
+    for danger in ("<script", "<img", "](javascript", "@everyone", "https://"):
+        assert danger not in plain, (danger, markdown)
 
 
 # 12. One lock per repository, whatever the state dir.
