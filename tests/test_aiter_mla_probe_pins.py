@@ -16,7 +16,15 @@ from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.aiter_mla_probe.demo import write_tree
 from bisector.errors import ScenarioError
 from scenarios.base import StepContext, Verdict
-from tests.conftest import bisector, git
+
+pytestmark = pytest.mark.integration
+IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(repo: Path, *args: str) -> str:
+    """git in repo (an argument list), stdout stripped: the fixture repos are built at module level."""
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, **IDENTITY}).stdout.strip()
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")
@@ -258,9 +266,9 @@ def test_held_vllm_judges_aiter_commits(repos, tmp_path, tag, verdict):
 
 
 @needs_torch
-def test_find_fix_on_gfx950_names_the_pin_bump(repos, tmp_path):
+def test_find_fix_on_gfx950_names_the_pin_bump(repos, tmp_path, cli):
     shas = repos["vllm_shas"]
-    result = bisector("run", "--repo", str(repos["vllm"]), "--scenario", "aiter-mla-probe", "--find-fix",
+    result = cli("run", "--repo", str(repos["vllm"]), "--scenario", "aiter-mla-probe", "--find-fix",
                       "--bad", shas["c0"], "--good", shas["c2"], "--option", "arch=gfx950",
                       "--option", f"aiter_repo={repos['aiter']}", "--json", str(tmp_path / "answer.json"),
                       env={**os.environ})

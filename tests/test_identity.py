@@ -14,6 +14,7 @@ import pytest
 
 from bisector.engine import RunConfig, run_bisection
 
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
        "GIT_COMMITTER_NAME": "Test Committer", "GIT_COMMITTER_EMAIL": "committer@example.com"}
