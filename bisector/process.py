@@ -129,6 +129,24 @@ def kill_recorded_groups(directory: Path) -> list[int]:
     return killed
 
 
+def start_group(argv: list[str], cwd: Path, env: Mapping[str, str], output) -> subprocess.Popen:
+    """Start argv in a process group of its own under the step leader (it dies with the driver) and record
+    the group, as run_process does; stop it with stop_group. For scenarios that run several processes
+    at once (data-parallel ranks)."""
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), *argv], cwd=cwd,
+                            env=dict(env), stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    GROUPS.add(proc, argv)
+    return proc
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Kill what is left of a start_group process's group (engine cores, workers) and forget it."""
+    _kill_group(proc.pid)
+    proc.wait()
+    GROUPS.remove(proc)
+
+
 @dataclass(frozen=True)
 class Limits:
     """When a step's process must stop early: after `timeout` seconds, or once `cancel` is set."""
@@ -152,15 +170,12 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, limits: Limits = Lim
     scan = MarkerScan(markers)
     read_fd, write_fd = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), *argv], cwd=cwd,
-                                env=full_env, stdout=write_fd, stderr=write_fd, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = start_group(argv, cwd, full_env, write_fd)
     except BaseException:
         os.close(read_fd)
         raise
     finally:
         os.close(write_fd)
-    GROUPS.add(proc, argv)
     try:
         with CappedLog(log_path, GROUPS.log_limit) as log:
             try:

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from bisector.process import Cancelled, ProcessResult, _kill_group
+from bisector.process import Cancelled, ProcessResult, start_group, stop_group
 from scenarios.dpa_fp8_kv.child import OK_MARKER
 from scenarios.dpa_fp8_kv.plan import Launch
 
@@ -27,15 +27,13 @@ def run_ranks(launches: list[Launch], cwd: Path, log_dir: Path,
     procs: list[subprocess.Popen] = []
     try:
         for launch, log in zip(launches, logs):
-            with open(log, "wb") as out:
-                procs.append(subprocess.Popen(launch.argv, cwd=cwd, env=launch.env, stdout=out,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+            with open(log, "wb") as out:  # each rank dies with the driver, like any step
+                procs.append(start_group(launch.argv, cwd, launch.env, out))
         timed_out = _wait(procs, logs, start + max(launch.timeout for launch in launches), cancel)
         running = [proc.poll() is None for proc in procs]
     finally:
         for proc in procs:
-            _kill_group(proc)  # also reaps engine-core and worker processes left behind
+            stop_group(proc)  # also reaps engine-core and worker processes left behind
     seconds = time.monotonic() - start
     return [ProcessResult(None if was_running else proc.returncode, timed_out and was_running, seconds,
                           log.read_text(errors="replace"))
