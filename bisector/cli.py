@@ -98,6 +98,11 @@ def check_writable(option: str, path: Path | None) -> None:
         raise UsageError(f"{option} {path}: is a directory")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{option} {path}: not writable")
+    if not path.exists() and not parent.exists():
+        try:
+            parent.mkdir(parents=True)  # the user named this place: make it, as the state dir is made
+        except OSError as exc:
+            raise UsageError(f"{option} {path}: cannot create {parent} ({exc.strerror})") from None
     if not path.exists() and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
         raise UsageError(f"{option} {path}: cannot create a file there ({parent} "
                          f"{'is not writable' if parent.is_dir() else 'does not exist'})")

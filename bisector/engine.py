@@ -392,7 +392,7 @@ def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> st
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
                        cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
                       + ([cfg.signature] if cfg.signature else [])
-                      + ([cfg.prefilter.name, cfg.prefilter.fingerprint()] if cfg.prefilter else []))
+                      + ([cfg.prefilter.identity(cfg.python)] if cfg.prefilter else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -94,11 +94,13 @@ def _run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether pid runs: a zombie (killed, its parent gone, not yet reaped by init) does not."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True
+    return state not in ("Z", "X")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
                           env={**os.environ, **IDENTITY}).stdout.strip()
 
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                  reason="torch not installed; pip install 'bisector[probe]'")
 
@@ -54,8 +55,6 @@ import torch
 from aiter import dtypes
 
 from ..jit.utils.chip_info import get_gfx
-
-pytestmark = pytest.mark.integration
 
 
 def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
@@ -242,12 +241,12 @@ def test_rule_fallback_is_named_in_details(tmp_path):
     assert outcome.reason.endswith("hand-written AITER tile rule")
 
 
-def test_fingerprint_follows_the_aiter_refs(repos):
+def test_identity_follows_the_aiter_refs(repos):
     probe = AiterMLAProbe({"aiter_repo": str(repos["aiter"])})
-    before = probe.fingerprint()
-    assert AiterMLAProbe({"aiter_repo": str(repos["aiter"])}).fingerprint() == before
+    before = probe.identity(sys.executable)
+    assert AiterMLAProbe({"aiter_repo": str(repos["aiter"])}).identity(sys.executable) == before
     git(repos["aiter"], "tag", "-f", "v1.0", "v2.0")  # the tag now names another commit
-    assert AiterMLAProbe({"aiter_repo": str(repos["aiter"])}).fingerprint() != before
+    assert AiterMLAProbe({"aiter_repo": str(repos["aiter"])}).identity(sys.executable) != before
 
 
 def test_vllm_repo_and_ref_go_together():

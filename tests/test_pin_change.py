@@ -25,7 +25,8 @@ def test_a_culprit_that_bumps_the_aiter_pin_is_named_as_such(make_repo, tmp_path
     assert f"vllm_ref={shas[5]}" in result["pin_continuation"]
     for text in (out.stdout, (tmp_path / "r.md").read_text()):
         assert "this commit moves AITER v0.1.10.post3 → v0.1.13; the behaviour change may come from AITER" in text
-    html = cli("report", "latest", "--state-dir", str(tmp_path / "state"), "--format", "html")
+    html = cli("report", "latest", "--repo", str(repo.path), "--state-dir", str(tmp_path / "state"),
+               "--format", "html")
     assert "moves AITER v0.1.10.post3 → v0.1.13" in html.stdout
 
     quiet = cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",

@@ -3,7 +3,6 @@ decode kernel gets? CPU only: the builder runs from source in a child interprete
 the checkout pins (its own `get_mla_metadata_info_v1`), or the hand-written tile rule where none is pinned."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -36,14 +35,11 @@ class AiterMLAProbe(BaseScenario):
             raise ScenarioError("options vllm_repo and vllm_ref go together: they hold vLLM at one commit "
                                 "while the repository bisected is AITER")
 
-    def fingerprint(self) -> str:
-        """Options, plus the refs of the AITER repository named or cached: a pin that could now resolve to
-        another AITER commit gives another cache key."""
-        repos = {self.options["aiter_repo"] or sources.DEFAULT_AITER_REPO}
-        blob = json.dumps({"name": self.name, "version": self.version, "options": self.options,
-                           "aiter_refs": {repo: sources.refs_digest(repo) for repo in sorted(repos)}},
-                          sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    def identity(self, python: str) -> dict:
+        """The scenario's identity plus the refs of the AITER repository named or cached: a pin that could
+        now resolve to another AITER commit gives another cache key."""
+        repo = self.options["aiter_repo"] or sources.DEFAULT_AITER_REPO
+        return {**super().identity(python), "aiter_refs": {repo: sources.refs_digest(repo)}}
 
     def environment(self, python: str) -> dict:
         """The probe runs the checkout's Python against torch in the --python environment."""
