@@ -34,7 +34,7 @@ class ProcessResult:
     timed_out: bool
     seconds: float
     output: str  # combined stdout+stderr, as written to the (capped) log
-    marked: tuple[str, ...] = ()  # lines holding one of the asked markers, seen over the whole output
+    marked: tuple[str, ...] = ()  # lines holding a watched marker (watch_for), seen over the whole output
 
     @property
     def signal_name(self) -> str | None:
@@ -129,11 +129,19 @@ def kill_recorded_groups(directory: Path) -> list[int]:
     return killed
 
 
+MARKERS: set[str] = set()  # substrings whose lines every run collects (ProcessResult.marked)
+
+
+def watch_for(*markers: str) -> None:
+    """Collect, from every command's whole output as it streams, the lines holding any of markers
+    (scenarios register their fault signatures' literal parts here)."""
+    MARKERS.update(m for m in markers if m)
+
+
 def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
-                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None,
-                markers: Sequence[str] = ()) -> ProcessResult:
+                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None) -> ProcessResult:
     """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,
-    cancel or driver stop kill the group. Lines holding any of `markers` are collected as they stream."""
+    cancel or driver stop kill the group. Lines holding a watched marker are collected as they stream."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
@@ -141,7 +149,7 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     timed_out = False
-    scan = MarkerScan(markers)
+    scan = MarkerScan(sorted(MARKERS))
     read_fd, write_fd = os.pipe()
     try:
         proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), *argv], cwd=cwd,

@@ -286,9 +286,10 @@ def test_unwritable_output_path_is_refused_before_any_step(make_repo, tmp_path):
     repo = make_repo()
     shas = repo.linear(3, bad_from=1)
     state = tmp_path / "state"
+    (tmp_path / "a-file").write_text("")
     for option in ("--json", "--markdown"):
         proc = bisector("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                        "--state-dir", str(state), option, str(tmp_path / "no" / "such" / "dir" / "out"),
+                        "--state-dir", str(state), option, str(tmp_path / "a-file" / "dir" / "out"),
                         "--", *STATE_IS_GOOD)
         assert option in one_line_error(proc)
         assert not (state / "logs").exists()
