@@ -151,15 +151,18 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
     timed_out = False
     scan = MarkerScan(sorted(MARKERS))
     read_fd, write_fd = os.pipe()
+    status_read, status_write = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), *argv], cwd=cwd,
-                                env=full_env, stdout=write_fd, stderr=write_fd, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), str(status_write),
+                                 *argv], cwd=cwd, env=full_env, stdout=write_fd, stderr=write_fd,
+                                stdin=subprocess.DEVNULL, pass_fds=(status_write,), start_new_session=True)
     except BaseException:
         os.close(read_fd)
+        os.close(status_read)
         raise
     finally:
         os.close(write_fd)
+        os.close(status_write)
     GROUPS.add(proc, argv)
     try:
         with CappedLog(log_path, GROUPS.log_limit) as log:
@@ -177,18 +180,20 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
                 _kill_group(proc.pid)
                 proc.wait()
                 raise
-            _kill_group(proc.pid)  # what the command left behind (daemons, stray workers), or all of it on timeout
+            _kill_group(proc.pid)  # on timeout; else the leader has killed the group already
             proc.wait()
-            if GROUPS.stopping and not timed_out and proc.returncode == -signal.SIGKILL:
+            status = os.read(status_read, 64).strip()  # the command's exit, written as the leader ended
+            if not status and GROUPS.stopping and not timed_out:
                 raise Cancelled()
             while _pump(read_fd, log, scan, 0.2):  # the rest of the output (a setsid grandchild may hold the pipe)
                 pass
     finally:
         os.close(read_fd)
+        os.close(status_read)
         GROUPS.remove(proc)
     output = log_path.read_text(errors="replace")
-    return ProcessResult(None if timed_out else proc.returncode, timed_out, time.monotonic() - start,
-                         output, tuple(scan.found))
+    returncode = None if timed_out else int(status) if status else proc.returncode
+    return ProcessResult(returncode, timed_out, time.monotonic() - start, output, tuple(scan.found))
 
 
 def _pump(fd: int, log: "CappedLog", scan: "MarkerScan", wait: float) -> bool:

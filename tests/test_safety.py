@@ -161,6 +161,7 @@ def test_a_resumed_run_kills_the_process_groups_a_dead_run_left(make_repo, tmp_p
     driver = start_cli(*args)
     assert wait_for(lambda: pids.exists() and pids.read_text().strip()), "driver never started the step"
     leader, sleeper = map(int, pids.read_text().split())
+    os.kill(driver.pid, signal.SIGSTOP)  # frozen, the driver cannot kill the group when its leader dies
     os.kill(leader, signal.SIGKILL)  # leader and driver die together: the parent-death signal finds no one
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
