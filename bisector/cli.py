@@ -90,26 +90,25 @@ def absolute_path(ctx, param, value):
 
 
 def check_writable(option: str, path: Path | None) -> None:
-    """Raise UsageError unless path can be written (checked before any step runs)."""
+    """Raise UsageError unless path can be written (checked before any step runs); missing parent
+    folders are made when it is written."""
     if path is None:
         return
-    parent = path.parent
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"{option} {path}: not writable")
-    if not path.exists() and not parent.exists():
-        try:
-            parent.mkdir(parents=True)  # the user named this place: make it, as the state dir is made
-        except OSError as exc:
-            raise UsageError(f"{option} {path}: cannot create {parent} ({exc.strerror})") from None
-    if not path.exists() and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
-        raise UsageError(f"{option} {path}: cannot create a file there ({parent} "
-                         f"{'is not writable' if parent.is_dir() else 'does not exist'})")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{option} {path}: not writable")
+        return
+    base = next(parent for parent in path.absolute().parents if parent.exists())
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot create a file there ({base} is "
+                         f"{'not writable' if base.is_dir() else 'not a directory'})")
 
 
 def write_output(option: str, path: Path, text: str) -> None:
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror}") from None

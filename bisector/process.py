@@ -34,7 +34,7 @@ class ProcessResult:
     timed_out: bool
     seconds: float
     output: str  # combined stdout+stderr, as written to the (capped) log
-    marked: tuple[str, ...] = ()  # lines holding one of the asked markers, seen over the whole output
+    marked: tuple[str, ...] = ()  # lines holding a watched marker (watch_for), seen over the whole output
 
     @property
     def signal_name(self) -> str | None:
@@ -129,13 +129,21 @@ def kill_recorded_groups(directory: Path) -> list[int]:
     return killed
 
 
+MARKERS: set[str] = set()  # substrings whose lines every run collects (ProcessResult.marked)
+
+
+def watch_for(*markers: str) -> None:
+    """Collect, from every command's whole output as it streams, the lines holding any of markers
+    (scenarios register their fault signatures' literal parts here)."""
+    MARKERS.update(m for m in markers if m)
+
+
 def start_group(argv: list[str], cwd: Path, env: Mapping[str, str], output) -> subprocess.Popen:
-    """Start argv in a process group of its own under the step leader (it dies with the driver) and record
-    the group, as run_process does; stop it with stop_group. For scenarios that run several processes
-    at once (data-parallel ranks)."""
-    proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), *argv], cwd=cwd,
-                            env=dict(env), stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    """Start argv in a process group of its own and record it (killed by GROUPS.stop and by a resumed
+    run); stop it with stop_group. For scenarios that run several processes at once (data-parallel
+    ranks): unlike run_process there is no leader, so they do not die with a SIGKILLed driver at once."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=output, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
     GROUPS.add(proc, argv)
     return proc
 
@@ -147,19 +155,10 @@ def stop_group(proc: subprocess.Popen) -> None:
     GROUPS.remove(proc)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """When a step's process must stop early: after `timeout` seconds, or once `cancel` is set."""
-
-    timeout: float | None = None
-    cancel: threading.Event | None = None
-
-
-def run_process(argv: list[str], cwd: Path, log_path: Path, limits: Limits = Limits(),
-                env: Mapping[str, str] | None = None, markers: Sequence[str] = ()) -> ProcessResult:
+def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
+                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None) -> ProcessResult:
     """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,
-    cancel or driver stop kill the group. Lines holding any of `markers` are collected as they stream."""
-    timeout, cancel = limits.timeout, limits.cancel
+    cancel or driver stop kill the group. Lines holding a watched marker are collected as they stream."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
@@ -167,15 +166,21 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, limits: Limits = Lim
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     timed_out = False
-    scan = MarkerScan(markers)
+    scan = MarkerScan(sorted(MARKERS))
     read_fd, write_fd = os.pipe()
+    status_read, status_write = os.pipe()
     try:
-        proc = start_group(argv, cwd, full_env, write_fd)
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(LEADER), str(os.getpid()), str(status_write),
+                                 *argv], cwd=cwd, env=full_env, stdout=write_fd, stderr=write_fd,
+                                stdin=subprocess.DEVNULL, pass_fds=(status_write,), start_new_session=True)
     except BaseException:
         os.close(read_fd)
+        os.close(status_read)
         raise
     finally:
         os.close(write_fd)
+        os.close(status_write)
+    GROUPS.add(proc, argv)
     try:
         with CappedLog(log_path, GROUPS.log_limit) as log:
             try:
@@ -192,18 +197,20 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, limits: Limits = Lim
                 _kill_group(proc.pid)
                 proc.wait()
                 raise
-            _kill_group(proc.pid)  # what the command left behind (daemons, stray workers), or all of it on timeout
+            _kill_group(proc.pid)  # on timeout; else the leader has killed the group already
             proc.wait()
-            if GROUPS.stopping and not timed_out and proc.returncode == -signal.SIGKILL:
+            status = os.read(status_read, 64).strip()  # the command's exit, written as the leader ended
+            if not status and GROUPS.stopping and not timed_out:
                 raise Cancelled()
             while _pump(read_fd, log, scan, 0.2):  # the rest of the output (a setsid grandchild may hold the pipe)
                 pass
     finally:
         os.close(read_fd)
+        os.close(status_read)
         GROUPS.remove(proc)
     output = log_path.read_text(errors="replace")
-    return ProcessResult(None if timed_out else proc.returncode, timed_out, time.monotonic() - start,
-                         output, tuple(scan.found))
+    returncode = None if timed_out else int(status) if status else proc.returncode
+    return ProcessResult(returncode, timed_out, time.monotonic() - start, output, tuple(scan.found))
 
 
 def _pump(fd: int, log: "CappedLog", scan: "MarkerScan", wait: float) -> bool:
@@ -230,7 +237,7 @@ class CappedLog:
         self.cut = 0
 
     def __enter__(self) -> "CappedLog":
-        self.fh = open(self.path, "wb", buffering=0)  # unbuffered: progress is readable while the step runs
+        self.fh = open(self.path, "wb")
         return self
 
     def write(self, data: bytes) -> None:

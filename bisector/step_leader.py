@@ -1,12 +1,12 @@
 """Leader of a step's process group: dies with the driver and takes the group with it.
 
-Run as `python -I -S step_leader.py DRIVER_PID ARGV...` in a new session. It asks Linux for
+Run as `python -I -S step_leader.py DRIVER_PID STATUS_FD ARGV...` in a new session. It asks Linux for
 SIGTERM when its parent (the driver's thread) dies, and on that signal kills its whole process group.
-Otherwise it runs ARGV and exits as ARGV did (same code, or the same signal).
+Otherwise it runs ARGV, writes ARGV's exit code (negative: the signal) to STATUS_FD, and kills its
+whole group, itself included: nothing the command left in the group outlives it.
 """
 import ctypes
 import os
-import resource
 import signal
 import sys
 
@@ -18,7 +18,8 @@ def kill_group(*_):
 
 
 def main() -> None:
-    driver, argv = int(sys.argv[1]), sys.argv[2:]
+    driver, status_fd, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    os.set_inheritable(status_fd, False)
     signal.signal(signal.SIGTERM, kill_group)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != driver:  # the driver died before the parent-death signal was armed
@@ -36,13 +37,8 @@ def main() -> None:
             break
         except InterruptedError:
             continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.waitstatus_to_exitcode(status))
+    os.write(status_fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    kill_group()
 
 
 if __name__ == "__main__":

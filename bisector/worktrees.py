@@ -30,18 +30,21 @@ class SlotError(Exception):
 
 
 def slot_git(worktree: Path) -> git.Git:
-    """git for a slot's work tree, pinned to the slot's own git dir (from the marker beside it). A tree
-    that is no slot (a Ray node's checkout) gets git that cannot climb above the tree's folder."""
-    worktree = Path(worktree)
-    if not (worktree.parent / MARKER).exists():
+    """git for a tool-made work tree, pinned to its own git dir (from the marker beside it).
+
+    A work tree without the marker (made by a caller) gets git that cannot look above it.
+    """
+    worktree = Path(worktree).absolute()
+    if not (worktree.parent / MARKER).is_file():
+        if not (worktree / ".git").exists():
+            raise SlotError(f"{worktree}: not a git work tree")
         bounded = git.Git(str(worktree))
         bounded.update_environment(GIT_CEILING_DIRECTORIES=str(worktree.parent))
         return bounded
     try:
-        marker = json.loads((worktree.parent / MARKER).read_text())
-        admin = Path(marker["admin"])
+        admin = Path(json.loads((worktree.parent / MARKER).read_text())["admin"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise SlotError(f"{worktree}: its bisector slot marker is unreadable") from None
+        raise SlotError(f"{worktree}: unreadable bisector slot marker") from None
     if not (admin / "commondir").is_file() or admin.parent.name != "worktrees":
         raise SlotError(f"{worktree}: its git dir {admin} is gone")
     pinned = git.Git(str(worktree))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar, Mapping
 
 from bisector.errors import ScenarioError
+from bisector.process import watch_for
 
 
 class Verdict(str, Enum):
@@ -164,6 +165,7 @@ FAULT_SIGNATURES = (
     FaultSignature("HSA_STATUS_ERROR_EXCEPTION", "0x1016"),
 )
 FAULT_MARKERS = tuple(sig.marker for sig in FAULT_SIGNATURES)
+watch_for(*FAULT_MARKERS)  # every command's output is scanned for them as it streams
 FAULT_LINE_CHARS = 500  # a fault line is reported by its first characters
 
 

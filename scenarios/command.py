@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 from bisector.errors import ScenarioAbort, ScenarioError
-from bisector.process import Limits, run_process
+from bisector.process import run_process
 from bisector.signatures import failure_signature
-from scenarios.base import FAULT_MARKERS, BaseScenario, Outcome, StepContext, Verdict, fault_lines, python_environment
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines, python_environment
 
 SKIP_EXIT = 125
 
@@ -43,8 +43,7 @@ class CommandScenario(BaseScenario):
         if _is_checkout_relative(argv[0]) and candidate.exists():
             argv[0] = str(candidate)
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, Limits(ctx.timeout, ctx.cancel), ctx.env,
-                                 FAULT_MARKERS)
+            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
 ROOT = Path(__file__).resolve().parents[1]
 
 KILLS = 50
@@ -53,6 +52,19 @@ def wait_until_locked(driver: subprocess.Popen, lock: Path) -> None:
         except OSError:
             pass
         time.sleep(0.01)
+
+
+def describe(pids: list[int]) -> list[str]:
+    """pid, parent and command line of each process, for failure messages."""
+    lines = []
+    for pid in pids:
+        try:
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"{pid} (parent {ppid}): {cmdline.strip()}")
+    return lines
 
 
 def gone(root: Path, seconds: float = 2.0) -> bool:
@@ -90,8 +102,9 @@ def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
     step.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         id=$(cat counter.txt)-$1
-        for pid in $(cat {marks}/running.$id 2>/dev/null); do
-            kill -0 $pid 2>/dev/null && echo "$id: $pid still running as $$ starts" >> {marks}/overlaps
+        for pid in $(cat {marks}/running.$id 2>/dev/null); do  # alive: in /proc and not a zombie
+            state=$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)
+            [ -n "$state" ] && [ "$state" != Z ] && echo "$id: $pid still running as $$ starts" >> {marks}/overlaps
         done
         echo $$ >> {marks}/running.$id
         sleep 3 >/dev/null 2>&1 &  # a stray worker: the step's group must not outlive the driver
@@ -117,7 +130,7 @@ def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
                 driver.kill()
                 kills += 1
             driver.wait()
-            assert gone(tmp_path), f"processes outlived the driver killed at kill {kills}"
+            assert gone(tmp_path), f"outlived the driver killed at kill {kills}: {describe(tool_processes(tmp_path))}"
         done = cli(*args)
         assert done.returncode == 0, done.stderr
         assert json.loads((tmp_path / "r.json").read_text())["culprit"]["sha"] == shas[11]

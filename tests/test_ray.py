@@ -71,8 +71,11 @@ def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp
 
 
 # The first attempt on commit 3 records its Ray worker's pid and sleeps until the test kills the worker.
+# The Ray worker is the parent of the step's leader (the script's parent).
 FIRST_ATTEMPT_LOSES_ITS_WORKER = """
-if [ "$n" = 3 ] && [ ! -f $PIDS/killed ]; then echo $$ > $PIDS/sleeper; echo $PPID > $PIDS/worker; exec sleep 60; fi
+if [ "$n" = 3 ] && [ ! -f $PIDS/killed ]; then
+  echo $$ > $PIDS/sleeper; cut -d' ' -f4 /proc/$PPID/stat > $PIDS/worker; exec sleep 60
+fi
 grep -q good state
 """
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -166,6 +165,7 @@ def test_a_resumed_run_kills_the_process_groups_a_dead_run_left(make_repo, tmp_p
     driver = start_cli(*args)
     assert wait_for(lambda: pids.exists() and pids.read_text().strip()), "driver never started the step"
     leader, sleeper = map(int, pids.read_text().split())
+    os.kill(driver.pid, signal.SIGSTOP)  # frozen, the driver cannot kill the group when its leader dies
     os.kill(leader, signal.SIGKILL)  # leader and driver die together: the parent-death signal finds no one
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
@@ -291,9 +291,10 @@ def test_unwritable_output_path_is_refused_before_any_step(make_repo, tmp_path, 
     repo = make_repo()
     shas = repo.linear(3, bad_from=1)
     state = tmp_path / "state"
+    (tmp_path / "a-file").write_text("")
     for option in ("--json", "--markdown"):
         proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                        "--state-dir", str(state), option, str(tmp_path / "no" / "such" / "dir" / "out"),
+                        "--state-dir", str(state), option, str(tmp_path / "a-file" / "dir" / "out"),
                         "--", *state_is_good)
         assert option in one_line_error(proc)
         assert not (state / "logs").exists()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bisector.errors import ScenarioError
-from bisector.process import Limits, run_process
+from bisector.process import run_process
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
@@ -58,7 +58,7 @@ class AiterMLAProbe(BaseScenario):
         env = {**ctx.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), inherited]))}
         timeout = ctx.timeout or DEFAULT_TIMEOUT
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, Limits(timeout, ctx.cancel), env)
+            result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log)
         if result.timed_out:
