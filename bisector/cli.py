@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bisector import __version__, doctor, report
-from bisector.builds import STRATEGIES, BuildSettings, NoBuild
+from bisector.builds import STRATEGIES, BuildSettings
 from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import BackportConfig, run_backport
 from bisector.engine import (Judge, RunConfig, calibrate, default_state_dir, judge_one, plan_bisection,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import functools
 import json
 import os
 import posixpath
@@ -23,7 +24,7 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -140,9 +141,9 @@ print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "version":
 
 _TORCH_ORIGIN = "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s else '')"
 
-_VERSIONS = r"""
+_ENVIRONMENT_PROBE = """
 import importlib.metadata as md, json, sys
-found = {}
+found = {"python": sys.version.split()[0], "prefix": sys.prefix}
 for name in sys.argv[1:]:
     try:
         found[name] = md.version(name)
@@ -150,6 +151,20 @@ for name in sys.argv[1:]:
         found[name] = None
 print(json.dumps(found))
 """
+
+
+@functools.lru_cache(maxsize=None)
+def python_environment(python: str, distributions: tuple[str, ...] = ()) -> dict:
+    """The --python interpreter's version and prefix, and the installed versions of distributions
+    (None when absent), read from package metadata without importing them."""
+    executable = shutil.which(python) or python
+    try:
+        out = subprocess.run([executable, "-c", _ENVIRONMENT_PROBE, *distributions], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        found = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"python": f"unavailable: {python} ({type(exc).__name__})"}
+    return {**found, "executable": str(Path(executable).absolute())}
 
 
 def base_fingerprint(python: str) -> dict:
@@ -270,7 +285,6 @@ class EnvStore(_Opened):
         self.settings, self.root = settings, Path(root)
         self.uv = uv_binary()
         self._base: dict | None = None
-        self._versions: dict[tuple, dict] = {}
         self.lock = threading.Lock()
 
     @property
@@ -333,12 +347,8 @@ class EnvStore(_Opened):
 
     def versions(self, environment: Environment, names) -> dict:
         """Installed versions of names as the environment's python sees them (remembered per key)."""
-        wanted = (environment.key, tuple(names))
-        if wanted not in self._versions:
-            out = subprocess.run([environment.python, "-c", _VERSIONS, *names], capture_output=True, text=True,
-                                 timeout=120)
-            self._versions[wanted] = json.loads(out.stdout) if out.returncode == 0 else {}
-        return self._versions[wanted]
+        found = python_environment(environment.python, tuple(names))
+        return {name: found.get(name) for name in names}
 
     @contextlib.contextmanager
     def _locked(self, key: str, mode: int) -> Iterator:

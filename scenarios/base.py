@@ -3,10 +3,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import re
-import shutil
-import subprocess
 import sys
 import threading
 from abc import ABC, abstractmethod
@@ -15,6 +11,7 @@ from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Mapping
 
+from bisector.envs import python_environment
 from bisector.errors import ScenarioError
 from bisector.process import watch_for
 
@@ -130,32 +127,6 @@ def source_hash(cls: type) -> str:
     for path in files:
         digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
-
-
-_ENVIRONMENT_PROBE = """
-import importlib.metadata as md, json, sys
-found = {"python": sys.version.split()[0], "prefix": sys.prefix}
-for name in sys.argv[1:]:
-    try:
-        found[name] = md.version(name)
-    except md.PackageNotFoundError:
-        found[name] = None
-print(json.dumps(found))
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def python_environment(python: str, distributions: tuple[str, ...] = ()) -> dict:
-    """The --python interpreter's version and prefix, and the installed versions of distributions
-    (None when absent), read from package metadata without importing them."""
-    executable = shutil.which(python) or python
-    try:
-        out = subprocess.run([executable, "-c", _ENVIRONMENT_PROBE, *distributions], capture_output=True,
-                             text=True, timeout=60, check=True).stdout
-        found = json.loads(out)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return {"python": f"unavailable: {python} ({type(exc).__name__})"}
-    return {**found, "executable": str(Path(executable).absolute())}
 
 
 # A GPU memory fault as a parent process sees it (ROCm runtime / HSA).

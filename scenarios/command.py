@@ -5,10 +5,11 @@ import hashlib
 import shutil
 from pathlib import Path
 
+from bisector.envs import python_environment
 from bisector.errors import ScenarioAbort, ScenarioError
 from bisector.process import run_process
 from bisector.signatures import failure_signature
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines, python_environment
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
 SKIP_EXIT = 125
 

@@ -8,11 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+from bisector.envs import python_environment
 from bisector.errors import ScenarioError
 from bisector.process import run_process
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 120.0

@@ -7,10 +7,11 @@ import socket
 import tempfile
 from pathlib import Path
 
-from bisector.process import ProcessResult
 from bisector.builds.native import installed_rocm_version
+from bisector.envs import python_environment
+from bisector.process import ProcessResult
 from bisector.signatures import failure_signature
-from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, python_environment
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
 from scenarios.dpa_fp8_kv.config import write_model_dir
