@@ -237,7 +237,7 @@ class CappedLog:
         self.cut = 0
 
     def __enter__(self) -> "CappedLog":
-        self.fh = open(self.path, "wb")
+        self.fh = open(self.path, "wb", buffering=0)  # unbuffered: progress is readable while the step runs
         return self
 
     def write(self, data: bytes) -> None:
