@@ -31,16 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 from bisector.envs import EnvSettings, environment_key  # noqa: E402
 from bisector.refs import GitRepo  # noqa: E402
 from bisector.search import Bisection, Term  # noqa: E402
-
-
-def default_repo() -> Path:
-    for candidate in (Path("/work/vllm-rel"), Path("/tmp/vllm-rel"), Path.home() / ".cache/bisector-bench/vllm-rel"):
-        if (candidate / ".git").exists():
-            return candidate
-    target = Path.home() / ".cache/bisector-bench/vllm-rel"
-    tool = HERE.parent.parent / "shared/tools/vllm-release-repo"
-    subprocess.run([sys.executable, str(tool), str(target)], check=True)
-    return target
+from steps import default_repo  # noqa: E402  (the release repo the benches share)
 
 
 def tested_commits(commits: list[tuple[str, tuple]], good: str, culprit_index: int) -> list[str]:
