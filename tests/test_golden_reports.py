@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bisector import report
+from bisector.results import Plan
 
 pytestmark = pytest.mark.unit
 
@@ -75,4 +76,4 @@ def test_runs_listing_matches_its_golden():
 
 
 def test_plan_matches_its_golden():
-    check("plan.txt", report.plan_text(json.loads((FIXTURES / "plan.json").read_text())) + "\n")
+    check("plan.txt", report.plan_text(Plan.from_json(json.loads((FIXTURES / "plan.json").read_text()))) + "\n")
