@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar, Mapping, Sequence, Union
+from typing import ClassVar, Mapping, Sequence
 
 from bisector.errors import EXIT_FOUND, EXIT_INCONCLUSIVE
 
@@ -411,7 +411,7 @@ class BackportResult:
                    executions=data["executions"], resumed_from=data.get("resumed_from"))
 
 
-Result = Union[BisectResult, BackportResult]
+Result = BisectResult | BackportResult
 RESULTS: dict[str, type[BisectResult] | type[BackportResult]] = {"bisect": BisectResult, "backport": BackportResult}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bisector.errors import EXIT_FOUND, EXIT_INCONCLUSIVE
-from bisector.results import RESULT_SCHEMA, BackportResult, BisectResult, StoredRun
+from bisector.results import RESULT_SCHEMA, RESULTS, BackportResult, BisectResult, StoredRun
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ CURRENT = sorted(path.stem for path in FIXTURES.glob("*.json")
 def test_a_current_record_reads_back_to_the_same_record_without_the_culprit_twice(name):
     row = stored(name)
     record = row["result"]
-    result = {"bisect": BisectResult, "backport": BackportResult}[row["kind"]].from_json(record)
+    result = RESULTS[row["kind"]].from_json(record)
     written = result.to_json()
     assert "first_bad" not in written and "first_good" not in written  # the culprit is stored once
     assert written == {key: value for key, value in record.items() if key not in ("first_bad", "first_good")}
@@ -64,7 +64,7 @@ def test_ends_are_always_tuples_and_records_keep_one_sha_as_a_string():
                                         ("backport-scenario", EXIT_INCONCLUSIVE)])
 def test_exit_code_follows_the_answer(name, code):
     row = stored(name)
-    result = {"bisect": BisectResult, "backport": BackportResult}[row["kind"]].from_json(row["result"])
+    result = RESULTS[row["kind"]].from_json(row["result"])
     assert result.exit_code == code
 
 
