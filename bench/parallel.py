@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bisector.engine import RunConfig, run_bisection  # noqa: E402
+from bisector.engine.config import RunConfig  # noqa: E402
+from bisector.engine.run import run_bisection  # noqa: E402
 from bisector.executor import Placement, RayExecutor, ray_runtime_env  # noqa: E402
 from scenarios.command import CommandScenario  # noqa: E402
 
@@ -88,10 +89,10 @@ def main() -> None:
         print(f"{'executor':<10}{'K':>3}{'rounds':>8}{'steps':>7}{'seconds':>9}{'≈ rounds×step':>15}")
         for k in (1, 2, 4, 8):
             result, seconds = engine_run(repo, shas, argv, k, Path(tmp) / f"local-{k}")
-            assert result["culprit"]["sha"] == shas[args.culprit], result["culprit"]
-            print(f"{'local':<10}{k:>3}{result['rounds']:>8}{len(result['steps']):>7}{seconds:>9.2f}"
-                  f"{result['rounds'] * args.sleep:>15.2f}")
-            figures[f"k{k}_rounds"], figures[f"k{k}_seconds"] = str(result["rounds"]), f"{seconds:.2f}"
+            assert result.culprit and result.culprit.sha == shas[args.culprit], result.culprit
+            print(f"{'local':<10}{k:>3}{result.rounds:>8}{len(result.steps):>7}{seconds:>9.2f}"
+                  f"{result.rounds * args.sleep:>15.2f}")
+            figures[f"k{k}_rounds"], figures[f"k{k}_seconds"] = str(result.rounds), f"{seconds:.2f}"
         figures["speedup_k4"] = f"{float(figures['k1_seconds']) / float(figures['k4_seconds']):.2f}"
         if not args.no_ray:
             import ray
@@ -99,11 +100,11 @@ def main() -> None:
             executor = RayExecutor(Placement(4, None, 0, 0, str(repo)), cache_dir=str(Path(tmp) / "node-cache"))
             for label, key in (("cold", "ray_k4_cold"), ("warm", "ray_k4")):
                 result, seconds = engine_run(repo, shas, argv, 4, Path(tmp) / f"ray-4-{label}", executor)
-                assert result["culprit"]["sha"] == shas[args.culprit], result["culprit"]
-                print(f"{'ray':<10}{4:>3}{result['rounds']:>8}{len(result['steps']):>7}{seconds:>9.2f}"
-                      f"{result['rounds'] * args.sleep:>15.2f}  ({label}: workers and node clone "
+                assert result.culprit and result.culprit.sha == shas[args.culprit], result.culprit
+                print(f"{'ray':<10}{4:>3}{result.rounds:>8}{len(result.steps):>7}{seconds:>9.2f}"
+                      f"{result.rounds * args.sleep:>15.2f}  ({label}: workers and node clone "
                       f"{'started' if label == 'cold' else 'reused'})")
-                figures[f"{key}_rounds"], figures[f"{key}_seconds"] = str(result["rounds"]), f"{seconds:.2f}"
+                figures[f"{key}_rounds"], figures[f"{key}_seconds"] = str(result.rounds), f"{seconds:.2f}"
             ray.shutdown()
         culprit, steps, seconds = git_bisect_run(repo, shas, argv)
         assert culprit == shas[args.culprit], culprit

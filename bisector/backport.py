@@ -5,6 +5,7 @@ worktrees; the user's branches only change with create_branches (a new backport/
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -13,14 +14,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.builds import NoBuild
-from bisector.engine import Judge, RunContext, open_builder, open_state
+from bisector.engine.driver import RunContext
+from bisector.engine.judge import Judge
+from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
 from bisector.refs import GitRepo
-from bisector.results import RESULT_SCHEMA, SETTLED
+from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict
 from bisector.seams import Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
@@ -28,8 +31,10 @@ from bisector.worktrees import WorktreePool
 MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BackportConfig:
+    """The settings of one backport check (the options of `bisector backport`)."""
+
     repo: Path
     fix: str
     branches: Sequence[str]  # globs over local and remote-tracking branch names
@@ -50,7 +55,7 @@ class BackportHandler:
     """Receives per-branch events; the CLI's progress display overrides what it shows."""
 
     def checking(self, branch: str, tip: str) -> None: ...
-    def checked(self, entry: dict) -> None: ...
+    def checked(self, entry: BranchEntry) -> None: ...
 
 
 def decide(pick: str, before: str | None, after: str | None, target_present: bool) -> str:
@@ -127,8 +132,8 @@ def matching_branches(repo: GitRepo, globs: Sequence[str]) -> list[tuple[str, st
     return sorted(found.items(), key=lambda item: _natural(item[0]))
 
 
-def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> dict:
-    """Validate, then check every matching branch; returns the result stored in the run's row."""
+def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> BackportResult:
+    """Validate, then check every matching branch; returns the result (its record is stored in the run's row)."""
     handler = handler or BackportHandler()
     if not cfg.branches:
         raise UsageError("give at least one --branches GLOB")
@@ -157,24 +162,13 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     handler.checking(name, tip)
                     entries.append(checker.check(name, tip))
                     handler.checked(entries[-1])
-                run.result = {
-                    "schema": RESULT_SCHEMA,
-                    "run_id": run.id,
-                    "kind": "backport",
-                    "fix": fix,
-                    "fix_ref": cfg.fix,
-                    "fix_subject": repo.commit_info(fix).subject,
-                    "scenario": judge.key if judge else None,
-                    "cache_key": judge.key_parts if judge else None,
-                    "command_line": list(cfg.command_line),
-                    "repo": str(repo.root),
-                    "globs": list(cfg.branches),
-                    "branches": entries,
-                    "executions": ctx.executions if ctx else 0,
-                    "ok": all(entry["verdict"] in SETTLED for entry in entries),
-                    "resumed_from": run.resumed_from,
-                }
-            return run.result
+                result = BackportResult(
+                    run_id=run.id, fix=fix, fix_ref=cfg.fix, fix_subject=repo.commit_info(fix).subject,
+                    scenario=judge.key if judge else None, cache_key=judge.key_parts if judge else None,
+                    command_line=tuple(cfg.command_line), repo=str(repo.root), globs=tuple(cfg.branches),
+                    branches=tuple(entries), executions=ctx.executions if ctx else 0, resumed_from=run.resumed_from)
+                run.result = result.to_json()
+            return result
         finally:
             GROUPS.stop()
             executor.shutdown()
@@ -189,35 +183,33 @@ class _BranchChecker:
         self.fix, self.create_branches = fix, create_branches
         self.fix_hunks = diff_hunks(repo, fix)
 
-    def check(self, name: str, tip: str) -> dict:
-        entry = {"branch": name, "tip": tip, "pick": "none", "before": None, "after": None,
-                 "verdict": None, "equivalent": None, "conflicts": [], "picked": None, "target": None,
-                 "reason": "", "before_reason": None, "after_reason": None, "backport_branch": None}
+    def check(self, name: str, tip: str) -> BranchEntry:
         if self.repo.is_ancestor(self.fix, tip):
-            return {**entry, "verdict": "contains", "reason": "the fix is an ancestor of the tip"}
+            return BranchEntry(branch=name, tip=tip, verdict="contains", reason="the fix is an ancestor of the tip")
         equivalent = find_equivalent(self.repo, self.fix, tip)
         if equivalent:
             sha, how = equivalent
-            return {**entry, "verdict": "already-picked", "equivalent": sha,
-                    "reason": f"{sha[:12]} carries the fix ({how})"}
+            return BranchEntry(branch=name, tip=tip, verdict="already-picked", equivalent=sha,
+                               reason=f"{sha[:12]} carries the fix ({how})")
         present = target_present(self.fix_hunks, lambda path: self.repo.file_text(tip, path))
-        entry["target"] = "present" if present else "absent"
-        if self.ctx:
-            before = self._judge(tip, "before")
-            entry["before"], entry["before_reason"] = before.verdict, before.reason
+        before = self._judge(tip, "before") if self.ctx else None
         with self.pool.checkout(tip) as worktree:
             pick = cherry_pick(self.repo, worktree, self.fix)
-        entry["pick"], entry["picked"] = pick.status, pick.sha
-        entry["conflicts"] = list(pick.conflicts)
-        if entry["before"] == "bad" and pick.status != "conflict":
-            after = self._judge(pick.sha, "after") if pick.sha else before
-            entry["after"] = after.verdict
-            entry["after_reason"] = after.reason if pick.sha else "empty pick: the tip already has " \
-                                                                  "the fix's changes"
-        entry["verdict"] = decide(pick.status, entry["before"], entry["after"], present)
-        entry["reason"] = self._reason(entry)
-        if self.create_branches and pick.sha and entry["verdict"] in ("verified", "applies-unverified"):
-            entry["backport_branch"] = self._create_branch(name, pick.sha)
+        after, after_reason = None, None
+        if before and before.verdict == "bad" and pick.status != "conflict":
+            judged = self._judge(pick.sha, "after") if pick.sha else before
+            after = judged.verdict
+            after_reason = judged.reason if pick.sha else "empty pick: the tip already has the fix's changes"
+        before_verdict = before.verdict if before else None
+        entry = BranchEntry(branch=name, tip=tip, pick=pick.status, before=before_verdict, after=after,
+                            verdict=decide(pick.status, before_verdict, after, present),
+                            conflicts=tuple(Conflict(file=c["file"], kind=c["kind"], hunks=tuple(c["hunks"]))
+                                            for c in pick.conflicts),
+                            picked=pick.sha, target="present" if present else "absent",
+                            before_reason=before.reason if before else None, after_reason=after_reason)
+        entry = dataclasses.replace(entry, reason=self._reason(entry))
+        if self.create_branches and pick.sha and entry.verdict in ("verified", "applies-unverified"):
+            entry = dataclasses.replace(entry, backport_branch=self._create_branch(name, pick.sha))
         return entry
 
     def _judge(self, sha: str, role: str) -> Execution:
@@ -226,29 +218,29 @@ class _BranchChecker:
         self.ctx.add_step(sha, role, 0, execution, cached)
         return execution
 
-    def _reason(self, entry: dict) -> str:
-        verdict = entry["verdict"]
+    def _reason(self, entry: BranchEntry) -> str:
+        verdict = entry.verdict
         if verdict == "not-affected":
             return "scenario good before the pick; the code the fix changes is not on the branch"
         if verdict == "already-fixed":
-            return ("the fix's changes are already on the branch (empty pick)" if entry["before"] is None
+            return ("the fix's changes are already on the branch (empty pick)" if entry.before is None
                     else "scenario good before the pick; the code the fix changes is there, "
                          "fixed in another form")
         if verdict == "untestable":
-            return f"scenario skipped {'after' if entry['before'] == 'bad' else 'before'} the pick: " \
-                   f"{entry['after_reason'] if entry['before'] == 'bad' else entry['before_reason']}"
+            return f"scenario skipped {'after' if entry.before == 'bad' else 'before'} the pick: " \
+                   f"{entry.after_reason if entry.before == 'bad' else entry.before_reason}"
         if verdict == "conflict":
-            return "cherry-pick conflicts in " + ", ".join(c["file"] for c in entry["conflicts"])
+            return "cherry-pick conflicts in " + ", ".join(conflict.file for conflict in entry.conflicts)
         return {"verified": "scenario bad before the pick, good after it",
                 "fix-ineffective": "scenario bad before and after the pick",
                 "applies-unverified": "cherry-pick applies cleanly; no scenario to verify it"}[verdict]
 
-    def _create_branch(self, name: str, picked: str) -> dict:
+    def _create_branch(self, name: str, picked: str) -> BackportBranch:
         branch = f"backport/{self.fix[:12]}/{name}"
         if create_branch(self.repo, branch, picked):
-            return {"name": branch, "state": "created"}
+            return BackportBranch(name=branch, state="created")
         try:
             same = self.repo.resolve(f"refs/heads/{branch}") == picked
         except GitError:
-            return {"name": branch, "state": "not created: a ref in the way"}
-        return {"name": branch, "state": "exists" if same else "exists at another commit, left alone"}
+            return BackportBranch(name=branch, state="not created: a ref in the way")
+        return BackportBranch(name=branch, state="exists" if same else "exists at another commit, left alone")

@@ -20,14 +20,17 @@ from bisector import __version__, doctor, report
 from bisector.builds import STRATEGIES, BuildSettings
 from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.backport import BackportConfig, run_backport
-from bisector.engine import (Judge, RunConfig, calibrate, default_state_dir, judge_one, plan_bisection,
-                             prepare_state_dir, run_bisection)
+from bisector.engine.config import RunConfig
+from bisector.engine.judge import Judge
+from bisector.engine.planning import plan_bisection
+from bisector.engine.run import calibrate, judge_one, run_bisection
+from bisector.engine.state import default_state_dir, prepare_state_dir
 from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES, EnvSettings, EnvStore
-from bisector.errors import (EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, BisectorError, EnvironmentFailed,
-                             GitError, UsageError)
+from bisector.errors import (EXIT_BAD, EXIT_FOUND, EXIT_GOOD, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_OK,
+                             EXIT_SKIP, BisectorError, EnvironmentFailed, GitError, UsageError)
 from bisector.executor import EXECUTORS, Placement, create_executor
 from bisector.refs import GitRepo
-from bisector.results import SETTLED
+from bisector.results import BranchEntry, StoredRun
 from bisector.steps import Handler, Step
 from bisector.store import Store
 from scenarios import available, create
@@ -51,7 +54,7 @@ class BisectorGroup(click.Group):
         except click.Abort:
             click.echo("bisector: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
-        sys.exit(code if isinstance(code, int) else 0)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -381,17 +384,17 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         planned = plan_bisection(cfg)
         click.echo(report.plan_text(planned))
         if json_file:
-            write_output("--json", json_file, json.dumps(planned, indent=2) + "\n")
-        sys.exit(0)
+            write_output("--json", json_file, json.dumps(planned.to_json(), indent=2) + "\n")
+        sys.exit(EXIT_OK)
     result = run_bisection(cfg, ProgressHandler([DEFAULT_BUILD_NOTE] if command and build is None else []))
-    for warning in result.get("warnings", ()):
+    for warning in result.warnings:
         console.print(f"warning: {escape(warning)}")
     click.echo(report.bisect_text(result))
     if json_file:
         write_output("--json", json_file, report.bisect_json(result))
     if markdown_file:
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
-    sys.exit(EXIT_FOUND if result["culprit"] else EXIT_INCONCLUSIVE)
+    sys.exit(result.exit_code)
 
 
 def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:
@@ -409,10 +412,9 @@ class BackportProgress:
     def checking(self, branch: str, tip: str) -> None:
         console.print(f"  checking {branch} ({tip[:12]}) …", style="dim")
 
-    def checked(self, entry: dict) -> None:
-        colour = "green" if entry["verdict"] in SETTLED else "red"
-        console.print(f"{escape(entry['branch'])}: [{colour}]{entry['verdict']}[/{colour}] "
-                      f"({escape(entry['reason'])})")
+    def checked(self, entry: BranchEntry) -> None:
+        colour = "green" if entry.settled else "red"
+        console.print(f"{escape(entry.branch)}: [{colour}]{entry.verdict}[/{colour}] ({escape(entry.reason)})")
 
 
 @main.command()
@@ -462,7 +464,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     for option, path, render in outputs:
         if path:
             write_output(option, path, render(result))
-    sys.exit(0 if result["ok"] else 1)
+    sys.exit(result.exit_code)
 
 
 @main.command()
@@ -497,7 +499,7 @@ def demo(directory, commits, culprit, python, keep):
                     python=python)
     result = run_bisection(cfg, ProgressHandler())
     click.echo(report.bisect_text(result))
-    found = result["culprit"] and result["culprit"]["sha"] == planted
+    found = result.culprit is not None and result.culprit.sha == planted
     click.echo("demo: the probe named the planted commit" if found else
                "demo: the probe did NOT name the planted commit")
     sys.exit(EXIT_FOUND if found else EXIT_INCONCLUSIVE)
@@ -545,7 +547,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
         click.echo(f"log: {outcome['log']}")
     if json_file:
         write_output("--json", json_file, json.dumps(outcome, indent=2) + "\n")
-    sys.exit({"good": 0, "bad": 1}.get(outcome["verdict"], 125))
+    sys.exit({"good": EXIT_GOOD, "bad": EXIT_BAD}.get(outcome["verdict"], EXIT_SKIP))
 
 
 @scenario.command("calibrate")
@@ -602,7 +604,7 @@ def scenario_classify(name, options, log_file, exit_code, as_json):
         click.echo(f"{outcome.verdict.value}: {outcome.reason}")
         for line in outcome.details.get("matched", []):
             click.echo(f"  {line}")
-    sys.exit({"good": 0, "bad": 1}.get(outcome.verdict.value, 125))
+    sys.exit({"good": EXIT_GOOD, "bad": EXIT_BAD}.get(outcome.verdict.value, EXIT_SKIP))
 
 
 @main.group("env")
@@ -746,7 +748,7 @@ def runs_command(repo, all_repos, state_dir):
     root = None if all_repos else repo_root(repo)
     for row in rows:
         line = report.run_line(row)
-        if root is None or json.loads(row["params"]).get("repo") == root:
+        if root is None or StoredRun.from_row(row).params.repo == root:
             click.echo(line)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Generator, Mapping, Protocol, Sequence
 
 from bisector.errors import EndpointError, UsageError
+from bisector.results import Evidence, FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
 
@@ -95,7 +96,7 @@ class SearchPolicy(Protocol):
     def observe(self, step: Step) -> None: ...
     def wants(self, sha: str) -> bool: ...
     def progress(self) -> tuple[int, int]: ...  # (commits left, steps left)
-    def answer(self) -> tuple[Answer, dict]: ...  # the answer and what the result adds for it
+    def answer(self) -> tuple[Answer, dict]: ...  # the answer, and what the result adds for it (its fields)
 
 
 class BisectPolicy:
@@ -159,13 +160,8 @@ class BisectPolicy:
         return self.search.testable_mask.bit_count(), self.search.steps_left()
 
     def answer(self) -> tuple[Answer, dict]:
-        extra: dict = {}
-        if self.ends.merge_bases:
-            extra["merge_bases"] = [{"sha": sha, "verdict": self.merge_bases.get(sha)}
-                                    for sha in self.ends.merge_bases]
-        if self.warnings:
-            extra["warnings"] = list(self.warnings)
-        return self.search.answer(), extra
+        bases = tuple(MergeBase(sha=sha, verdict=self.merge_bases.get(sha)) for sha in self.ends.merge_bases)
+        return self.search.answer(), {"merge_bases": bases, "warnings": tuple(self.warnings)}
 
 
 @dataclass(frozen=True)
@@ -251,10 +247,11 @@ class FlakyPolicy:
         posterior = self.search.posterior()
         ranked = sorted(posterior, key=lambda sha: -posterior[sha])
         found = confidence >= self.settings.model.confidence
-        return Answer(best if found else None, tuple(ranked[:10])), {
-            "confidence": round(confidence, 6), "best_guess": best,
-            "posterior": {sha: round(posterior[sha], 6) for sha in ranked[:10]},
-            "evidence": self.search.evidence()}
+        evidence = {sha: Evidence(runs=seen["runs"], faults=seen["faults"])
+                    for sha, seen in self.search.evidence().items()}
+        return Answer(best if found else None, tuple(ranked[:10])), {"flaky": FlakyAnswer(
+            confidence=round(confidence, 6), best_guess=best,
+            posterior={sha: round(posterior[sha], 6) for sha in ranked[:10]}, evidence=evidence)}
 
 
 class CalibratePolicy:

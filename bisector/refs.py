@@ -6,29 +6,15 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import git
 
 from bisector.errors import GitError
+from bisector.results import CommitInfo
 
 PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    sha: str
-    subject: str
-    author: str
-    date: str
-    pr: int | None
-    files: tuple[str, ...]
-
-    def as_dict(self) -> dict:
-        return {"sha": self.sha, "subject": self.subject, "author": self.author, "date": self.date,
-                "pr": self.pr, "files": list(self.files)}
 
 
 class GitRepo:

@@ -1,4 +1,4 @@
-"""Reports rendered from stored result records: text, JSON, Markdown, JUnit, HTML."""
+"""Reports rendered from typed results (bisector.results): text, JSON, Markdown, JUnit, HTML."""
 from __future__ import annotations
 
 import html
@@ -6,28 +6,29 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
-from typing import Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from bisector.errors import ReportError
-from bisector.results import VERDICTS
+from bisector.results import (VERDICTS, BackportResult, BisectResult, BranchEntry, Conflict, Plan, Result,
+                              StepRecord, StoredRun)
 
 FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000
 MARKDOWN_FILES = 30  # files listed for a culprit in Markdown; the rest are counted
 
 
-def render(run: Mapping, fmt: str, pr_url_template: str | None = None) -> str:
+def render(row: Mapping, fmt: str, pr_url_template: str | None = None) -> str:
     """The single entry point: a stored run row (store.runs) rendered as fmt, by the run's kind;
     pr_url_template links PR numbers in bisection Markdown."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (known: {', '.join(FORMATS)})")
-    if run["result"] is None:
-        raise ReportError(f"run {run['id']} is {run['status']}: it has no result to report")
-    renderer = globals().get(f"{run['kind']}_{fmt}")
-    if renderer is None:
-        raise ReportError(f"no {fmt} report for {run['kind']} runs in this version")
-    result = json.loads(run["result"])
-    return renderer(result, pr_url_template) if renderer is bisect_markdown else renderer(result)
+    run = StoredRun.from_row(row)
+    if run.record is None:
+        raise ReportError(f"run {run.id} is {run.status}: it has no result to report")
+    renderer = REPORTS.get(run.kind, {}).get(fmt)
+    if renderer is None or run.result is None:
+        raise ReportError(f"no {fmt} report for {run.kind} runs in this version")
+    return renderer(run.result, pr_url_template)
 
 
 def github_pull_url_template(remote_url: str | None) -> str | None:
@@ -37,114 +38,102 @@ def github_pull_url_template(remote_url: str | None) -> str | None:
     return f"https://github.com/{match[1]}/{match[2]}/pull/{{pr}}" if match else None
 
 
-
-def _shas(value) -> list[str]:
-    """A result's good or bad end: one sha, or a list of them (several --good)."""
-    return [value] if isinstance(value, str) else list(value or [])
+def _short_ends(shas: Sequence[str]) -> str:
+    return ",".join(sha[:12] for sha in shas)
 
 
-def _short_ends(value) -> str:
-    return ",".join(sha[:12] for sha in _shas(value))
-
-
-def _command_line(result: dict) -> str | None:
+def _command_line(result: Result) -> str | None:
     """How the run was asked for, as one shell-quoted line (None for records that predate it)."""
-    argv = result.get("command_line")
-    return shlex.join(argv) if argv else None
+    return shlex.join(result.command_line) if result.command_line else None
 
 
 def run_line(row: Mapping) -> str:
     """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer."""
-    params = json.loads(row["params"])
-    result = json.loads(row["result"]) if row["result"] else {}
-    if row["kind"] == "backport":
-        span = f"fix {str(params.get('fix', ''))[:12]} on {' '.join(params.get('globs', []))}"
-        answer = _backport_summary(result) if result else "-"
+    run = StoredRun.from_row(row)
+    params, result = run.params, run.result
+    if run.kind == "backport":
+        span = f"fix {(params.fix or '')[:12]} on {' '.join(params.globs)}"
+        answer = _backport_summary(result) if isinstance(result, BackportResult) else "-"
     else:
-        span = f"{_short_ends(params.get('good'))}..{_short_ends(params.get('bad'))}"
-        culprit = result.get("culprit")
-        answer = (f"{_culprit_label(result)} {culprit['sha'][:12]}" if culprit else
-                  f"{len(result['candidates'])} candidates" if result else "-")
-    command = shlex.join(params["command_line"]) if params.get("command_line") else params.get("scenario")
-    return f"{row['id']:>4}  {row['kind']:<8} {row['status']:<11} {params.get('repo')}  {span}  {answer}  $ {command}"
+        span = f"{_short_ends(params.good)}..{_short_ends(params.bad)}"
+        answer = (f"{result.culprit_label} {result.culprit.sha[:12]}" if result.culprit else
+                  f"{len(result.candidates)} candidates") if isinstance(result, BisectResult) else "-"
+    command = shlex.join(params.command_line) if params.command_line else params.scenario
+    return f"{run.id:>4}  {run.kind:<8} {run.status:<11} {params.repo}  {span}  {answer}  $ {command}"
 
 
-def _culprit_label(result: dict) -> str:
-    return "first good commit (the fix)" if result.get("mode") == "find-fix" else "first bad commit"
-
-
-def _search_notes(result: dict) -> list[str]:
-    """How the search went beyond plain bisection: fix-seeded candidates, flaky confidence and evidence."""
+def _search_notes(result: BisectResult) -> list[str]:
+    """How the search went beyond plain bisection: prefilter, seeds, pin change, signature, flaky evidence."""
     notes = []
-    prefilter = result.get("prefilter")
+    prefilter = result.prefilter
     if prefilter:
-        found = f"culprit {prefilter['culprit'][:12]}" if prefilter.get("culprit") else \
-            f"no culprit ({prefilter.get('error') or 'inconclusive'})"
-        notes.append(f"prefilter {prefilter['scenario'].split('/')[0]}: {found}"
-                     + (f" in {prefilter['executions']} execution(s)" if "executions" in prefilter else ""))
-    seeded = result.get("seeded")
+        found = f"culprit {prefilter.culprit[:12]}" if prefilter.culprit else \
+            f"no culprit ({prefilter.error or 'inconclusive'})"
+        notes.append(f"prefilter {prefilter.scenario.split('/')[0]}: {found}"
+                     + (f" in {prefilter.executions} execution(s)" if prefilter.executions is not None else ""))
+    seeded = result.seeded
     if seeded:
-        kind = next(k for k in ("fix", "culprit", "prefilter") if seeded.get(k))
-        source = f"{kind} {seeded[kind][:12]}"
-        pair = seeded.get("pair")
-        how = ("confirmed against its parent" if seeded["confirmed"] else "not confirmed; bisected on") \
+        pair = seeded.pair
+        how = ("confirmed against its parent" if seeded.confirmed else "not confirmed; bisected on") \
             if pair else "none testable; bisected"
-        if kind == "prefilter":
+        if seeded.kind == "prefilter":
             notes.append(f"  by the main scenario: {how}" if pair else "  no testable parent; bisected")
         else:
-            notes.append(f"seeded from {source}: {len(seeded['candidates'])} blamed candidate(s)"
-                         + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
-    change = result.get("pin_change")
+            notes.append(f"seeded from {seeded.kind} {seeded.origin[:12]}: {len(seeded.candidates)} blamed "
+                         f"candidate(s)" + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+    change = result.pin_change
     if change:
-        notes.append(f"this commit moves {change['name'].upper()} {change['from']} → {change['to']}; the behaviour "
-                     f"change may come from {change['name'].upper()}")
-        notes.append(f"  continue inside {change['name'].upper()}: {result['pin_continuation']}")
-    signature = result.get("signature") or {}
-    if signature.get("mode", "any") != "any":
-        hunted = signature.get("signature") or signature.get("pattern") or "none seen"
-        notes.append(f"signature ({signature['mode']}): {hunted}; other failures are skips")
-    if "confidence" in result:
-        notes.append(f"flaky search: confidence {result['confidence']:.3f} that "
-                     f"{result['best_guess'][:12]} is the {_culprit_label(result)}")
-        notes += [f"  {sha[:12]}: {seen['faults']} fault(s) in {seen['runs']} run(s)"
-                  for sha, seen in result.get("evidence", {}).items()]
+        name = change.name.upper()
+        notes.append(f"this commit moves {name} {change.old} → {change.new}; the behaviour "
+                     f"change may come from {name}")
+        notes.append(f"  continue inside {name}: {change.continuation}")
+    signature = result.signature
+    if signature.mode != "any":
+        hunted = signature.signature or signature.pattern or "none seen"
+        notes.append(f"signature ({signature.mode}): {hunted}; other failures are skips")
+    flaky = result.flaky
+    if flaky:
+        notes.append(f"flaky search: confidence {flaky.confidence:.3f} that "
+                     f"{flaky.best_guess[:12]} is the {result.culprit_label}")
+        notes += [f"  {sha[:12]}: {seen.faults} fault(s) in {seen.runs} run(s)"
+                  for sha, seen in flaky.evidence.items()]
     return notes
 
 
-def _inconclusive(result: dict) -> str:
-    if "confidence" in result:
-        return (f"below the asked confidence ({result['confidence']:.3f}); most likely "
-                f"{len(result['candidates'])} candidates for the {_culprit_label(result)}:")
-    return (f"skipped commits leave {len(result['candidates'])} candidates "
-            f"for the {_culprit_label(result)}:")
+def _inconclusive(result: BisectResult) -> str:
+    if result.flaky:
+        return (f"below the asked confidence ({result.flaky.confidence:.3f}); most likely "
+                f"{len(result.candidates)} candidates for the {result.culprit_label}:")
+    return (f"skipped commits leave {len(result.candidates)} candidates "
+            f"for the {result.culprit_label}:")
 
 
-def bisect_text(result: dict) -> str:
+def bisect_text(result: BisectResult) -> str:
     lines = []
-    culprit = result.get("culprit")
+    culprit = result.culprit
     if culprit:
-        lines.append(f"{_culprit_label(result)}: {culprit['sha']}")
-        lines.append(f"  {culprit['subject']}")
-        lines.append(f"  author: {culprit['author']}   date: {culprit['date']}"
-                     + (f"   PR: #{culprit['pr']}" if culprit.get("pr") else ""))
-        if culprit["files"]:
-            lines.append("  files: " + ", ".join(culprit["files"][:20])
-                         + (f" (+{len(culprit['files']) - 20} more)" if len(culprit["files"]) > 20 else ""))
+        lines.append(f"{result.culprit_label}: {culprit.sha}")
+        lines.append(f"  {culprit.subject}")
+        lines.append(f"  author: {culprit.author}   date: {culprit.date}"
+                     + (f"   PR: #{culprit.pr}" if culprit.pr else ""))
+        if culprit.files:
+            lines.append("  files: " + ", ".join(culprit.files[:20])
+                         + (f" (+{len(culprit.files) - 20} more)" if len(culprit.files) > 20 else ""))
     else:
         lines.append(f"inconclusive: {_inconclusive(result)}")
-        lines.extend(f"  {sha}" for sha in result["candidates"])
+        lines.extend(f"  {sha}" for sha in result.candidates)
     lines += _search_notes(result)
-    lines += [f"warning: {warning}" for warning in result.get("warnings", ())]
+    lines += [f"warning: {warning}" for warning in result.warnings]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
-    lines.append(f"steps: {len(result['steps'])}, scenario executions: {result['executions']}, "
-                 f"rounds: {result['rounds']}")
-    for step in result["steps"]:
-        cached = " (cached)" if step["cached"] else ""
-        shown = step.get("build") and not step["build"].startswith("none")
-        build = f"  [build {step['build']}]" if shown else ""
-        lines.append(f"  {step['sha'][:12]} {step['role']:<8} {step['verdict']:<4} "
-                     f"{step['seconds']:7.2f}s{cached}  {step['reason']}{build}")
+    lines.append(f"steps: {len(result.steps)}, scenario executions: {result.executions}, "
+                 f"rounds: {result.rounds}")
+    for step in result.steps:
+        cached = " (cached)" if step.cached else ""
+        shown = step.build and not step.build.startswith("none")
+        build = f"  [build {step.build}]" if shown else ""
+        lines.append(f"  {step.sha[:12]} {step.role:<8} {step.verdict:<4} "
+                     f"{step.seconds:7.2f}s{cached}  {step.reason}{build}")
     return "\n".join(lines)
 
 
@@ -161,41 +150,41 @@ def md_code(value: object, in_table: bool = False) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def bisect_markdown(result: dict, pr_url_template: str | None = None) -> str:
+def bisect_markdown(result: BisectResult, pr_url_template: str | None = None) -> str:
     """pr_url_template: a URL with {pr} where the PR number goes; PR numbers are links with one.
     Commit subjects, authors and file names are untrusted: each is one literal code span."""
-    culprit = result.get("culprit")
+    culprit = result.culprit
     out = ["## bisector result", ""]
     if culprit:
-        pr = int(culprit["pr"]) if str(culprit.get("pr") or "").isdigit() else None
-        pr = "" if not pr else f" ([PR #{pr}]({pr_url_template.replace('{pr}', str(pr))}))" \
-            if pr_url_template else f" (PR #{pr})"
-        files = culprit["files"]
+        number = int(str(culprit.pr)) if str(culprit.pr or "").isdigit() else 0
+        pr = "" if not number else f" ([PR #{number}]({pr_url_template.replace('{pr}', str(number))}))" \
+            if pr_url_template else f" (PR #{number})"
+        files = culprit.files
         more = f" (+{len(files) - MARKDOWN_FILES} more)" if len(files) > MARKDOWN_FILES else ""
-        out += [f"**{_culprit_label(result).capitalize()}:** {md_code(culprit['sha'])}{pr}", "",
-                f"> {md_code(culprit['subject'])}", "",
-                f"- author: {md_code(culprit['author'])}", f"- date: {md_code(culprit['date'])}",
+        out += [f"**{result.culprit_label.capitalize()}:** {md_code(culprit.sha)}{pr}", "",
+                f"> {md_code(culprit.subject)}", "",
+                f"- author: {md_code(culprit.author)}", f"- date: {md_code(culprit.date)}",
                 "- files: " + ", ".join(md_code(f) for f in files[:MARKDOWN_FILES]) + more]
     else:
         out += [f"**Inconclusive:** {_inconclusive(result)}", ""]
-        out += [f"- {md_code(sha)}" for sha in result["candidates"]]
-    notes = _search_notes(result) + [f"warning: {w}" for w in result.get("warnings", ())]
+        out += [f"- {md_code(sha)}" for sha in result.candidates]
+    notes = _search_notes(result) + [f"warning: {w}" for w in result.warnings]
     if notes:
         out += ["", *(f"- {md_code(note.strip())}" for note in notes)]
     if _command_line(result):
         out += ["", f"Command: {md_code(_command_line(result))}"]
-    out += ["", f"Scenario {md_code(result['scenario'])}: {result['executions']} executions, "
-            f"{len(result['steps'])} steps, {result['rounds']} rounds.", "",
+    out += ["", f"Scenario {md_code(result.scenario)}: {result.executions} executions, "
+            f"{len(result.steps)} steps, {result.rounds} rounds.", "",
             "| # | commit | role | verdict | seconds | cached | reason |",
             "|---|---|---|---|---|---|---|"]
-    for n, step in enumerate(result["steps"], 1):
-        out.append(f"| {n} | {md_code(step['sha'][:12])} | {step['role']} | {step['verdict']} | "
-                   f"{step['seconds']:.2f} | {'yes' if step['cached'] else ''} | {md_code(step['reason'], True)} |")
+    for n, step in enumerate(result.steps, 1):
+        out.append(f"| {n} | {md_code(step.sha[:12])} | {step.role} | {step.verdict} | "
+                   f"{step.seconds:.2f} | {'yes' if step.cached else ''} | {md_code(step.reason, True)} |")
     return "\n".join(out) + "\n"
 
 
-def bisect_json(result: dict) -> str:
-    return json.dumps(result, indent=2) + "\n"
+def bisect_json(result: BisectResult) -> str:
+    return json.dumps(result.to_json(published=True), indent=2) + "\n"
 
 
 def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
@@ -212,38 +201,38 @@ def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
     return ("…" + text) if size > limit else text
 
 
-def bisect_junit(result: dict) -> str:
+def bisect_junit(result: BisectResult) -> str:
     """A found culprit is a result, not a failure: every step is a passing testcase carrying its verdict
     as a property (and its log tail); one more testcase, "answer", fails only when the run found no
     culprit (inconclusive). Failed or aborted runs have no result record to render."""
-    steps = result["steps"]
-    culprit = result.get("culprit")
-    suite = ET.Element("testsuite", name=f"bisector run {result.get('run_id', '')}".strip(),
+    steps = result.steps
+    culprit = result.culprit
+    suite = ET.Element("testsuite", name=f"bisector run {result.run_id}",
                        tests=str(len(steps) + 1), failures="0" if culprit else "1", skipped="0",
-                       errors="0", time=f"{sum(s['seconds'] for s in steps):.3f}")
+                       errors="0", time=f"{sum(s.seconds for s in steps):.3f}")
     props = ET.SubElement(suite, "properties")
-    for name, value in (("scenario", result["scenario"]), ("mode", result.get("mode", "regression")),
-                        ("good", " ".join(_shas(result["good"]))), ("bad", " ".join(_shas(result["bad"]))),
-                        (_culprit_label(result).replace(" ", "_"), culprit["sha"] if culprit else ""),
-                        ("candidates", " ".join(result["candidates"])),
+    for name, value in (("scenario", result.scenario), ("mode", result.mode),
+                        ("good", " ".join(result.good)), ("bad", " ".join(result.bad)),
+                        (result.culprit_label.replace(" ", "_"), culprit.sha if culprit else ""),
+                        ("candidates", " ".join(result.candidates)),
                         ("command", _command_line(result) or "")):
         ET.SubElement(props, "property", name=name, value=value)
-    classname = "bisector." + result["scenario"].split("/")[0]
+    classname = "bisector." + result.scenario.split("/")[0]
     answer = ET.SubElement(suite, "testcase", classname=classname, name="answer", time="0.000")
     if culprit:
-        ET.SubElement(answer, "system-out").text = f"{_culprit_label(result)}: {culprit['sha']} {culprit['subject']}"
+        ET.SubElement(answer, "system-out").text = f"{result.culprit_label}: {culprit.sha} {culprit.subject}"
     else:
         ET.SubElement(answer, "failure", type="inconclusive", message=_inconclusive(result)).text = \
-            "\n".join(result["candidates"])
+            "\n".join(result.candidates)
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
-                             name=f"step {n}: {step['sha'][:12]} ({step['role']})",
-                             time=f"{step['seconds']:.3f}")
+                             name=f"step {n}: {step.sha[:12]} ({step.role})",
+                             time=f"{step.seconds:.3f}")
         case_props = ET.SubElement(case, "properties")
-        for name, value in (("verdict", step["verdict"]), ("reason", step["reason"]),
-                            ("cached", "yes" if step["cached"] else "no")):
+        for name, value in (("verdict", step.verdict), ("reason", step.reason),
+                            ("cached", "yes" if step.cached else "no")):
             ET.SubElement(case_props, "property", name=name, value=value)
-        ET.SubElement(case, "system-out").text = log_tail(step["log"])
+        ET.SubElement(case, "system-out").text = log_tail(step.log)
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)
@@ -307,75 +296,76 @@ def _page(title: str, body: str) -> str:
             f"<body>\n{body}\n<script>{_JS}</script>\n</body></html>\n")
 
 
-def bisect_html(result: dict) -> str:
+def bisect_html(result: BisectResult) -> str:
     """The range as a timeline coloured by verdict; click a tested commit for its steps and log tail."""
     e = html.escape
-    steps = result["steps"]
-    by_sha: dict[str, list[dict]] = {}
+    steps = result.steps
+    label = result.culprit_label
+    by_sha: dict[str, list[StepRecord]] = {}
     for step in steps:
-        by_sha.setdefault(step["sha"], []).append(step)
-    order = result.get("range") or list(dict.fromkeys([*_shas(result["good"]), *result["candidates"], *by_sha,
-                                                       *_shas(result["bad"])]))
-    culprit = result.get("culprit")
-    culprit_sha = culprit["sha"] if culprit else None
-    candidates = set(result["candidates"]) if not culprit else set()
+        by_sha.setdefault(step.sha, []).append(step)
+    order = result.range
+    culprit = result.culprit
+    culprit_sha = culprit.sha if culprit else None
+    candidates = set(result.candidates) if not culprit else set()
     cells = []
     for sha in order:
         classes = ["c"]
         title = sha[:12]
         if sha in by_sha:
-            verdict = by_sha[sha][-1]["verdict"]
+            verdict = by_sha[sha][-1].verdict
             classes += ["tested", verdict]
-            title += f" {verdict}: {by_sha[sha][-1]['reason']}"
+            title += f" {verdict}: {by_sha[sha][-1].reason}"
         if sha == culprit_sha:
             classes.append("culprit")
-            title += f" — {_culprit_label(result)}"
+            title += f" — {label}"
         if sha in candidates:
             classes.append("candidate")
         target = f' data-target="d-{sha}"' if sha in by_sha else ""
         cells.append(f'<button class="{" ".join(classes)}" title="{e(title)}"{target}></button>')
     if culprit:
-        pr = f" · PR #{culprit['pr']}" if culprit.get("pr") else ""
-        files = ", ".join(f"<code>{e(f)}</code>" for f in culprit["files"][:30])
-        more = f" (+{len(culprit['files']) - 30} more)" if len(culprit["files"]) > 30 else ""
-        headline = (f'<div class="card culprit"><b>{e(_culprit_label(result).capitalize())}:</b> '
-                    f'<code>{e(culprit["sha"])}</code><br>{e(culprit["subject"])}<br>'
-                    f'<span class="meta">{e(culprit["author"])} · {e(culprit["date"])}{pr}</span>'
+        pr = f" · PR #{culprit.pr}" if culprit.pr else ""
+        files = ", ".join(f"<code>{e(f)}</code>" for f in culprit.files[:30])
+        more = f" (+{len(culprit.files) - 30} more)" if len(culprit.files) > 30 else ""
+        headline = (f'<div class="card culprit"><b>{e(label.capitalize())}:</b> '
+                    f'<code>{e(culprit.sha)}</code><br>{e(culprit.subject)}<br>'
+                    f'<span class="meta">{e(culprit.author)} · {e(culprit.date)}{pr}</span>'
                     f"<div>files: {files}{more}</div></div>")
     else:
         headline = (f'<div class="card"><b>Inconclusive:</b> skipped commits leave '
-                    f'{len(result["candidates"])} candidates (dashed outline): '
-                    + " ".join(f"<code>{e(s[:12])}</code>" for s in result["candidates"]) + "</div>")
+                    f'{len(result.candidates)} candidates (dashed outline): '
+                    + " ".join(f"<code>{e(s[:12])}</code>" for s in result.candidates) + "</div>")
     notes = _search_notes(result)
     if notes:  # how the search went: prefilter, seeds, pin change, signature, flaky evidence
         headline += '<div class="card notes">' + "<br>".join(e(note) for note in notes) + "</div>"
     rows, details = [], []
     for n, step in enumerate(steps, 1):
-        rows.append(f'<tr class="pick" data-target="d-{step["sha"]}"><td>{n}</td>'
-                    f'<td><code>{step["sha"][:12]}</code></td><td>{e(step["role"])}</td>'
-                    f'<td>{_badge(step["verdict"])}</td><td>{step["seconds"]:.2f}</td>'
-                    f'<td>{"yes" if step["cached"] else ""}</td><td>{e(step["reason"])}</td></tr>')
+        rows.append(f'<tr class="pick" data-target="d-{step.sha}"><td>{n}</td>'
+                    f'<td><code>{step.sha[:12]}</code></td><td>{e(step.role)}</td>'
+                    f'<td>{_badge(step.verdict)}</td><td>{step.seconds:.2f}</td>'
+                    f'<td>{"yes" if step.cached else ""}</td><td>{e(step.reason)}</td></tr>')
     for sha, runs in by_sha.items():
         parts = [f'<div class="card detail" id="d-{sha}" hidden><b><code>{sha}</code></b>'
-                 + (" — " + e(_culprit_label(result)) if sha == culprit_sha else "")]
+                 + (" — " + e(label) if sha == culprit_sha else "")]
         for step in runs:
-            parts.append(f'<p>{e(step["role"])} {_badge(step["verdict"])} {e(step["reason"])} · '
-                         f'{step["seconds"]:.2f}s · build {e(str(step["build"]))}'
-                         f'{" · cached" if step["cached"] else ""}<br><code>{e(str(step["log"]))}</code></p>'
-                         f'<pre class="log">{e(log_tail(step["log"]))}</pre>')
+            parts.append(f'<p>{e(step.role)} {_badge(step.verdict)} {e(step.reason)} · '
+                         f'{step.seconds:.2f}s · build {e(str(step.build))}'
+                         f'{" · cached" if step.cached else ""}<br><code>{e(str(step.log))}</code></p>'
+                         f'<pre class="log">{e(log_tail(step.log))}</pre>')
         details.append("".join(parts) + "</div>")
-    title = f"bisector run {result.get('run_id', '')}: {_short_ends(result['good'])}..{_short_ends(result['bad'])}"
+    title = f"bisector run {result.run_id}: {_short_ends(result.good)}..{_short_ends(result.bad)}"
+    command = _command_line(result)
     body = (f"<h1>{e(title)}</h1>"
-            f'<div class="meta">{e(result.get("mode", "regression"))} · scenario <code>'
-            f'{e(result["scenario"])}</code> · {len(order)} commits · {len(steps)} steps · '
-            f'{result["executions"]} executions · {result["rounds"]} rounds'
-            + (f'<br>command: <code>{e(_command_line(result))}</code>' if _command_line(result) else "")
-            + "".join(f"<br>warning: {e(w)}" for w in result.get("warnings", ()))
+            f'<div class="meta">{e(result.mode)} · scenario <code>'
+            f'{e(result.scenario)}</code> · {len(order)} commits · {len(steps)} steps · '
+            f'{result.executions} executions · {result.rounds} rounds'
+            + (f'<br>command: <code>{e(command)}</code>' if command else "")
+            + "".join(f"<br>warning: {e(w)}" for w in result.warnings)
             + f'</div>{headline}'
             f'<div class="card"><div class="legend"><span><i style="background:#2e7d32"></i>good</span>'
             f'<span><i style="background:#c62828"></i>bad</span><span><i style="background:#f9a825">'
             f'</i>skip</span><span><i style="background:#d5d9de"></i>not tested</span>'
-            f'<span>▼ {e(_culprit_label(result))}</span><span>click a tested commit for its log</span></div>'
+            f'<span>▼ {e(label)}</span><span>click a tested commit for its log</span></div>'
             f'<div class="timeline">{"".join(cells)}</div><div class="axis"><span>'
             f'<code>{e(order[0][:12])}</code> (oldest)</span><span>(newest) <code>{e(order[-1][:12])}'
             f'</code></span></div></div>{"".join(details)}'
@@ -384,36 +374,33 @@ def bisect_html(result: dict) -> str:
     return _page(title, body)
 
 
-def _equivalent(branch: dict) -> str:
+def _equivalent(entry: BranchEntry) -> str:
     """The commit on the branch that already carries the fix (already-picked), linked by patch id."""
-    sha = branch.get("equivalent")
-    return f"<code>{html.escape(sha[:12])}</code>" if sha else "—"
+    return f"<code>{html.escape(entry.equivalent[:12])}</code>" if entry.equivalent else "—"
 
 
-def backport_html(result: dict) -> str:
+def backport_html(result: BackportResult) -> str:
     """The branch matrix of a backport run; click a branch for its conflicts."""
     e = html.escape
     rows, details = [], []
-    for n, branch in enumerate(result["branches"]):
+    for n, entry in enumerate(result.branches):
         target = f"b-{n}"
-        conflicts = branch.get("conflicts") or []
-        rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(branch["branch"])}</b></td>'
-                    f'<td><code>{e(_short(branch.get("tip")))}</code></td>'
-                    f'<td><code>{e(_short(branch.get("pick")))}</code></td>'
-                    f'<td>{_badge(branch.get("before"))}</td><td>{_badge(branch.get("after"))}</td>'
-                    f'<td>{_badge(branch.get("verdict"))}</td>'
-                    f'<td>{_equivalent(branch)}</td>'
-                    f'<td>{len(conflicts)}</td></tr>')
-        listed = "".join(f"<li><code>{e(line)}</code></li>" for line in _backport_conflicts(branch)) \
+        rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(entry.branch)}</b></td>'
+                    f'<td><code>{e(_short(entry.tip))}</code></td>'
+                    f'<td><code>{e(_short(entry.pick))}</code></td>'
+                    f'<td>{_badge(entry.before)}</td><td>{_badge(entry.after)}</td>'
+                    f'<td>{_badge(entry.verdict)}</td>'
+                    f'<td>{_equivalent(entry)}</td>'
+                    f'<td>{len(entry.conflicts)}</td></tr>')
+        listed = "".join(f"<li><code>{e(line)}</code></li>" for line in _backport_conflicts(entry)) \
             or "<li>none</li>"
-        details.append(f'<div class="card detail" id="{target}" hidden><b>{e(branch["branch"])}</b> '
-                       f'at <code>{e(str(branch.get("tip") or ""))}</code><p>conflicts:</p>'
+        details.append(f'<div class="card detail" id="{target}" hidden><b>{e(entry.branch)}</b> '
+                       f'at <code>{e(entry.tip)}</code><p>conflicts:</p>'
                        f"<ul>{listed}</ul></div>")
-    fix = str(result["fix"])
-    title = f"bisector backport of {fix[:12]}"
+    title = f"bisector backport of {result.fix[:12]}"
     command = _command_line(result)
-    body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(fix)}</code> · "
-            f"{len(result['branches'])} branches"
+    body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(result.fix)}</code> · "
+            f"{len(result.branches)} branches"
             + (f"<br>command: <code>{e(command)}</code>" if command else "") + "</div>"
             f'<div class="card"><table><tr><th>branch</th><th>tip</th><th>pick</th><th>before</th>'
             f'<th>after</th><th>verdict</th><th>equivalent</th><th>conflicts</th></tr>{"".join(rows)}'
@@ -425,93 +412,113 @@ def backport_html(result: dict) -> str:
 BACKPORT_COLUMNS = ("branch", "tip", "pick", "before", "after", "verdict", "detail")
 
 
-def _backport_rows(result: dict) -> list[tuple[str, ...]]:
-    rows = []
-    for entry in result["branches"]:
-        detail = entry["reason"]
-        if entry.get("backport_branch"):
-            detail += f"; {entry['backport_branch']['name']} {entry['backport_branch']['state']}"
-        rows.append((entry["branch"], entry["tip"][:12], entry["pick"], entry["before"] or "-",
-                     entry["after"] or "-", entry["verdict"], detail))
+def _backport_rows(result: BackportResult) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for entry in result.branches:
+        detail = entry.reason
+        if entry.backport_branch:
+            detail += f"; {entry.backport_branch.name} {entry.backport_branch.state}"
+        rows.append((entry.branch, entry.tip[:12], entry.pick, entry.before or "-",
+                     entry.after or "-", entry.verdict, detail))
     return rows
 
 
-def _backport_conflicts(entry: dict) -> list[str]:
-    return [f"{c['file']} ({c['kind']}): " + (", ".join(c["hunks"]) or "whole file")
-            for c in entry["conflicts"]]
+def _conflict_line(conflict: Conflict) -> str:
+    return f"{conflict.file} ({conflict.kind}): " + (", ".join(conflict.hunks) or "whole file")
 
 
-def _backport_summary(result: dict) -> str:
-    verdicts = [entry["verdict"] for entry in result["branches"]]
+def _backport_conflicts(entry: BranchEntry) -> list[str]:
+    return [_conflict_line(conflict) for conflict in entry.conflicts]
+
+
+def _backport_summary(result: BackportResult) -> str:
+    verdicts = [entry.verdict for entry in result.branches]
     return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
 
 
-def backport_text(result: dict) -> str:
+def backport_text(result: BackportResult) -> str:
     rows = [BACKPORT_COLUMNS, *_backport_rows(result)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(BACKPORT_COLUMNS) - 1)]
-    lines = [f"fix {result['fix'][:12]} ({result['fix_ref']}): {result['fix_subject']}",
-             f"scenario: {result['scenario'] or 'none'}"]
+    lines = [f"fix {result.fix[:12]} ({result.fix_ref}): {result.fix_subject}",
+             f"scenario: {result.scenario or 'none'}"]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
     lines.append("")
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
-    for entry in result["branches"]:
-        if entry["conflicts"]:
-            lines.append(f"conflicts on {entry['branch']}:")
+    for entry in result.branches:
+        if entry.conflicts:
+            lines.append(f"conflicts on {entry.branch}:")
             lines.extend(f"  {line}" for line in _backport_conflicts(entry))
-    lines += ["", f"{len(result['branches'])} branches: {_backport_summary(result)}"]
+    lines += ["", f"{len(result.branches)} branches: {_backport_summary(result)}"]
     return "\n".join(lines)
 
 
-def backport_markdown(result: dict) -> str:
+def backport_markdown(result: BackportResult) -> str:
     out = ["## bisector backport", "",
-           f"Fix {md_code(result['fix'][:12])} ({md_code(result['fix_ref'])}): {md_code(result['fix_subject'])}",
-           "", f"Scenario: {md_code(result['scenario'] or 'none')}", "",
+           f"Fix {md_code(result.fix[:12])} ({md_code(result.fix_ref)}): {md_code(result.fix_subject)}",
+           "", f"Scenario: {md_code(result.scenario or 'none')}", "",
            *([f"Command: {md_code(_command_line(result))}", ""] if _command_line(result) else []),
            "| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
     for row in _backport_rows(result):
         cells = [md_code(row[0], True), md_code(row[1], True), *row[2:5], f"**{row[5]}**", md_code(row[6], True)]
         out.append("| " + " | ".join(cells) + " |")
-    for entry in result["branches"]:
-        if entry["conflicts"]:
-            out += ["", f"<details><summary>conflicts on <code>{html.escape(entry['branch'])}</code></summary>",
+    for entry in result.branches:
+        if entry.conflicts:
+            out += ["", f"<details><summary>conflicts on <code>{html.escape(entry.branch)}</code></summary>",
                     ""]
             out += [f"- {md_code(line)}" for line in _backport_conflicts(entry)]
             out += ["", "</details>"]
-    out += ["", f"{len(result['branches'])} branches: {_backport_summary(result)}"]
+    out += ["", f"{len(result.branches)} branches: {_backport_summary(result)}"]
     return "\n".join(out) + "\n"
 
 
-def backport_junit(result: dict) -> str:
+def backport_junit(result: BackportResult) -> str:
     """One test case per branch: failure for conflict and fix-ineffective, error for untestable."""
-    entries = result["branches"]
-    failures = sum(e["verdict"] in ("conflict", "fix-ineffective") for e in entries)
-    errors = sum(e["verdict"] == "untestable" for e in entries)
-    suite = ET.Element("testsuite", name=f"bisector backport {result['fix'][:12]}",
+    entries = result.branches
+    failures = sum(entry.verdict in ("conflict", "fix-ineffective") for entry in entries)
+    errors = sum(entry.verdict == "untestable" for entry in entries)
+    suite = ET.Element("testsuite", name=f"bisector backport {result.fix[:12]}",
                        tests=str(len(entries)), failures=str(failures), errors=str(errors))
     for entry in entries:
-        case = ET.SubElement(suite, "testcase", classname=f"backport.{result['fix'][:12]}",
-                             name=entry["branch"])
-        body = "\n".join([entry["reason"], *_backport_conflicts(entry)])
-        if entry["verdict"] in ("conflict", "fix-ineffective"):
-            ET.SubElement(case, "failure", type=entry["verdict"], message=entry["reason"]).text = body
-        elif entry["verdict"] == "untestable":
-            ET.SubElement(case, "error", type="untestable", message=entry["reason"]).text = body
-        ET.SubElement(case, "system-out").text = f"verdict: {entry['verdict']}\ntip: {entry['tip']}"
-    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True) + "\n"
+        case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}", name=entry.branch)
+        body = "\n".join([entry.reason, *_backport_conflicts(entry)])
+        if entry.verdict in ("conflict", "fix-ineffective"):
+            ET.SubElement(case, "failure", type=entry.verdict, message=entry.reason).text = body
+        elif entry.verdict == "untestable":
+            ET.SubElement(case, "error", type="untestable", message=entry.reason).text = body
+        ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {entry.tip}"
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def backport_json(result: dict) -> str:
-    return json.dumps(result, indent=2) + "\n"
+def backport_json(result: BackportResult) -> str:
+    return json.dumps(result.to_json(), indent=2) + "\n"
 
 
-def plan_text(plan: dict) -> str:
+def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
-    lines = [f"plan: {plan['commits']} commits in range, --build {plan['builder']}"]
-    for probe in plan["probes"]:
-        lines.append(f"  {probe['sha'][:12]}  {probe['role']:<28} {probe['build']:<13} {probe['reason']}")
-        for command in probe["commands"]:
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command["env"].items())
-            lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command['argv'])}")
+    lines = [f"plan: {plan.commits} commits in range, --build {plan.builder}"]
+    for probe in plan.probes:
+        lines.append(f"  {probe.sha[:12]}  {probe.role:<28} {probe.build:<13} {probe.reason}")
+        for command in probe.commands:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
+            lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command.argv)}")
     return "\n".join(lines)
+
+
+# -- the formats of each result kind --------------------------------------------------------------
+Renderer = Callable[[Any, "str | None"], str]  # (a result of the kind, pr_url_template) -> the report
+
+
+def _unlinked(renderer: Callable[[Any], str]) -> Renderer:
+    """A renderer that links no pull requests, called as REPORTS calls every renderer."""
+    return lambda result, pr_url_template: renderer(result)
+
+
+REPORTS: dict[str, dict[str, Renderer]] = {
+    "bisect": {"text": _unlinked(bisect_text), "json": _unlinked(bisect_json), "markdown": bisect_markdown,
+               "junit": _unlinked(bisect_junit), "html": _unlinked(bisect_html)},
+    "backport": {"text": _unlinked(backport_text), "json": _unlinked(backport_json),
+                 "markdown": _unlinked(backport_markdown), "junit": _unlinked(backport_junit),
+                 "html": _unlinked(backport_html)},
+}

@@ -1,5 +1,16 @@
-"""Result models the reports read: what a run's stored result may say, without the code that made it."""
+"""Typed results: what a run found, as the engine returns it, the store keeps it and the reports render it.
+
+`to_json()` gives the stored record; `from_json()` reads one, and is the one place where records written by
+older versions are brought to the current shape. No code that makes results lives here.
+"""
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import ClassVar, Mapping, Sequence
+
+from bisector.errors import EXIT_FOUND, EXIT_INCONCLUSIVE
 
 # Version of the result records (`"schema"` in every stored result and --json): 2 adds command_line,
 # repo, cache_key (run and per step), step details for every verdict, merge_bases and warnings.
@@ -10,3 +21,491 @@ VERDICTS = ("verified", "not-affected", "already-fixed", "contains", "already-pi
             "applies-unverified", "conflict", "fix-ineffective", "untestable")
 # Verdicts that need no further work on the branch: exit 0 when every branch has one of these.
 SETTLED = frozenset({"verified", "contains", "already-picked", "not-affected", "already-fixed"})
+
+
+def _shas(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A range end as stored: one sha, or a list of them (several --good)."""
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def end_json(shas: Sequence[str]) -> str | list[str]:
+    """A range end as records give it: the sha when there is one, else the list."""
+    return shas[0] if len(shas) == 1 else list(shas)
+
+
+@dataclass(kw_only=True, frozen=True)
+class CommitInfo:
+    """A commit as an answer names it: the culprit (or the fix, with --find-fix)."""
+
+    sha: str
+    subject: str
+    author: str
+    date: str
+    pr: int | None = None
+    files: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"sha": self.sha, "subject": self.subject, "author": self.author, "date": self.date,
+                "pr": self.pr, "files": list(self.files)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> CommitInfo:
+        return cls(sha=data["sha"], subject=data["subject"], author=data["author"], date=data["date"],
+                   pr=data.get("pr"), files=tuple(data.get("files", ())))
+
+
+@dataclass(kw_only=True, frozen=True)
+class StepRecord:
+    """One judged commit of a run, as recorded."""
+
+    sha: str
+    role: str  # endpoint | seed | merge base | probe | before | after | bad end | good end
+    round: int
+    verdict: str
+    reason: str
+    cached: bool
+    seconds: float
+    log: str | None = None
+    build: str | None = None
+    details: dict = field(default_factory=dict)
+    cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
+
+    def to_json(self) -> dict:
+        return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
+                "reason": self.reason, "cached": self.cached, "seconds": self.seconds, "log": self.log,
+                "build": self.build, "details": self.details, "cache_key": self.cache_key}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> StepRecord:
+        return cls(sha=data["sha"], role=data["role"], round=data["round"], verdict=data["verdict"],
+                   reason=data["reason"], cached=data["cached"], seconds=data["seconds"], log=data.get("log"),
+                   build=data.get("build"), details=data.get("details", {}), cache_key=data.get("cache_key", {}))
+
+
+@dataclass(kw_only=True, frozen=True)
+class SignatureRecord:
+    """Which bad runs were the fault hunted (--signature): any, auto (the signature learned), or a regex."""
+
+    mode: str = "any"
+    pattern: str | None = None
+    signature: str | None = None  # auto: the bad end's signature, once seen
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "pattern": self.pattern, "signature": self.signature}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> SignatureRecord:
+        return cls(mode=data["mode"], pattern=data["pattern"], signature=data["signature"])
+
+
+@dataclass(kw_only=True, frozen=True)
+class PrefilterRecord:
+    """--prefilter: the cheap scenario's own bisection, or why it could not run (error)."""
+
+    scenario: str
+    culprit: str | None = None
+    run_id: int | None = None
+    candidates: tuple[str, ...] = ()
+    executions: int | None = None
+    steps: tuple[StepRecord, ...] = ()
+    error: str | None = None  # the cheap tier could not tell the ends apart
+
+    def to_json(self) -> dict:
+        if self.error is not None:
+            return {"scenario": self.scenario, "culprit": self.culprit, "error": self.error}
+        return {"scenario": self.scenario, "run_id": self.run_id, "culprit": self.culprit,
+                "candidates": list(self.candidates), "executions": self.executions,
+                "steps": [step.to_json() for step in self.steps]}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> PrefilterRecord:
+        return cls(scenario=data["scenario"], culprit=data["culprit"], run_id=data.get("run_id"),
+                   candidates=tuple(data.get("candidates", ())), executions=data.get("executions"),
+                   steps=tuple(StepRecord.from_json(step) for step in data.get("steps", ())),
+                   error=data.get("error"))
+
+
+SEED_KINDS = ("fix", "culprit", "prefilter")
+
+
+@dataclass(kw_only=True, frozen=True)
+class SeedRecord:
+    """Where a seeded search started: the commit blamed from (kind: fix | culprit | prefilter)."""
+
+    kind: str
+    origin: str
+    candidates: tuple[dict, ...] = ()  # blamed commits: sha, changed_lines, context_lines
+    pair: tuple[str, str] | None = None  # (candidate, its parent) tested first
+    confirmed: bool = False  # the pair alone settled the answer
+
+    def to_json(self) -> dict:
+        return {self.kind: self.origin, "candidates": list(self.candidates),
+                "pair": list(self.pair) if self.pair else None, "confirmed": self.confirmed}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> SeedRecord:
+        kind = next(kind for kind in SEED_KINDS if data.get(kind))
+        pair = data["pair"]
+        return cls(kind=kind, origin=data[kind], candidates=tuple(data["candidates"]),
+                   pair=(pair[0], pair[1]) if pair else None, confirmed=data["confirmed"])
+
+
+@dataclass(kw_only=True, frozen=True)
+class PinChange:
+    """The answer moves a pinned dependency: which, from and to what ref, and the run that continues inside it."""
+
+    name: str
+    old: str | None  # None: not pinned before
+    new: str | None
+    continuation: str
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> PinChange:
+        change = data["pin_change"]
+        return cls(name=change["name"], old=change["from"], new=change["to"],
+                   continuation=data["pin_continuation"])
+
+
+@dataclass(kw_only=True, frozen=True)
+class Evidence:
+    """--flaky: runs of one commit and how many of them faulted."""
+
+    runs: int
+    faults: int
+
+
+@dataclass(kw_only=True, frozen=True)
+class FlakyAnswer:
+    """--flaky: how sure the search is, of which commit, and the runs behind it."""
+
+    confidence: float
+    best_guess: str
+    posterior: dict[str, float]
+    evidence: dict[str, Evidence]
+
+    def to_json(self) -> dict:
+        return {"confidence": self.confidence, "best_guess": self.best_guess, "posterior": self.posterior,
+                "evidence": {sha: {"runs": seen.runs, "faults": seen.faults} for sha, seen in self.evidence.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> FlakyAnswer:
+        return cls(confidence=data["confidence"], best_guess=data["best_guess"], posterior=data["posterior"],
+                   evidence={sha: Evidence(runs=seen["runs"], faults=seen["faults"])
+                             for sha, seen in data["evidence"].items()})
+
+
+@dataclass(kw_only=True, frozen=True)
+class MergeBase:
+    """A merge base tested first (an old end was not an ancestor of the new one), and its verdict."""
+
+    sha: str
+    verdict: str | None
+
+
+@dataclass(kw_only=True, frozen=True)
+class BisectResult:
+    """What `bisector run` found: the culprit (None: inconclusive) and every step that led there."""
+
+    kind: ClassVar[str] = "bisect"
+
+    run_id: int
+    mode: str = "regression"  # regression | find-fix
+    good: tuple[str, ...]     # several: git's many good ends (with --find-fix: bad)
+    bad: tuple[str, ...]
+    culprit: CommitInfo | None  # the first bad commit (with --find-fix: the first good one)
+    candidates: tuple[str, ...]
+    range: tuple[str, ...]      # every commit of the range, oldest first
+    steps: tuple[StepRecord, ...]
+    executions: int
+    rounds: int
+    scenario: str               # the verdict cache key
+    signature: SignatureRecord = SignatureRecord()
+    cache_key: dict | None = None
+    command_line: tuple[str, ...] = ()
+    repo: str | None = None
+    resumed_from: int | None = None
+    prefilter: PrefilterRecord | None = None
+    merge_bases: tuple[MergeBase, ...] = ()
+    warnings: tuple[str, ...] = ()
+    flaky: FlakyAnswer | None = None
+    seeded: SeedRecord | None = None
+    pin_change: PinChange | None = None
+
+    @property
+    def find_fix(self) -> bool:
+        return self.mode == "find-fix"
+
+    @property
+    def culprit_label(self) -> str:
+        return "first good commit (the fix)" if self.find_fix else "first bad commit"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FOUND if self.culprit else EXIT_INCONCLUSIVE
+
+    def to_json(self, *, published: bool = False) -> dict:
+        """The stored record; published (--json, `report --format json`) also names the culprit first_bad
+        (first_good with --find-fix), the name CI scripts read."""
+        culprit = self.culprit.to_json() if self.culprit else None
+        record = {"schema": RESULT_SCHEMA, "run_id": self.run_id, "mode": self.mode,
+                  "good": end_json(self.good), "bad": end_json(self.bad), "culprit": culprit}
+        if published:
+            record["first_good" if self.find_fix else "first_bad"] = culprit
+        record.update({
+            "candidates": list(self.candidates), "range": list(self.range),
+            "steps": [step.to_json() for step in self.steps], "executions": self.executions,
+            "rounds": self.rounds, "scenario": self.scenario, "signature": self.signature.to_json(),
+            "cache_key": self.cache_key, "command_line": list(self.command_line), "repo": self.repo,
+            "resumed_from": self.resumed_from})
+        if self.prefilter:
+            record["prefilter"] = self.prefilter.to_json()
+        if self.merge_bases:
+            record["merge_bases"] = [{"sha": base.sha, "verdict": base.verdict} for base in self.merge_bases]
+        if self.warnings:
+            record["warnings"] = list(self.warnings)
+        if self.flaky:
+            record.update(self.flaky.to_json())
+        if self.seeded:
+            record["seeded"] = self.seeded.to_json()
+        if self.pin_change:
+            change = self.pin_change
+            record["pin_change"] = {"name": change.name, "from": change.old, "to": change.new}
+            record["pin_continuation"] = change.continuation
+        return record
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> BisectResult:
+        """Also reads records of older versions: before schema 2 (no signature, cache key, command line
+        or repository; steps without details), before the range was kept (the commits the record names
+        stand in for it), and with the culprit also stored as first_bad/first_good."""
+        good, bad = _shas(data["good"]), _shas(data["bad"])
+        steps = tuple(StepRecord.from_json(step) for step in data["steps"])
+        candidates = tuple(data["candidates"])
+        known = dict.fromkeys([*good, *candidates, *(step.sha for step in steps), *bad])
+        return cls(
+            run_id=data["run_id"], mode=data.get("mode", "regression"), good=good, bad=bad,
+            culprit=CommitInfo.from_json(data["culprit"]) if data["culprit"] else None,
+            candidates=candidates, range=tuple(data.get("range") or known), steps=steps,
+            executions=data["executions"], rounds=data["rounds"], scenario=data["scenario"],
+            signature=SignatureRecord.from_json(data["signature"]) if data.get("signature") else SignatureRecord(),
+            cache_key=data.get("cache_key"), command_line=tuple(data.get("command_line") or ()),
+            repo=data.get("repo"), resumed_from=data.get("resumed_from"),
+            prefilter=PrefilterRecord.from_json(data["prefilter"]) if data.get("prefilter") else None,
+            merge_bases=tuple(MergeBase(sha=base["sha"], verdict=base["verdict"])
+                              for base in data.get("merge_bases", ())),
+            warnings=tuple(data.get("warnings", ())),
+            flaky=FlakyAnswer.from_json(data) if "confidence" in data else None,
+            seeded=SeedRecord.from_json(data["seeded"]) if data.get("seeded") else None,
+            pin_change=PinChange.from_json(data) if data.get("pin_change") else None)
+
+
+@dataclass(kw_only=True, frozen=True)
+class Conflict:
+    """A path the fix's cherry-pick conflicts in, and what conflicts there."""
+
+    file: str
+    kind: str  # both modified | deleted in branch | deleted by fix | added in both
+    hunks: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "kind": self.kind, "hunks": list(self.hunks)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Conflict:
+        return cls(file=data["file"], kind=data["kind"], hunks=tuple(data["hunks"]))
+
+
+@dataclass(kw_only=True, frozen=True)
+class BackportBranch:
+    """--create-branches: the backport branch made at a clean pick, and what became of it."""
+
+    name: str
+    state: str  # created | exists | exists at another commit, left alone | not created: a ref in the way
+
+
+@dataclass(kw_only=True, frozen=True)
+class BranchEntry:
+    """One release branch of a backport run: contains -> before -> pick -> after -> verdict."""
+
+    branch: str
+    tip: str
+    pick: str = "none"           # none | clean | conflict | empty
+    before: str | None = None    # the scenario's verdict on the tip (None: no scenario, or not needed)
+    after: str | None = None     # ... on the picked commit
+    verdict: str                 # one of VERDICTS
+    equivalent: str | None = None  # already-picked: the commit that carries the fix
+    conflicts: tuple[Conflict, ...] = ()
+    picked: str | None = None    # the picked commit, when clean
+    target: str | None = None    # present | absent: the code the fix changes, on the branch
+    reason: str = ""
+    before_reason: str | None = None
+    after_reason: str | None = None
+    backport_branch: BackportBranch | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.verdict in SETTLED
+
+    def to_json(self) -> dict:
+        made = self.backport_branch
+        return {"branch": self.branch, "tip": self.tip, "pick": self.pick, "before": self.before,
+                "after": self.after, "verdict": self.verdict, "equivalent": self.equivalent,
+                "conflicts": [conflict.to_json() for conflict in self.conflicts], "picked": self.picked,
+                "target": self.target, "reason": self.reason, "before_reason": self.before_reason,
+                "after_reason": self.after_reason,
+                "backport_branch": {"name": made.name, "state": made.state} if made else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> BranchEntry:
+        made = data.get("backport_branch")
+        return cls(branch=data["branch"], tip=data["tip"], pick=data["pick"], before=data["before"],
+                   after=data["after"], verdict=data["verdict"], equivalent=data.get("equivalent"),
+                   conflicts=tuple(Conflict.from_json(c) for c in data.get("conflicts", ())),
+                   picked=data.get("picked"), target=data.get("target"), reason=data["reason"],
+                   before_reason=data.get("before_reason"), after_reason=data.get("after_reason"),
+                   backport_branch=BackportBranch(name=made["name"], state=made["state"]) if made else None)
+
+
+@dataclass(kw_only=True, frozen=True)
+class BackportResult:
+    """What `bisector backport` found: one entry per matching branch."""
+
+    kind: ClassVar[str] = "backport"
+
+    run_id: int
+    fix: str
+    fix_ref: str
+    fix_subject: str
+    scenario: str | None  # the verdict cache key; None: picks only, no scenario
+    cache_key: dict | None = None
+    command_line: tuple[str, ...] = ()
+    repo: str | None = None
+    globs: tuple[str, ...]
+    branches: tuple[BranchEntry, ...]
+    executions: int
+    resumed_from: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every branch settled: nothing left to do."""
+        return all(entry.settled for entry in self.branches)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FOUND if self.ok else EXIT_INCONCLUSIVE
+
+    def to_json(self) -> dict:
+        return {"schema": RESULT_SCHEMA, "run_id": self.run_id, "kind": self.kind, "fix": self.fix,
+                "fix_ref": self.fix_ref, "fix_subject": self.fix_subject, "scenario": self.scenario,
+                "cache_key": self.cache_key, "command_line": list(self.command_line), "repo": self.repo,
+                "globs": list(self.globs), "branches": [entry.to_json() for entry in self.branches],
+                "executions": self.executions, "ok": self.ok, "resumed_from": self.resumed_from}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> BackportResult:
+        """Also reads records from before schema 2 (no cache key, command line or repository)."""
+        return cls(run_id=data["run_id"], fix=data["fix"], fix_ref=data["fix_ref"], fix_subject=data["fix_subject"],
+                   scenario=data["scenario"], cache_key=data.get("cache_key"),
+                   command_line=tuple(data.get("command_line") or ()), repo=data.get("repo"),
+                   globs=tuple(data["globs"]), branches=tuple(BranchEntry.from_json(b) for b in data["branches"]),
+                   executions=data["executions"], resumed_from=data.get("resumed_from"))
+
+
+Result = BisectResult | BackportResult
+RESULTS: dict[str, type[BisectResult] | type[BackportResult]] = {"bisect": BisectResult, "backport": BackportResult}
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunParams:
+    """What a recorded run was asked (the parts `bisector runs` lists)."""
+
+    repo: str | None = None
+    good: tuple[str, ...] = ()
+    bad: tuple[str, ...] = ()
+    fix: str | None = None        # backport
+    globs: tuple[str, ...] = ()   # backport
+    scenario: str | None = None
+    command_line: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> RunParams:
+        return cls(repo=data.get("repo"), good=_shas(data.get("good")), bad=_shas(data.get("bad")),
+                   fix=data.get("fix"), globs=tuple(data.get("globs", ())), scenario=data.get("scenario"),
+                   command_line=tuple(data.get("command_line") or ()))
+
+
+@dataclass(kw_only=True, frozen=True)
+class StoredRun:
+    """A recorded run, read from its row in the store: what it was asked, where it stands, its result."""
+
+    id: int
+    kind: str    # bisect | backport
+    status: str  # running | finished | failed | interrupted
+    params: RunParams
+    record: dict | None  # the result as stored; None until the run finishes
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> StoredRun:
+        return cls(id=row["id"], kind=row["kind"], status=row["status"],
+                   params=RunParams.from_json(json.loads(row["params"])),
+                   record=json.loads(row["result"]) if row["result"] else None)
+
+    @cached_property
+    def result(self) -> Result | None:
+        """The typed result (None: the run has none yet, or it is of a kind this version does not know)."""
+        if self.record is None or self.kind not in RESULTS:
+            return None
+        return RESULTS[self.kind].from_json(self.record)
+
+
+@dataclass(kw_only=True, frozen=True)
+class PlannedCommand:
+    """A build command a planned step would run."""
+
+    label: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+@dataclass(kw_only=True, frozen=True)
+class PlannedStep:
+    """A commit `bisector run --plan` would test, and the build it needs."""
+
+    sha: str
+    role: str
+    native: str  # hash of the native build inputs
+    build: str   # the build strategy
+    reason: str
+    commands: tuple[PlannedCommand, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"sha": self.sha, "role": self.role, "native": self.native, "build": self.build,
+                "reason": self.reason, "commands": [{"label": command.label, "argv": list(command.argv),
+                                                     "env": command.env} for command in self.commands]}
+
+
+@dataclass(kw_only=True, frozen=True)
+class Plan:
+    """`bisector run --plan`: the commits a run would test first and their builds; nothing run."""
+
+    commits: int
+    good: tuple[str, ...]
+    bad: tuple[str, ...]
+    builder: str
+    merge_bases: tuple[str, ...] = ()
+    probes: tuple[PlannedStep, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"commits": self.commits, "good": end_json(self.good), "bad": end_json(self.bad),
+                "builder": self.builder, "merge_bases": list(self.merge_bases),
+                "probes": [probe.to_json() for probe in self.probes]}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Plan:
+        return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
+                   builder=data["builder"], merge_bases=tuple(data["merge_bases"]),
+                   probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
+                                            reason=p["reason"],
+                                            commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),
+                                                                          env=c["env"]) for c in p["commands"]))
+                                for p in data["probes"]))

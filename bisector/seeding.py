@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from bisector.blame import BlamedCommit
+from bisector.results import SeedRecord
 
 
 @dataclass(frozen=True)
@@ -19,9 +20,10 @@ class SeedPlan:
     priors: dict[str, float]               # Bisection priors: candidates share half the mass
     kind: str = "fix"                      # what origin is: fix | culprit
 
-    def as_dict(self, confirmed: bool) -> dict:
-        return {self.kind: self.origin, "candidates": [c.as_dict() for c in self.candidates],
-                "pair": list(self.pair) if self.pair else None, "confirmed": confirmed}
+    def record(self, confirmed: bool) -> SeedRecord:
+        """The seeding as the result keeps it; confirmed: the pair alone settled the answer."""
+        return SeedRecord(kind=self.kind, origin=self.origin, candidates=tuple(c.as_dict() for c in self.candidates),
+                          pair=self.pair, confirmed=confirmed)
 
 
 def plan_seeds(commits: Sequence[tuple[str, Sequence[str]]], old: str, origin: str,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from bisector.results import SignatureRecord
+
 PREFIX_CHARS = 400  # only a line's head is examined: scanning stays linear in the output size
 # Fault kinds by the substring that shows them (ROCm and CUDA as a parent process sees them).
 FAULT_KINDS = (
@@ -94,5 +96,5 @@ class SignatureRule:
             return re.search(self.pattern, signature) is not None
         return self.mode == "any" or self.learned is None or signature == self.learned
 
-    def as_dict(self) -> dict:
-        return {"mode": self.mode, "pattern": self.pattern, "signature": self.learned}
+    def record(self) -> SignatureRecord:
+        return SignatureRecord(mode=self.mode, pattern=self.pattern, signature=self.learned)

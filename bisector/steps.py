@@ -4,9 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bisector.results import StepRecord
 
-@dataclass(frozen=True)
+
+@dataclass(kw_only=True, frozen=True)
 class Step:
+    """A judged commit as the run sees it land (the policy observes it, the handler shows it)."""
+
     sha: str
     role: str  # endpoint | seed | probe
     round: int
@@ -19,11 +23,11 @@ class Step:
     details: dict = field(default_factory=dict)
     cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
 
-    def as_dict(self) -> dict:
-        return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
-                "reason": self.reason, "cached": self.cached, "seconds": round(self.seconds, 3),
-                "log": self.log_path, "build": self.build, "details": self.details,
-                "cache_key": self.cache_key}
+    def record(self) -> StepRecord:
+        """The step as results keep it (seconds to the millisecond)."""
+        return StepRecord(sha=self.sha, role=self.role, round=self.round, verdict=self.verdict, reason=self.reason,
+                          cached=self.cached, seconds=round(self.seconds, 3), log=self.log_path, build=self.build,
+                          details=self.details, cache_key=self.cache_key)
 
 
 class Handler:

@@ -13,6 +13,7 @@ from typing import ClassVar, Mapping
 
 from bisector.envs import python_environment
 from bisector.errors import ScenarioError
+from bisector.pins import FollowUp
 from bisector.process import watch_for
 
 
@@ -76,6 +77,11 @@ class BaseScenario(ABC):
         Override to add what the scenario depends on, e.g. `python_environment(python, ("torch",))`.
         """
         return python_environment(python)
+
+    def follow_up(self, dependency: str) -> FollowUp | None:
+        """How the hunt continues inside `dependency` (e.g. "aiter") when the answer moves its pin: the
+        repository and the options this scenario carries over. None (the default): nothing of its own."""
+        return None
 
     @abstractmethod
     def run(self, ctx: StepContext) -> Outcome:

@@ -91,6 +91,7 @@ def test_github_workflows_run_bisector_in_the_launcher_and_report_their_own_run(
     assert list(bisect["on"]) == ["workflow_dispatch"]
 
 
+@pytest.mark.slow  # demoted: it re-states the workflow's YAML values (the rules live in the tests around it)
 def test_backport_gate_waits_for_a_maintainer_and_tests_the_whole_pull_request():
     gate = load(EXAMPLES / "github-actions" / "bisector-backport-gate.yml")
     assert gate["on"]["pull_request"] == {"branches": ["releases/**"], "types": ["labeled"]}

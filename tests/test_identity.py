@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bisector.engine import RunConfig, run_bisection
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
+from bisector.results import BisectResult
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,20 +156,20 @@ def test_changing_the_scenario_source_judges_again_and_good_keeps_details(tmp_pa
     shas = linear_repo(repo)
     state = tmp_path / "state"
 
-    def bisect(scenario) -> dict:
+    def bisect(scenario) -> BisectResult:
         return run_bisection(RunConfig(repo=repo, good=shas[0], bad=shas[-1], scenario=scenario,
                                        state_dir=state))
 
     first = bisect(load_scenario(tmp_path / "v1", 7, "threshold_v1"))
-    assert first["culprit"]["sha"] == shas[7]
-    good_steps = [s for s in first["steps"] if s["verdict"] == "good"]
-    assert good_steps and all("measured_level" in s["details"] for s in good_steps)
+    assert first.culprit.sha == shas[7]
+    good_steps = [s for s in first.steps if s.verdict == "good"]
+    assert good_steps and all("measured_level" in s.details for s in good_steps)
     same = bisect(load_scenario(tmp_path / "v1b", 7, "threshold_v1b"))
-    assert same["executions"] == 0  # the same source text: the same question
-    assert all("measured_level" in s["details"] for s in same["steps"])
+    assert same.executions == 0  # the same source text: the same question
+    assert all("measured_level" in s.details for s in same.steps)
     changed = bisect(load_scenario(tmp_path / "v2", 5, "threshold_v2"))
-    assert changed["executions"] > 0 and changed["culprit"]["sha"] == shas[5]
-    assert changed["cache_key"]["source"] != first["cache_key"]["source"]
+    assert changed.executions > 0 and changed.culprit.sha == shas[5]
+    assert changed.cache_key["source"] != first.cache_key["source"]
 
 
 def test_command_runs_build_nothing_by_default_and_say_so(tmp_path):

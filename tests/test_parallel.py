@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from bisector.engine import RunConfig, run_bisection
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
 from bisector.errors import UsageError
 from bisector.executor import local_slots, parse_gpus, visible_gpus
 from bisector.search import Bisection, Term
@@ -41,11 +42,11 @@ def test_rounds_in_result_count_probe_rounds(make_repo, tmp_path, jobs):
     shas = repo.linear(61, bad_from=None)
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=jobs,
                                      scenario=_threshold_scenario(37), state_dir=tmp_path / f"s{jobs}"))
-    assert result["culprit"]["sha"] == shas[37]
-    probe_rounds = {s["round"] for s in result["steps"] if s["role"] == "probe"}
-    assert probe_rounds == set(range(1, result["rounds"] + 1))
-    assert result["rounds"] <= math.ceil(math.log(60, jobs + 1)) + 1
-    per_round = [sum(s["round"] == r for s in result["steps"]) for r in probe_rounds]
+    assert result.culprit.sha == shas[37]
+    probe_rounds = {s.round for s in result.steps if s.role == "probe"}
+    assert probe_rounds == set(range(1, result.rounds + 1))
+    assert result.rounds <= math.ceil(math.log(60, jobs + 1)) + 1
+    per_round = [sum(s.round == r for s in result.steps) for r in probe_rounds]
     assert max(per_round) == jobs
 
 
@@ -59,9 +60,9 @@ def test_result_deciding_the_answer_kills_the_running_step(make_repo, tmp_path,
                                      scenario=script_scenario(deciding_answer_kills_the_rest),
                                      state_dir=tmp_path / "state"))
     assert time.monotonic() - start < 30
-    assert result["culprit"]["sha"] == shas[1]
+    assert result.culprit.sha == shas[1]
     assert not pid_alive(int((tmp_path / "sleeper").read_text()))
-    assert shas[2] not in [s["sha"] for s in result["steps"]]
+    assert shas[2] not in [s.sha for s in result.steps]
 
 
 # Probes 2, 4, 6 run together; 4 is bad, which makes 6 moot: 6 must be killed for 2 to answer.
@@ -82,10 +83,10 @@ def test_probe_made_moot_mid_round_is_killed_while_the_round_goes_on(make_repo, 
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[8], jobs=3, timeout=20,
                                      scenario=script_scenario(MOOT_PROBE_IS_KILLED_MID_ROUND),
                                      state_dir=tmp_path / "state"))
-    first = {s["sha"]: s["verdict"] for s in result["steps"] if s["round"] == 1}
+    first = {s.sha: s.verdict for s in result.steps if s.round == 1}
     assert first == {shas[2]: "good", shas[4]: "bad"}
-    assert result["culprit"]["sha"] == shas[4]
-    assert result["rounds"] == 2
+    assert result.culprit.sha == shas[4]
+    assert result.rounds == 2
 
 
 def test_parse_gpus():

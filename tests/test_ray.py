@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from bisector.engine import RunConfig, run_bisection
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
 from bisector.executor import Placement, RayExecutor, ray_runtime_env
 from bisector.store import Store
 from scenarios.command import CommandScenario
@@ -43,12 +44,12 @@ def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path, s
     executor = RayExecutor(Placement(2, None, scenario.gpus_per_run, scenario.gpus_per_run, "file://" + str(repo.path)))
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=2, scenario=scenario,
                                      state_dir=tmp_path / "state", executor=executor))
-    assert result["culprit"]["sha"] == shas[17]
+    assert result.culprit.sha == shas[17]
     assert set(seen.read_text().splitlines()) <= {"0|0|0", "0|1|0"}  # HIP|ROCR|CUDA
-    for step in result["steps"]:
-        log = (tmp_path / "state" / "logs" / os.path.basename(step["log"]))
-        assert step["log"] == str(log)
-        assert log.read_text() == f"checked {shas.index(step['sha'])}\n"
+    for step in result.steps:
+        log = (tmp_path / "state" / "logs" / os.path.basename(step.log))
+        assert step.log == str(log)
+        assert log.read_text() == f"checked {shas.index(step.sha)}\n"
 
 
 def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp_path,
@@ -62,7 +63,7 @@ def test_result_deciding_the_answer_cancels_the_ray_step(cluster, make_repo, tmp
                                      state_dir=tmp_path / "state",
                                      executor=RayExecutor(Placement(2, None, 0, 0, str(repo.path)))))
     assert time.monotonic() - start < 30
-    assert result["culprit"]["sha"] == shas[1]
+    assert result.culprit.sha == shas[1]
     sleeper = int((tmp_path / "sleeper").read_text())
     deadline = time.monotonic() + 10
     while pid_alive(sleeper) and time.monotonic() < deadline:
@@ -109,10 +110,10 @@ def test_killed_worker_is_retried_and_never_a_verdict(cluster, make_repo, tmp_pa
     runner.join(120)
     assert "error" not in outcome, outcome.get("error")
     result = outcome["result"]
-    assert result["culprit"]["sha"] == shas[5]
-    assert [(s["round"], s["verdict"]) for s in result["steps"] if s["sha"] == shas[3]] == [(1, "good")]
+    assert result.culprit.sha == shas[5]
+    assert [(s.round, s.verdict) for s in result.steps if s.sha == shas[3]] == [(1, "good")]
     store = Store(state / "bisector.sqlite")
-    assert [e.verdict for e in store.executions(shas[3], result["scenario"])] == ["good"]
+    assert [e.verdict for e in store.executions(shas[3], result.scenario)] == ["good"]
     store.close()
 
 

@@ -26,9 +26,6 @@ class Command:
     argv: tuple[str, ...]
     env: dict
 
-    def as_dict(self) -> dict:
-        return {"label": self.label, "argv": list(self.argv), "env": self.env}
-
 
 @dataclass(frozen=True)
 class Decision:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bisector.envs import python_environment
 from bisector.errors import ScenarioError
+from bisector.pins import FollowUp
 from bisector.process import run_process
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
@@ -45,6 +46,15 @@ class AiterMLAProbe(BaseScenario):
     def environment(self, python: str) -> dict:
         """The probe runs the checkout's Python against torch in the --python environment."""
         return python_environment(python, ("torch",))
+
+    def follow_up(self, dependency: str) -> FollowUp | None:
+        """A hunt inside AITER keeps this probe's options but where AITER and vLLM come from (it holds
+        vLLM at the answer), and the AITER repository named here."""
+        if dependency != "aiter":
+            return None
+        held = {"aiter_repo", "aiter_ref", "vllm_repo", "vllm_ref"}
+        return FollowUp(repo=self.options["aiter_repo"] or None,
+                        options={key: value for key, value in self.options.items() if value and key not in held})
 
     def run(self, ctx: StepContext) -> Outcome:
         log = str(ctx.log_path)

@@ -1,0 +1,44 @@
+"""What `bisector run` was asked: the settings one bisection runs with."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from bisector.builds import NoBuild
+from bisector.envs import EnvSettings
+from bisector.process import DEFAULT_LOG_LIMIT
+from bisector.seams import Executor, Scenario
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The settings of one bisection (the options of `bisector run`)."""
+
+    repo: Path
+    good: str | Sequence[str]  # several: git's many good revs (with --find-fix: several bad ones)
+    bad: str | Sequence[str]
+    scenario: Scenario
+    first_parent: bool = False
+    paths: Sequence[str] = ()
+    find_fix: bool = False
+    timeout: float | None = None
+    state_dir: Path | None = None
+    verify_endpoints: bool = True
+    jobs: int = 1
+    repeat: int = 1
+    python: str = "python3"
+    executor: Executor | None = None  # default: LocalExecutor on `jobs` CPU slots
+    builder: object = field(default_factory=NoBuild)
+    fix: str | None = None             # seed the search with the commits the fix's lines blame to
+    culprit: str | None = None         # --find-fix: seed with the commits that rewrote the culprit's lines
+    flaky: bool = False                # probabilistic search over intermittent faults
+    confidence: float = 0.95
+    fault_rate: float | None = None    # --flaky: known fault probability (default: estimated)
+    max_runs_per_commit: int = 20
+    signature: str | None = None      # any | auto | a regex; default: the scenario's default_signature
+    prefilter: Scenario | None = None  # a cheap scenario bisected first; this one confirms its culprit
+    log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
+    no_cache: bool = False             # judge every commit again (still recording the verdicts)
+    command_line: Sequence[str] = ()   # how the user asked for this run, stored and shown in reports
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit

@@ -1,0 +1,111 @@
+"""The driver: one run's moving parts and the one loop that asks a search policy what to test next,
+judges it on the executor (cached verdicts first), records each step as it lands."""
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+
+from bisector.engine.judge import Judge, signature_of
+from bisector.policies import Batch, SearchPolicy
+from bisector.process import Cancelled
+from bisector.seams import Executor
+from bisector.steps import Handler, Step
+from bisector.store import Execution, Store
+from scenarios.base import Verdict
+
+
+class RunContext:
+    """One run's moving parts: where verdicts are stored, who judges, where steps run, what was seen.
+
+    `run_id` None means no run row (a single judged commit): steps are then not recorded.
+    `no_cache`: only executions recorded by this run count (earlier verdicts are not served).
+    """
+
+    def __init__(self, store: Store, judge: Judge, executor: Executor, run_id: int | None = None,
+                 handler: Handler | None = None, no_cache: bool = False):
+        self.store, self.judge, self.executor = store, judge, executor
+        self.run_id, self.handler = run_id, handler or Handler()
+        self.steps: list[Step] = []
+        self.executions = 0
+        self.after_execution = store.last_execution_id() if no_cache else 0
+        store.remember_key(judge.key, judge.key_parts)
+
+    def history(self, sha: str) -> list[Execution]:
+        return self.store.executions(sha, self.judge.key, self.after_execution)
+
+    def record(self, fresh: list[Execution]) -> list[Execution]:
+        """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
+        for execution in fresh:
+            if not (execution.details.get("build_failed") or execution.details.get("env_failed")):
+                self.store.add_execution(self.judge.key, execution)
+                self.executions += 1
+        return fresh
+
+    def add_step(self, sha: str, role: str, round_no: int, execution: Execution, cached: bool) -> Step:
+        step = Step(sha=sha, role=role, round=round_no, verdict=execution.verdict, reason=execution.reason,
+                    cached=cached, seconds=execution.seconds, log_path=execution.log_path, build=execution.build,
+                    details=dict(execution.details), cache_key=self.judge.key_parts)
+        if self.run_id is not None:
+            self.store.add_step(self.run_id, len(self.steps), round_no, role, execution, cached)
+        self.steps.append(step)
+        return step
+
+    def verdict(self, sha: str) -> tuple[Execution, bool]:
+        """sha's decided verdict, from the cache or run (and recorded) now; and whether cached."""
+        done = self.history(sha)
+        hit = self.judge.decide(done)
+        if hit is not None:
+            return hit, True
+        fresh = self.executor.run_step(self.judge, sha, done).result()
+        return self.judge.decide(done + self.record(fresh)), False
+
+    def run_round(self, batch: Batch, policy: SearchPolicy) -> list[Step]:
+        """Judge a batch concurrently; record each as it lands; cancel steps the policy no longer wants.
+
+        With `policy.rerun` every commit gets one more execution, cache or not (--flaky's evidence).
+        """
+        landed: list[Step] = []
+
+        def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
+            if execution.verdict == Verdict.BAD.value and (role == "endpoint" or not policy.verify_endpoints):
+                self.judge.signature.learn(signature_of(execution))  # --signature auto: the bad end's
+            step = self.add_step(sha, role, batch.round, execution, cached)
+            landed.append(step)
+            policy.observe(step)
+            self.handler.tested(step, *policy.progress())
+
+        futures = {}
+        for sha, role in batch.commits:
+            done = [] if policy.rerun else self.history(sha)
+            hit = None if policy.rerun else self.judge.decide(done)
+            if hit is not None:
+                land(sha, role, hit, True)
+                continue
+            self.handler.testing(sha, role)
+            futures[self.executor.run_step(self.judge, sha, done)] = (sha, role, done)
+        cancelled = set()
+        while futures:
+            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in finished:
+                sha, role, done = futures.pop(future)
+                try:
+                    fresh = self.record(future.result())
+                except (Cancelled, CancelledError):
+                    continue
+                for execution in fresh if policy.rerun else [self.judge.decide(done + fresh)]:
+                    land(sha, role, execution, False)
+            for future, (sha, _, _) in futures.items():
+                if future not in cancelled and not policy.wants(sha):
+                    cancelled.add(future)
+                    self.executor.cancel(future)
+        return landed
+
+    def drive(self, policy: SearchPolicy) -> int:
+        """The one loop: ask the policy what to test next until it has its answer; returns rounds."""
+        batches = policy.batches()
+        landed = None
+        while True:
+            try:
+                batch = batches.send(landed)
+            except StopIteration:
+                return policy.rounds
+            landed = self.run_round(batch, policy)

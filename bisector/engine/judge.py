@@ -1,0 +1,131 @@
+"""How one checked-out commit gets its verdict: build, then run the scenario until the verdict is decided."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Mapping
+
+from bisector.builds import BuildResult
+from bisector.envs import DEFAULT_VERSIONS, SharedEnv, worktree_reader
+from bisector.errors import UsageError
+from bisector.seams import Scenario
+from bisector.signatures import SignatureRule, normalise
+from bisector.store import Execution
+from scenarios.base import StepContext, Verdict
+
+
+def signature_of(run: Execution) -> str:
+    """The failure signature a scenario gave its run, else its reason normalised."""
+    return run.details.get("signature") or normalise(run.reason)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """How one checked-out commit is judged: build, then run the scenario until its verdict is decided.
+
+    Holds no open resources, so a remote worker can run it too (it is pickled into Ray tasks).
+    """
+
+    scenario: Scenario
+    builder: object
+    timeout: float | None
+    python: str
+    repeat: int = 1
+    signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
+    envs: object = field(default_factory=SharedEnv)  # where each commit runs (bisector.envs)
+
+    @cached_property
+    def key_parts(self) -> dict:
+        """What the verdict cache key hashes: the scenario's identity, the build strategy, and whether each
+        commit runs in its own environment (its key then follows from the commit and the base python)."""
+        build = self.builder.name if self.scenario.needs_build else "none"
+        return {**self.scenario.identity(self.python), "build": build, "env": self.envs.settings.mode}
+
+    @property
+    def key(self) -> str:
+        """The verdict cache key: which question this judge answers (`scenario/hash of key_parts`)."""
+        blob = json.dumps(self.key_parts, sort_keys=True, default=str)
+        return f"{self.scenario.name}/{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+    def decide(self, runs: list[Execution]) -> Execution | None:
+        """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
+
+        A skip for a timeout counts only while the timeout is not larger than the one it hit.
+        """
+        runs = [run for run in runs if not self._outgrown_timeout(run)]
+        for run in runs:
+            if run.verdict == Verdict.BAD.value and not self.signature.accepts(signature_of(run)):
+                return dataclasses.replace(run, verdict=Verdict.SKIP.value,
+                                           reason=f"different failure: {signature_of(run)} ({run.reason})",
+                                           details={**run.details, "different_failure": True})
+            if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
+                return run
+        if len(runs) >= self.repeat:
+            if self.repeat == 1:
+                return runs[-1]
+            return Execution(runs[-1].sha, Verdict.GOOD.value, f"{len(runs)} clean runs", runs[-1].log_path,
+                             sum(r.seconds for r in runs), runs[-1].build,
+                             {**runs[-1].details, "clean_runs": [r.details for r in runs]})
+        return None
+
+    def _outgrown_timeout(self, run: Execution) -> bool:
+        hit = run.details.get("timed_out_after")
+        return hit is not None and (self.timeout is None or self.timeout > hit)
+
+    def test(self, worktree: Path, sha: str, done: list[Execution], logs: Path,
+             slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
+        """In the commit's environment: build, then run the scenario until sha's verdict is decided;
+        new executions only (each records the environment's key and versions under details["env"])."""
+        with self.envs.environment(worktree_reader(worktree)) as environment:
+            if not environment.ok:  # not a scenario run: the environment store remembers its failures
+                return [Execution(sha, Verdict.SKIP.value, environment.reason, None, 0.0, None,
+                                  {"env_failed": True, "env": {"key": environment.key}})]
+            template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
+                                   env={**slot_env, **environment.env}, python=environment.python or self.python,
+                                   cancel=cancel)
+            fresh = self._runs(sha, done, template, environment)
+            if environment.key is None:
+                return fresh
+            names = getattr(self.scenario, "env_versions", DEFAULT_VERSIONS)
+            step_env = {"key": environment.key, "python": environment.python,
+                        "versions": self.envs.versions(environment, names)}
+        return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
+
+    def _runs(self, sha: str, done: list[Execution], template: StepContext, environment) -> list[Execution]:
+        """Build in environment, then scenario runs with template's settings until the verdict is decided."""
+        fresh: list[Execution] = []
+        worktree, logs = template.checkout, template.log_path
+        build = self.builder.prepare(worktree, sha, logs, environment) if self.scenario.needs_build \
+            else BuildResult("none", True, "scenario needs no build")
+        while self.decide(done + fresh) is None:
+            attempt = len(done) + len(fresh)
+            log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+            start = time.monotonic()
+            if not build.ok:  # not a scenario run: the builder remembers its own failures
+                outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
+                    build.log_path
+                details = {"build_failed": True}
+            else:
+                ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
+                outcome = self.scenario.run(ctx)
+                outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
+                details = dict(outcome.details)
+                if details.pop("timed_out", False):
+                    details["timed_out_after"] = self.timeout
+            fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
+                                   build.summary, details))
+        return fresh
+
+
+def signature_rule(text: str) -> SignatureRule:
+    """--signature TEXT as a rule, or UsageError."""
+    try:
+        return SignatureRule.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

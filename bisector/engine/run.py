@@ -1,0 +1,211 @@
+"""The orchestration: a bisection from asked range to result (seeds, prefilter, the driver loop, the scenario's
+follow-up when the answer moves a pinned dependency), and the single-commit jobs (judge_one, calibrate)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from bisector.blame import blame_fix, blame_reverse
+from bisector.engine.config import RunConfig
+from bisector.engine.driver import RunContext
+from bisector.engine.judge import Judge, signature_rule
+from bisector.engine.ranges import Range, resolve_range
+from bisector.engine.state import open_builder, open_state
+from bisector.errors import EndpointError, GitError, UsageError
+from bisector.executor import LocalExecutor
+from bisector.pins import DEFAULT_AITER_REPO, FollowUp, continuation_argv, pin_change, pins_at
+from bisector.policies import BisectPolicy, CalibratePolicy, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
+from bisector.refs import GitRepo
+from bisector.results import BisectResult, PinChange, PrefilterRecord, end_json
+from bisector.search import Bisection, FlakyModel
+from bisector.seams import Scenario
+from bisector.seeding import SeedPlan, plan_seeds
+from bisector.steps import Handler
+
+
+def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> str:
+    """What was asked, hashed: the same command resumes the same unfinished run."""
+    old = olds[0] if len(olds) == 1 else list(olds)
+    blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
+                       list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
+                       cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
+                      + ([cfg.signature] if cfg.signature else [])
+                      + ([cfg.prefilter.identity(cfg.python)] if cfg.prefilter else []))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
+            cost: Callable[[str], float]) -> SearchPolicy:
+    """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists)."""
+    priors = seeds.priors if seeds else None
+    if cfg.flaky:
+        if len(asked.ends.olds) > 1 or asked.ends.merge_bases:
+            raise UsageError(f"--flaky needs one --{asked.ends.old_name} that is an ancestor of "
+                             f"--{asked.ends.new_name}")
+        model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit)
+        return FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
+                           ctx.history, priors)
+    search = Bisection(asked.commits, asked.ends.new, priors=priors)
+    return BisectPolicy(search, asked.ends, ctx.executor.size, cost, seeds.pair if seeds else None,
+                        cfg.verify_endpoints)
+
+
+def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResult:
+    """Validate, then bisect; returns the result (its record is stored in the run's row)."""
+    handler = handler or Handler()
+    asked = resolve_range(cfg)
+    repo, ends = asked.repo, asked.ends
+    prefilter = None
+    if cfg.prefilter:
+        seeds, prefilter = _prefilter_seeds(cfg, asked, handler)
+    else:
+        seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
+    with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit) as (state_dir, pool, store):
+        builder = open_builder(cfg, repo, state_dir)
+        judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
+                      1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                      signature_rule(cfg.signature or cfg.scenario.default_signature),
+                      cfg.envs.open(state_dir))
+        params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
+                  "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
+                  "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
+                  "first_parent": cfg.first_parent,
+                  "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
+                  "repeat": cfg.repeat, "flaky": cfg.flaky,
+                  **{kind: seeds.origin if seeds and seeds.kind == kind else None
+                     for kind in ("fix", "culprit", "prefilter")}}
+        executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
+        try:
+            executor.start(pool, state_dir / "logs")
+            with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key), params) as run:
+                handler.started(run.id, len(asked.commits), run.resumed_from, state_dir / "logs")
+                ctx = RunContext(store, judge, executor, run.id, handler, cfg.no_cache)
+                policy = _policy(cfg, asked, seeds, ctx, builder.cost)
+                rounds = ctx.drive(policy)
+                answer, found = policy.answer()
+                first = answer.first_new
+                result = BisectResult(
+                    run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
+                    good=asked.good, bad=asked.bad, culprit=repo.commit_info(first) if first else None,
+                    candidates=tuple(answer.candidates), range=(*ends.olds, *(sha for sha, _ in asked.commits)),
+                    steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions, rounds=rounds,
+                    scenario=judge.key, signature=judge.signature.record(), cache_key=judge.key_parts,
+                    command_line=tuple(cfg.command_line), repo=str(repo.root), resumed_from=run.resumed_from,
+                    prefilter=prefilter, seeded=seeds.record(policy.confirmed) if seeds else None,
+                    pin_change=_pin_follow_up(repo, first, cfg) if first else None, **found)
+                run.result = result.to_json()
+            return result
+        finally:
+            GROUPS.stop()  # builds and scenarios still running die now, not when they finish
+            executor.shutdown()
+
+
+def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[SeedPlan | None, PrefilterRecord]:
+    """Bisect with the cheap prefilter scenario; its culprit and that commit's parent become the seed
+    pair the expensive scenario tests first (2 executions when both tiers agree), and its culprit holds
+    half the prior mass when they do not."""
+    if cfg.fix or cfg.culprit:
+        raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
+    cheap = dataclasses.replace(cfg, scenario=cfg.prefilter, prefilter=None, executor=None, signature=None,
+                                flaky=False, repeat=1)
+    try:
+        result = run_bisection(cheap, handler)
+    except EndpointError as exc:  # the cheap tier cannot tell these ends apart: it predicts nothing here
+        return None, PrefilterRecord(scenario=cheap.scenario.name, error=str(exc))
+    culprit = result.culprit.sha if result.culprit else None
+    info = PrefilterRecord(scenario=result.scenario, run_id=result.run_id, culprit=culprit,
+                           candidates=result.candidates, executions=result.executions, steps=result.steps)
+    if culprit is None:
+        return None, info
+    parents = dict(asked.commits)
+    parent = (parents[culprit] or (None,))[0]
+    testable = parent in parents or parent in asked.ends.olds
+    return SeedPlan(culprit, (), (culprit, parent) if testable else None,
+                    {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
+
+
+def _pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | None:
+    """When the answer moves a pinned dependency (AITER in docker/Dockerfile.rocm_base), say so and give
+    the `bisector run` that continues inside the dependency with vLLM held at the answer; the scenario's
+    follow_up says which of its options and which dependency repository that run keeps."""
+    parents = repo.parents(culprit)
+    change = pin_change(repo.root, parents[0], culprit) if parents else None
+    if change is None:
+        return None
+    pin = pins_at(repo.root, culprit).get(change["name"]) or pins_at(repo.root, parents[0])[change["name"]]
+    follow = _follow_up(cfg.scenario, change["name"]) or FollowUp()
+    dependency = follow.repo or pin.repo or DEFAULT_AITER_REPO
+    argv = continuation_argv(change, str(repo.root), culprit, dependency, dict(follow.options), cfg.find_fix)
+    return PinChange(name=change["name"], old=change["from"], new=change["to"], continuation=shlex.join(argv))
+
+
+def _follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
+    """The scenario's follow-up inside a moved dependency; scenarios without the hook have none."""
+    hook = getattr(scenario, "follow_up", None)
+    return hook(dependency) if hook else None
+
+
+def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:
+    """Blame the fix's lines (SZZ), or find what rewrote the culprit's lines on the way to the good
+    end (reverse SZZ, --find-fix); keep what falls inside the range."""
+    if cfg.fix and cfg.find_fix:
+        raise UsageError("--fix seeds a regression hunt; with --find-fix the fix is what is sought "
+                         "(seed with --culprit REF)")
+    if cfg.culprit and not cfg.find_fix:
+        raise UsageError("--culprit seeds a fix hunt: it needs --find-fix (regression hunts take --fix)")
+    kind = "culprit" if cfg.culprit else "fix"
+    try:
+        origin = repo.resolve(getattr(cfg, kind))
+        blamed = blame_reverse(repo, origin, new) if cfg.culprit else blame_fix(repo, origin)
+        return plan_seeds(commits, old, origin, blamed, kind)
+    except GitError as exc:
+        raise UsageError(f"--{kind}: {exc}") from None
+
+
+@contextlib.contextmanager
+def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
+                          log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[RunContext]:
+    """A RunContext on one local slot and no run row, for judging single commits; judge.builder holds
+    build settings (e.g. NoBuild, BuildSettings), opened here on the repository."""
+    with open_state(repo, state_dir, log_limit=log_limit) as (state_dir, pool, store):
+        executor = LocalExecutor([{}])
+        try:
+            executor.start(pool, state_dir / "logs")
+            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir),
+                                        envs=judge.envs.open(state_dir))
+            yield RunContext(store, judge, executor)
+        finally:
+            GROUPS.stop()
+            executor.shutdown()
+
+
+def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = None,
+              log_limit: int = DEFAULT_LOG_LIMIT) -> dict:
+    """Judge a single commit (through the verdict cache); returns the outcome."""
+    repo = GitRepo(repo_path)
+    sha = repo.resolve(ref)
+    with single_commit_context(repo, state_dir, judge, log_limit) as ctx:
+        execution, cached = ctx.verdict(sha)
+    return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
+            "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
+            "scenario": ctx.judge.key, "cache_key": ctx.judge.key_parts, "details": execution.details}
+
+
+def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, state_dir: Path | None = None) -> dict:
+    """Run both ends `runs` times afresh (each run recorded) and report the reproduction rate and the
+    settings it calls for."""
+    repo = GitRepo(repo_path)
+    good_sha, bad_sha = repo.resolve(good), repo.resolve(bad)
+    if good_sha == bad_sha:
+        raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
+    policy = CalibratePolicy(good_sha, bad_sha, runs)
+    with single_commit_context(repo, state_dir, judge) as ctx:
+        ctx.drive(policy)
+    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1],
+            "steps": [step.record().to_json() for step in ctx.steps]}

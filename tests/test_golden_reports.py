@@ -1,0 +1,79 @@
+"""Every report format of every result kind, rendered in-process from stored records and compared with
+golden files.
+
+Inputs: tests/golden/fixtures/*.json (run rows as the store keeps them: id, kind, status, params, result;
+made by real `bisector run`/`backport` runs on throwaway repositories, paths normalised, plus the oldest
+record shapes) and the real H200 records in tests/records/. Expected outputs: tests/golden/expected/.
+
+After an intended change of a report, regenerate the goldens and review the diff:
+
+    BISECTOR_UPDATE_GOLDEN=1 python -m pytest tests/test_golden_reports.py
+    git diff tests/golden/expected
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bisector import report
+from bisector.results import Plan
+
+pytestmark = pytest.mark.unit
+
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "golden" / "fixtures"
+EXPECTED = TESTS / "golden" / "expected"
+RECORDS = ("h200-bisect", "h200-bisect-final")  # real results in tests/records (no run row around them)
+EXTENSIONS = {"text": "txt", "json": "json", "markdown": "md", "junit": "xml", "html": "html"}
+PULL_LINKS = "https://github.com/vllm-project/vllm/pull/{pr}"
+UPDATE = bool(os.environ.get("BISECTOR_UPDATE_GOLDEN"))
+
+
+def fixture_rows() -> dict[str, dict]:
+    """name -> a run row as store.runs gives it (result and params as JSON text)."""
+    rows = {}
+    for path in sorted(FIXTURES.glob("*.json")):
+        stored = json.loads(path.read_text())
+        if "result" in stored:
+            rows[path.stem] = {**stored, "params": json.dumps(stored["params"]),
+                               "result": json.dumps(stored["result"])}
+    for name in RECORDS:
+        result = json.loads((TESTS / "records" / f"{name}.json").read_text())
+        rows[name] = {"id": result["run_id"], "kind": "bisect", "status": "finished", "params": "{}",
+                      "result": json.dumps(result)}
+    return rows
+
+
+ROWS = fixture_rows()
+
+
+def check(name: str, text: str) -> None:
+    """text equals the golden file `name` (written instead when BISECTOR_UPDATE_GOLDEN is set)."""
+    golden = EXPECTED / name
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert golden.exists(), f"no golden {golden}: run with BISECTOR_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), f"{name} differs from its golden file (see this module's docstring)"
+
+
+@pytest.mark.parametrize("fmt", report.FORMATS)
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_every_format_of_every_record_matches_its_golden(name, fmt):
+    check(f"{name}.{EXTENSIONS[fmt]}", report.render(ROWS[name], fmt))
+
+
+def test_markdown_links_pull_requests_with_a_template():
+    check("bisect-culprit.linked.md", report.render(ROWS["bisect-culprit"], "markdown", PULL_LINKS))
+
+
+def test_runs_listing_matches_its_golden():
+    fixtures = [ROWS[name] for name in sorted(ROWS) if name not in RECORDS]
+    check("runs.txt", "".join(report.run_line(row) + "\n" for row in fixtures))
+
+
+def test_plan_matches_its_golden():
+    check("plan.txt", report.plan_text(Plan.from_json(json.loads((FIXTURES / "plan.json").read_text()))) + "\n")
