@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bisector.builds import NoBuild
+from bisector.builds.builder import NoBuild
 from bisector.engine import Judge, RunContext, open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError

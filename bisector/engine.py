@@ -18,7 +18,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import git
 
-from bisector.builds import BuildResult, NoBuild
+from bisector.builds.base import BuildResult
+from bisector.builds.builder import NoBuild
 from bisector.envs import DEFAULT_VERSIONS, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
@@ -30,13 +31,13 @@ from bisector.process import DEFAULT_LOG_LIMIT, GROUPS, Cancelled, kill_recorded
 from bisector.refs import GitRepo
 from bisector.results import RESULT_SCHEMA
 from bisector.search import Bisection, FlakyModel, Term
-from bisector.seams import Executor, Scenario
+from bisector.seams import (Build, BuildConfig, Configurable, Environments, Executor, RecordsVersions, Scenario,
+                            StepContext, Verdict)
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.signatures import SignatureRule, normalise
 from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
-from scenarios.base import StepContext, Verdict
 
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
@@ -58,7 +59,7 @@ class RunConfig:
     repeat: int = 1
     python: str = "python3"
     executor: Executor | None = None  # default: LocalExecutor on `jobs` CPU slots
-    builder: object = field(default_factory=NoBuild)
+    builder: BuildConfig = field(default_factory=NoBuild)
     fix: str | None = None             # seed the search with the commits the fix's lines blame to
     culprit: str | None = None         # --find-fix: seed with the commits that rewrote the culprit's lines
     flaky: bool = False                # probabilistic search over intermittent faults
@@ -199,12 +200,12 @@ class Judge:
     """
 
     scenario: Scenario
-    builder: object
+    builder: Build | BuildConfig  # settings until opened where the step runs
     timeout: float | None
     python: str
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
-    envs: object = field(default_factory=SharedEnv)  # where each commit runs (bisector.envs)
+    envs: Environments | EnvSettings = field(default_factory=SharedEnv)  # settings until opened (bisector.envs)
 
     @cached_property
     def key_parts(self) -> dict:
@@ -226,16 +227,16 @@ class Judge:
         """
         runs = [run for run in runs if not self._outgrown_timeout(run)]
         for run in runs:
-            if run.verdict == Verdict.BAD.value and not self.signature.accepts(signature_of(run)):
-                return dataclasses.replace(run, verdict=Verdict.SKIP.value,
+            if run.verdict == Verdict.BAD and not self.signature.accepts(signature_of(run)):
+                return dataclasses.replace(run, verdict=Verdict.SKIP,
                                            reason=f"different failure: {signature_of(run)} ({run.reason})",
                                            details={**run.details, "different_failure": True})
-            if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
+            if run.verdict in (Verdict.BAD, Verdict.SKIP):
                 return run
         if len(runs) >= self.repeat:
             if self.repeat == 1:
                 return runs[-1]
-            return Execution(runs[-1].sha, Verdict.GOOD.value, f"{len(runs)} clean runs", runs[-1].log_path,
+            return Execution(runs[-1].sha, Verdict.GOOD, f"{len(runs)} clean runs", runs[-1].log_path,
                              sum(r.seconds for r in runs), runs[-1].build,
                              {**runs[-1].details, "clean_runs": [r.details for r in runs]})
         return None
@@ -250,7 +251,7 @@ class Judge:
         new executions only (each records the environment's key and versions under details["env"])."""
         with self.envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers its failures
-                return [Execution(sha, Verdict.SKIP.value, environment.reason, None, 0.0, None,
+                return [Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                   {"env_failed": True, "env": {"key": environment.key}})]
             template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
                                    env={**slot_env, **environment.env}, python=environment.python or self.python,
@@ -258,7 +259,7 @@ class Judge:
             fresh = self._runs(sha, done, template, environment)
             if environment.key is None:
                 return fresh
-            names = getattr(self.scenario, "env_versions", DEFAULT_VERSIONS)
+            names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
             step_env = {"key": environment.key, "python": environment.python,
                         "versions": self.envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
@@ -274,13 +275,13 @@ class Judge:
             log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
             start = time.monotonic()
             if not build.ok:  # not a scenario run: the builder remembers its own failures
-                outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
+                outcome_verdict, reason, log = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path
                 details = {"build_failed": True}
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
-                outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
+                outcome_verdict, reason, log = outcome.verdict, outcome.reason, outcome.log_path
                 details = dict(outcome.details)
                 if details.pop("timed_out", False):
                     details["timed_out_after"] = self.timeout
@@ -341,7 +342,7 @@ class RunContext:
         landed: list[Step] = []
 
         def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
-            if execution.verdict == Verdict.BAD.value and (role == "endpoint" or not policy.verify_endpoints):
+            if execution.verdict == Verdict.BAD and (role == "endpoint" or not policy.verify_endpoints):
                 self.judge.signature.learn(signature_of(execution))  # --signature auto: the bad end's
             step = self.add_step(sha, role, batch.round, execution, cached)
             landed.append(step)
@@ -480,7 +481,7 @@ def plan_bisection(cfg: RunConfig) -> dict:
         decision = builder.decide(sha)
         strategy, reason, commands = decision.strategy, decision.reason, decision.commands
         if decision.native in planned and strategy in ("source", "precompiled"):
-            strategy, reason, commands = "python", f"native {decision.native[:12]} built by an earlier step", ()
+            strategy, reason, commands = "reuse", f"native {decision.native[:12]} built by an earlier step", ()
         planned.add(decision.native)
         probes.append({"sha": sha, "role": role, "native": decision.native, "build": strategy,
                        "reason": reason, "commands": [c.as_dict() for c in commands]})
@@ -618,9 +619,10 @@ def _pin_change(repo: GitRepo, culprit: str, cfg: RunConfig) -> dict:
         return {}
     pin = pins_at(repo.root, culprit).get(change["name"]) or pins_at(repo.root, parents[0])[change["name"]]
     held = {"aiter_repo", "aiter_ref", "vllm_repo", "vllm_ref"}
-    options = {key: value for key, value in getattr(cfg.scenario, "options", {}).items()
+    given = cfg.scenario.options if isinstance(cfg.scenario, Configurable) else {}
+    options = {key: value for key, value in given.items()
                if value and key not in held} if cfg.scenario.name == "aiter-mla-probe" else {}
-    dependency = getattr(cfg.scenario, "options", {}).get("aiter_repo") or pin.repo or DEFAULT_AITER_REPO
+    dependency = given.get("aiter_repo") or pin.repo or DEFAULT_AITER_REPO
     argv = continuation_argv(change, str(repo.root), culprit, dependency, options, cfg.find_fix)
     return {"pin_change": change, "pin_continuation": shlex.join(argv)}
 

@@ -9,9 +9,9 @@ import xml.etree.ElementTree as ET
 from typing import Mapping
 
 from bisector.errors import ReportError
+from bisector.formats import FORMATS
 from bisector.results import VERDICTS
 
-FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000
 MARKDOWN_FILES = 30  # files listed for a culprit in Markdown; the rest are counted
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 from pathlib import Path
 
-from bisector.errors import UsageError
+from bisector.errors import EXIT_RECORD, BisectorError
+from bisector.seams import Verdict
 
 SCHEMA_VERSION = 1  # PRAGMA user_version of the files this bisector writes
 
@@ -79,8 +80,11 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
 }
 
 
-class StoreError(UsageError):
-    """The record file cannot be used (corrupt, read-only, disk full, newer schema)."""
+class StoreError(BisectorError):
+    """The record file cannot be used (corrupt, read-only, disk full, newer schema): not the user's input,
+    so not a usage error; verdicts recorded before it are kept."""
+
+    exit_code = EXIT_RECORD
 
 
 def _advice(exc: sqlite3.Error) -> str:
@@ -118,8 +122,10 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Execution:
+    """One scenario run on one commit (or a step's decided verdict); stored with its verdict's value."""
+
     sha: str
-    verdict: str
+    verdict: Verdict
     reason: str
     log_path: str | None
     seconds: float
@@ -245,14 +251,14 @@ class Store:
         """sha's executions under scenario_key, oldest first; only those after execution after_id."""
         rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? AND id > ? "
                                "ORDER BY id", (sha, scenario_key, after_id)).fetchall()
-        return [Execution(r["sha"], r["verdict"], r["reason"], r["log_path"], r["seconds"], r["build"],
+        return [Execution(r["sha"], Verdict(r["verdict"]), r["reason"], r["log_path"], r["seconds"], r["build"],
                           json.loads(r["details"] or "{}")) for r in rows]
 
     @_guarded
     def add_execution(self, scenario_key: str, execution: Execution) -> None:
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
                         "build, details, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (execution.sha, scenario_key, execution.verdict, execution.reason,
+                        (execution.sha, scenario_key, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, execution.build,
                          json.dumps(execution.details), time.time()))
 
@@ -287,7 +293,7 @@ class Store:
                  cached: bool) -> None:
         self.db.execute("INSERT INTO steps (run_id, seq, round, sha, role, verdict, reason, log_path, "
                         "seconds, cached, build, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run_id, seq, round_no, execution.sha, role, execution.verdict, execution.reason,
+                        (run_id, seq, round_no, execution.sha, role, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, int(cached), execution.build, time.time()))
 
     @_guarded

@@ -1,45 +1,24 @@
-"""The scenario protocol: what every reproduction implements, and the fault signatures they share."""
+"""The scenario protocol: what every reproduction implements, and the fault signatures they share.
+
+The seam's data types (Verdict, Outcome, StepContext) belong to the core (bisector.seams) and are
+re-exported here, so a plug-in needs only `from scenarios.base import BaseScenario, Outcome, ...`.
+"""
 from __future__ import annotations
 
 import functools
 import hashlib
 import sys
-import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Mapping
 
-from bisector.envs import python_environment
 from bisector.errors import ScenarioError
+from bisector.probe_env import python_environment
 from bisector.process import watch_for
+from bisector.seams import Outcome, StepContext, Verdict
 
-
-class Verdict(str, Enum):
-    GOOD = "good"
-    BAD = "bad"
-    SKIP = "skip"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    verdict: Verdict
-    reason: str
-    log_path: str | None = None
-    details: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """Where and how one scenario execution happens."""
-
-    checkout: Path
-    log_path: Path
-    timeout: float | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    python: str = "python3"
-    cancel: threading.Event | None = None  # set when the step's result is no longer wanted
+__all__ = ["BaseScenario", "FaultSignature", "Outcome", "StepContext", "Verdict", "FAULT_SIGNATURES",
+           "fault_lines", "source_files", "source_hash"]
 
 
 class BaseScenario(ABC):

@@ -5,7 +5,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from bisector.envs import python_environment
+from bisector.probe_env import python_environment
 from bisector.errors import ScenarioAbort, ScenarioError
 from bisector.process import run_process
 from bisector.signatures import failure_signature

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.executor import gpu_env
+from bisector.gpus import gpu_env
 from bisector.errors import ScenarioError
 from scenarios import create
 from scenarios.dpa_fp8_kv import child

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from bisector.envs import python_environment
+from bisector.probe_env import python_environment
 from bisector.errors import ScenarioError
 from bisector.process import run_process
 from scenarios.aiter_mla_probe import sources

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from bisector.builds.native import installed_rocm_version
-from bisector.envs import python_environment
+from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
