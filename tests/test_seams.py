@@ -1,6 +1,7 @@
 """The seams a newcomer extends: a scenario plug-in package, a registered executor, and the rules that
 keep the house in order (no import cycles, short signatures, reports that import no engine)."""
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -113,6 +114,36 @@ def test_no_import_cycle_among_core_modules():
     for module in graph:
         if module not in state:
             visit(module, [])
+
+
+@pytest.fixture(scope="module")
+def import_figures() -> dict:
+    """bench/import_graph.py's figures: it reads every import of bisector.* and scenarios.*, function-level
+    ones too, and what `from scenarios.base import BaseScenario` loads in a fresh interpreter."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "import_graph.py"), "--json"], capture_output=True,
+                          text=True, cwd=ROOT)
+    figures = json.loads(done.stdout)
+    assert done.returncode == (1 if figures["cycles"] else 0), done.stderr
+    return figures
+
+
+def test_import_graph_has_no_cycle_counting_imports_inside_functions(import_figures):
+    figures = import_figures
+    assert figures["cycles"] == []
+    assert figures["modules"] >= 50 and figures["function_edges"]  # it saw the packages and the lazy imports
+    # the seam types and GPU helpers live in the core: the core imports no scenario, even lazily
+    assert not [edge for edge in figures["function_edges"] if edge.startswith("bisector.")
+                and " -> scenarios" in edge and not edge.startswith("bisector.cli ")]
+
+
+def test_a_plugin_scenario_loads_a_handful_of_project_modules(import_figures):
+    loaded = import_figures["plugin_imports"]
+    assert "scenarios.base" in loaded and len(loaded) <= 10, loaded
+    assert not {"bisector.engine", "bisector.executor", "bisector.builds", "scenarios.dpa_fp8_kv"} & set(loaded)
+    probe = "import sys; from scenarios.base import BaseScenario; print('git' in sys.modules)"
+    git_loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True).stdout.strip()
+    assert git_loaded == "False"  # nor GitPython
 
 
 def test_reports_import_no_engine_and_core_imports_no_scenario_utilities():
