@@ -17,8 +17,8 @@ from bisector.engine import Judge, RunContext, open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
+from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import RESULT_SCHEMA, SETTLED
 from bisector.seams import Scenario

@@ -21,12 +21,22 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bisector import __version__
+from bisector.builds import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
 from bisector.builds import REGISTRY as BUILD_STRATEGIES
-from bisector.builds import STRATEGIES, BuildSettings
-from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES, EnvSettings, EnvStore
-from bisector.errors import (EXIT_BAD, EXIT_FOUND, EXIT_GOOD, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_OK,
-                             EXIT_SKIP, BisectorError, EnvironmentFailed, GitError, UsageError)
+from bisector.errors import (
+    EXIT_BAD,
+    EXIT_FOUND,
+    EXIT_GOOD,
+    EXIT_INCONCLUSIVE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SKIP,
+    BisectorError,
+    EnvironmentFailed,
+    GitError,
+    UsageError,
+)
 from bisector.executor import EXECUTORS
 from bisector.formats import FORMATS
 from bisector.registry import Registry

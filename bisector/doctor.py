@@ -79,7 +79,7 @@ def du(path: Path) -> int:
     return total
 
 
-def human(size: int) -> str:
+def human(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

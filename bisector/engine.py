@@ -18,27 +18,34 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import git
 
+from bisector.blame import blame_fix, blame_reverse
 from bisector.builds.base import BuildResult
 from bisector.builds.builder import NoBuild
 from bisector.envs import DEFAULT_VERSIONS, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.blame import blame_fix, blame_reverse
 from bisector.pins import continuation_argv, pin_change, pins_at
-from bisector.policies import (Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
-                               SearchPolicy)
+from bisector.policies import Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS, Cancelled, kill_recorded_groups
 from bisector.refs import GitRepo
 from bisector.results import RESULT_SCHEMA
+from bisector.seams import (
+    Build,
+    BuildConfig,
+    Configurable,
+    Environments,
+    Executor,
+    RecordsVersions,
+    Scenario,
+    StepContext,
+    Verdict,
+)
 from bisector.search import Bisection, FlakyModel, Term
-from bisector.seams import (Build, BuildConfig, Configurable, Environments, Executor, RecordsVersions, Scenario,
-                            StepContext, Verdict)
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.signatures import SignatureRule, normalise
 from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
-
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 

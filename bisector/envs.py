@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from bisector.errors import UsageError
 from bisector.probe_env import last_error_line, python_environment, run_probe
@@ -104,7 +104,7 @@ def requirement_set(read: Reader, platform: str) -> RequirementSet:
             include = re.match(r"(?:-r|--requirement)[\s=]+(\S+)$", line)
             if include:
                 follow(posixpath.normpath(posixpath.join(posixpath.dirname(path), include.group(1))))
-            elif not line.startswith("-") and is_torch_family(re.match(r"[a-z0-9-]+", line).group(0)):
+            elif not line.startswith("-") and is_torch_family(re.split(r"[^a-z0-9-]", line, maxsplit=1)[0]):
                 dropped.add(line)
             else:
                 kept.add(line)
@@ -383,7 +383,7 @@ class EnvStore(_Opened):
         return {**record, "status": "ok", "reason": "", "seconds": round(time.monotonic() - start, 3)}
 
     @staticmethod
-    def _failure(log: Path, argv: list[str]) -> dict:
+    def _failure(log: Path, argv: Sequence[str]) -> dict:
         text = log.read_text(errors="replace")
         lines = [line.strip() for line in text.splitlines()[1:] if line.strip() and not line.startswith("$")]
         detail = " ".join(lines[-6:])[-400:]

@@ -15,12 +15,16 @@ import threading
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bisector.errors import ExecutorError, UsageError
 from bisector.gpus import gpu_env, gpu_slots, parse_gpus, visible_gpus
 from bisector.registry import Option, Registry
 from bisector.seams import BuildConfig, Executor
+
+if TYPE_CHECKING:
+    from bisector.worktrees import WorktreePool
+
 
 def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]]:
     """jobs slots: GPU groups of per_run when there are GPUs and the step wants some, else CPU slots."""
@@ -54,7 +58,7 @@ class Placement:
 class LocalExecutor:
     """Runs steps on worker threads over a fixed set of slots; a slot's env goes to the step it hosts."""
 
-    def __init__(self, slots: list[Mapping[str, str]]):
+    def __init__(self, slots: Sequence[Mapping[str, str]]):
         if not slots:
             raise UsageError("no slots to run steps on")
         self.slots: queue.Queue = queue.Queue()
@@ -63,7 +67,7 @@ class LocalExecutor:
         self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="step")
         self.size = len(slots)
         self.cancels: dict[Future, threading.Event] = {}
-        self.worktrees = None
+        self.worktrees: WorktreePool | None = None  # bound by start()
         self.logs = Path()
 
     @classmethod
@@ -75,7 +79,7 @@ class LocalExecutor:
             raise UsageError(f"--gpus-per-run {placement.gpus_per_run}: no GPUs visible (give --gpus)")
         return cls(local_slots(placement.jobs, ids, placement.per_run))
 
-    def start(self, pool, logs: Path) -> None:
+    def start(self, pool: WorktreePool, logs: Path) -> None:
         self.worktrees, self.logs = pool, logs
 
     def run_step(self, judge, sha: str, done: list) -> Future:
@@ -87,6 +91,7 @@ class LocalExecutor:
         return future
 
     def _on_slot(self, judge, sha: str, done: list, cancel: threading.Event) -> list:
+        assert self.worktrees is not None, "start() binds the worktree pool before the first step"
         slot = self.slots.get()
         try:
             with self.worktrees.checkout(sha) as worktree:
@@ -124,7 +129,7 @@ class RayExecutor:
         self.address, self.retries = placement.ray_address, retries
         self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()
         self.refs: dict[Future, object] = {}
-        self.ray = None
+        self.ray: Any = None  # the ray module, once started
         self.owns_ray = False
         self.logs = Path()
 

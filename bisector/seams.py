@@ -11,13 +11,14 @@ See ARCHITECTURE.md for how to add one of each.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from bisector.builds.base import BuildResult, Decision
     from bisector.envs import Environment, Reader
     from bisector.refs import GitRepo

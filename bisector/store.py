@@ -8,8 +8,8 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 from pathlib import Path
+from typing import Callable, Iterator
 
 from bisector.errors import EXIT_RECORD, BisectorError
 from bisector.seams import Verdict
@@ -150,37 +150,38 @@ class Store:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.db = None
-        self._open()
+        self.db = self._open()
 
     @_guarded
-    def _open(self) -> None:
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA busy_timeout = 30000")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+    def _open(self) -> sqlite3.Connection:
+        """The file's connection, its schema created or migrated to SCHEMA_VERSION."""
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
+            db.close()
             raise StoreError(f"bisector record {self.path} has schema version {version}; this bisector reads "
                              f"up to {SCHEMA_VERSION}: upgrade bisector or give another --state-dir")
-        self.db.execute("BEGIN IMMEDIATE")
+        db.execute("BEGIN IMMEDIATE")
         try:
-            tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
             if tables:
                 for step in range(version, SCHEMA_VERSION):
-                    MIGRATIONS[step](self.db)
+                    MIGRATIONS[step](db)
             for statement in filter(str.strip, SCHEMA.split(";")):
-                self.db.execute(statement)
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self.db.execute("COMMIT")
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
+        return db
 
     def close(self) -> None:
-        if self.db is not None:
-            self.db.close()
+        self.db.close()
 
     def __enter__(self) -> "Store":
         return self

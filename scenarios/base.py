@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -89,11 +90,11 @@ def source_files(cls: type) -> list[Path]:
     """The scenario's own code: its package's Python files, or its module when it is not in a package
     of its own (scenarios/command.py)."""
     module = sys.modules[cls.__module__]
-    path = Path(module.__file__).resolve()
+    path = Path(inspect.getfile(module)).resolve()
     package = module.__name__ if path.name == "__init__.py" else module.__name__.rpartition(".")[0]
     if path.name != "__init__.py" and package in ("", "scenarios"):
         return [path]
-    root = path.parent if path.name == "__init__.py" else Path(sys.modules[package].__file__).resolve().parent
+    root = path.parent if path.name == "__init__.py" else Path(inspect.getfile(sys.modules[package])).resolve().parent
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
@@ -121,7 +122,7 @@ FAULT_LINE_CHARS = 500  # a fault line is reported by its first characters
 
 def fault_lines(text: str, limit: int = 5) -> list[str]:
     """Lines of text that carry a GPU memory-fault signature (linear in the text's length)."""
-    found = []
+    found: list[str] = []
     if not any(marker in text for marker in FAULT_MARKERS):
         return found
     for line in text.splitlines():

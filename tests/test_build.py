@@ -2,7 +2,6 @@
 import functools
 import http.server
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -12,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bisector import builds
-from bisector.builds import BuildSettings
+from bisector.builds import BuildSettings, parse_size
+from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import BuildResult, Decision
-from bisector.builds.artifacts import ArtifactCache, parse_size
 from bisector.builds.native import Toolchain, native_hash
 from bisector.builds.precompiled import precompiled_plan
 from bisector.builds.source import compiler_cache_env, source_plan
@@ -228,7 +227,8 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path, cl
     before = repo.snapshot()
     state = tmp_path / "state"
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--plan",
-               "--build", "auto", "--rocm-arch", "gfx950", "--state-dir", str(state), "--json", str(tmp_path / "plan.json"),
+               "--build", "auto", "--rocm-arch", "gfx950", "--state-dir", str(state),
+               "--json", str(tmp_path / "plan.json"),
                "--", "true", env={"MAX_JOBS": "7"})
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())

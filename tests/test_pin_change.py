@@ -29,7 +29,7 @@ def test_a_culprit_that_bumps_the_aiter_pin_is_named_as_such(make_repo, tmp_path
                "--format", "html")
     assert "moves AITER v0.1.10.post3 → v0.1.13" in html.stdout
 
-    quiet = cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",
+    cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",
                 "--state-dir", str(tmp_path / "state"), "--json", str(tmp_path / "q.json"), "--", "false")
     assert "pin_change" not in json.loads((tmp_path / "q.json").read_text())  # no move inside that range
 

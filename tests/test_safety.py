@@ -67,7 +67,8 @@ def script(path: Path, body: str) -> str:
 
 
 # 1. Only marked slots are removed; the git dir is refused as a state dir.
-def test_state_dir_that_is_the_git_dir_is_refused_and_user_worktrees_survive(make_repo, tmp_path, state_is_good, cli, git):
+def test_state_dir_that_is_the_git_dir_is_refused_and_user_worktrees_survive(make_repo, tmp_path, state_is_good, cli,
+                                                                              git):
     repo = make_repo()
     shas = repo.linear(4, bad_from=2)
     git(repo.path, "worktree", "add", "-q", str(tmp_path / "mine"), shas[0])

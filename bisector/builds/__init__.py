@@ -9,11 +9,11 @@ with the command-line options it reads from BuildSettings. Settings are opened (
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
 from bisector.registry import Option, Registry
 
 if TYPE_CHECKING:
@@ -30,6 +30,15 @@ REGISTRY.register("precompiled", "bisector.builds.precompiled:Precompiled", opti
 REGISTRY.register("source", "bisector.builds.source:SourceBuild", options=[
     Option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942.")])
 STRATEGIES = ("auto", *REGISTRY, "none")
+DEFAULT_CACHE_SIZE = "50G"  # --cache-size: the cap on stored compiled artifacts
+
+
+def parse_size(text: str) -> int:
+    """'50G', '512M', '10k' or plain bytes -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (e.g. 50G, 512M)")
+    return int(float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " "))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from bisector.builds.artifacts import ArtifactCache
-from bisector.builds.base import (FREE_COST, UNAVAILABLE, BuildContext, BuildResult, BuildStrategy, Decision,
-                                  Target, remove_outputs)
+from bisector.builds.base import (
+    FREE_COST,
+    UNAVAILABLE,
+    BuildContext,
+    BuildResult,
+    BuildStrategy,
+    Decision,
+    Target,
+    remove_outputs,
+)
 from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
 from bisector.envs import Environment
 
@@ -147,6 +155,7 @@ class Builder:
             return BuildResult("none", True, decision.reason)
         if decision.strategy == FAILED_BEFORE:
             record = self.cache.get(target.native)
+            assert record is not None, "failed-before is decided from the cache's record"
             return BuildResult(record.strategy, False, decision.reason, record.log_path)
         if decision.strategy == UNAVAILABLE:
             return BuildResult(self.name, False, decision.reason)

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from bisector.probe_env import python_environment
 from bisector.errors import ScenarioError
+from bisector.probe_env import python_environment
 from bisector.process import run_process
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
