@@ -12,6 +12,10 @@ import pytest
 
 from bisector import executor as executors
 from bisector.engine import RunConfig, run_bisection
+from bisector.errors import UsageError
+from bisector.registry import Option, Registry
+from bisector.seams import ClassifiesLogs, Configurable, RecordsVersions, Scenario
+from scenarios import available
 from scenarios.command import CommandScenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,3 +174,42 @@ def test_no_function_in_the_core_takes_more_than_six_parameters():
             names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
             names = names[1:] if names[:1] in (["self"], ["cls"]) else names
             assert len(names) <= 6, f"{path.name}:{node.lineno} {node.name} takes {len(names)}"
+
+
+def test_a_registry_imports_an_entry_when_first_asked_and_takes_its_aliases(tmp_path, monkeypatch):
+    (tmp_path / "lazy_strategy.py").write_text("class Strategy:\n    name = 'lazy'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry: Registry = Registry("build strategy")
+    registry.register("lazy", "lazy_strategy:Strategy", aliases=("old-name",),
+                      options=[Option("--lazy-level", type=int, help="How lazy.")])
+    registry.register("eager", dict)
+    assert list(registry) == ["lazy", "eager"] and registry.choices() == ["lazy", "eager", "old-name"]
+    assert [option.decls for option in registry.options()] == [("--lazy-level",)]
+    assert "lazy_strategy" not in sys.modules  # names and options are known without importing anything
+    assert registry["old-name"].name == "lazy" and "lazy_strategy" in sys.modules
+    assert registry.canonical("old-name") == "lazy" and "old-name" in registry and registry["eager"] is dict
+    with pytest.raises(UsageError, match=r"^unknown build strategy 'nope' \(known: lazy, eager\)$"):
+        registry.entry("nope")
+
+
+def test_each_registered_entry_brings_its_own_options_and_the_old_build_name_still_works(make_repo, cli):
+    help_text = cli("run", "--help").stdout
+    for option in ("--wheels", "--rocm-arch", "--gpus", "--ray-address", "--remote", "--cache-size"):
+        assert option in help_text, option
+    assert "reuse" in help_text and "|python|" not in help_text  # the alias is accepted, not offered
+    repo = make_repo()
+    sha = repo.linear(2, bad_from=None)[-1]
+    for name in ("reuse", "python"):  # parsed, then the scenario is looked up
+        judged = cli("scenario", "run", "no-such-scenario", "--repo", str(repo.path), "--ref", sha, "--build", name)
+        assert judged.returncode == 2 and judged.stderr.startswith(
+            "bisector: error: unknown scenario 'no-such-scenario' (available: "), judged.stderr
+    refused = cli("scenario", "run", "no-such-scenario", "--repo", str(repo.path), "--ref", sha, "--build", "pyhton")
+    assert refused.returncode == 2 and "'pyhton' is not one of 'auto', 'reuse'" in refused.stderr, refused.stderr
+
+
+def test_optional_capabilities_are_protocols_checked_with_isinstance(state_is_good):
+    command = CommandScenario(state_is_good)
+    assert isinstance(command, Scenario) and isinstance(command, Configurable)
+    assert isinstance(command, RecordsVersions) and not isinstance(command, ClassifiesLogs)
+    assert issubclass(available()["dpa-fp8-kv-graph-capture"], ClassifiesLogs)
+    assert not issubclass(available()["aiter-mla-probe"], ClassifiesLogs)
