@@ -12,8 +12,8 @@ Cost is counted in full native builds (1.0 = every translation unit compiled, pl
   earlier build compiled (so at most those changed since the previous build), plus linking;
 - bisector: both endpoints first, then cost-aware probes (the builder's rule: 0 when the native hash
   was built before or a wheel exists, 1 for a compile); a compile goes through ccache as above.
-Both start with an empty ccache; both searches are the real one (bisector.search.Bisection). Then, on the real vLLM release repo (if
-present), the distinct native hashes along main, computed from git objects.
+Both start with an empty ccache; both searches are the real one (bisector.search.Bisection). Then, on the real
+vLLM release repo (if present), the distinct native hashes along main, computed from git objects.
 
     python bench/build_cost.py [--vllm-repo /tmp/vllm-rel] [--wheel-coverage 0.5]
 """

@@ -28,10 +28,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from steps import default_repo  # noqa: E402  (the release repo the benches share)
+
 from bisector.envs import EnvSettings, environment_key  # noqa: E402
 from bisector.refs import GitRepo  # noqa: E402
 from bisector.search import Bisection, Term  # noqa: E402
-from steps import default_repo  # noqa: E402  (the release repo the benches share)
 
 
 def tested_commits(commits: list[tuple[str, tuple]], good: str, culprit_index: int) -> list[str]:

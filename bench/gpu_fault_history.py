@@ -59,7 +59,8 @@ COMMITS = [
         (TRITON_MLA, "            # Minimum work per split\n",
          "            # Minimum work per split (tokens per split-KV program)\n")]),
     ("import-break", "[Refactor] MLA: share the split-count helper (import only)", [
-        (MLA_LAYER, "import torch\n", "import torch\n\nfrom vllm.utils.math_utils import next_power_of_2_splits  # noqa: F401\n")]),
+        (MLA_LAYER, "import torch\n",
+         "import torch\n\nfrom vllm.utils.math_utils import next_power_of_2_splits  # noqa: F401\n")]),
     ("import-broken", "[Doc] MLA layer: comment on query quantization", [
         (MLA_LAYER, "import torch\n", "import torch  # decode queries may be quantized to FP8\n")]),
     ("import-fix", "[Refactor] math utils: add next_power_of_2_splits", [

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bisector.builds import NoBuild
+from bisector.builds.builder import NoBuild
 from bisector.engine.driver import RunContext
 from bisector.engine.judge import Judge
 from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
+from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict
 from bisector.seams import Scenario

@@ -85,7 +85,8 @@ def _blame_spans(repo: GitRepo, parent: str, sha: str, side: str,
     result = {}
     for path, hunks in _side_hunks(diff, side).items():
         length = len(repo.git.show(f"{blamed_rev}:{path}").splitlines())
-        changed, spans = set(), []
+        changed: set[int] = set()
+        spans = []
         for start, count in hunks:
             changed.update(range(start, start + count))
             low, high = (start - context, start + count - 1 + context) if count else \

@@ -1,43 +1,76 @@
-"""Command line: parse options, call one function, render the result."""
+"""Command line: parse options, call one function, render the result.
+
+Each command imports the engine, git, the scenarios and the reports when it runs, so that `bisector --help`
+(and a usage error) costs little more than importing click: see bench/cli_startup.py.
+"""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
 import signal
-import threading
-import tempfile
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.markup import escape
 
-from bisector import __version__, doctor, report
-from bisector.builds import STRATEGIES, BuildSettings
-from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, parse_size
-from bisector.backport import BackportConfig, run_backport
-from bisector.engine.config import RunConfig
-from bisector.engine.judge import Judge
-from bisector.engine.planning import plan_bisection
-from bisector.engine.run import calibrate, judge_one, run_bisection
-from bisector.engine.state import default_state_dir, prepare_state_dir
+from bisector import __version__
+from bisector.builds import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
+from bisector.builds import REGISTRY as BUILD_STRATEGIES
 from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES, EnvSettings, EnvStore
-from bisector.errors import (EXIT_BAD, EXIT_FOUND, EXIT_GOOD, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, EXIT_OK,
-                             EXIT_SKIP, BisectorError, EnvironmentFailed, GitError, UsageError)
-from bisector.executor import EXECUTORS, Placement, create_executor
-from bisector.refs import GitRepo
+from bisector.errors import (
+    EXIT_BAD,
+    EXIT_FOUND,
+    EXIT_GOOD,
+    EXIT_INCONCLUSIVE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SKIP,
+    BisectorError,
+    EnvironmentFailed,
+    GitError,
+    UsageError,
+)
+from bisector.executor import EXECUTORS
+from bisector.formats import FORMATS
+from bisector.registry import Registry
 from bisector.results import BranchEntry, StoredRun
 from bisector.steps import Handler, Step
-from bisector.store import Store
-from scenarios import available, create
-from scenarios.base import source_hash
-from scenarios.command import CommandScenario
 
-console = Console(stderr=True, highlight=False, soft_wrap=True)  # one event, one line: never wrapped
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from bisector.store import Store
+
+# `scenario run` and `scenario classify` answer with git bisect run's exit protocol.
+VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
+
+
+class StderrConsole:
+    """rich's Console on stderr, made at the first line printed (importing rich costs more than click)."""
+
+    @functools.cached_property
+    def rich(self) -> Console:
+        from rich.console import Console
+        return Console(stderr=True, highlight=False, soft_wrap=True)  # one event, one line: never wrapped
+
+    def print(self, *objects: Any, **settings: Any) -> None:
+        self.rich.print(*objects, **settings)
+
+
+def escape(text: str) -> str:
+    """text with rich markup neutralised."""
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
+
+
+console = StderrConsole()
 
 
 class BisectorGroup(click.Group):
@@ -54,7 +87,7 @@ class BisectorGroup(click.Group):
         except click.Abort:
             click.echo("bisector: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
-        sys.exit(code if isinstance(code, int) else EXIT_OK)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -66,6 +99,26 @@ class BisectorGroup(click.Group):
             click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
                        err=True)
             sys.exit(EXIT_INTERRUPTED)
+
+
+class RegistryChoice(click.Choice):
+    """The names of a registry's entries (and fixed names around them); an alias is taken as its entry."""
+
+    def __init__(self, registry: Registry, names: tuple[str, ...] | list[str]):
+        self.registry = registry
+        super().__init__(list(names))
+
+    def convert(self, value, param, ctx):
+        return super().convert(self.registry.canonical(value) if isinstance(value, str) else value, param, ctx)
+
+
+def registry_options(registry: Registry):
+    """The command-line options every entry of registry declares (bisector.registry.Option)."""
+    def add(command):
+        for option in reversed(registry.options()):
+            command = click.option(*option.decls, **option.settings)(command)
+        return command
+    return add
 
 
 class FiniteFloat(click.FloatRange):
@@ -156,8 +209,10 @@ def pr_links(repo: str, template: str | None) -> str | None:
         if "{pr}" not in template:
             raise UsageError(f"--pr-url-template needs {{pr}} where the PR number goes, got {template!r}")
         return template
+    from bisector.refs import GitRepo
+    from bisector.report import github_pull_url_template
     try:
-        return report.github_pull_url_template(GitRepo(Path(repo)).origin_url())
+        return github_pull_url_template(GitRepo(Path(repo)).origin_url())
     except GitError:
         return None
 
@@ -169,15 +224,14 @@ def python_option(purpose: str):
 
 
 def build_options(command):
-    """The build options `run` and `backport` share (see build_settings)."""
+    """The build options `run` and `backport` share (see build_settings): --build, every registered
+    strategy's own options, --cache-size."""
     options = [
-        click.option("--build", "build", type=click.Choice(STRATEGIES), default=None,
-                     help="How each commit is built: cheapest valid for a vLLM tree (auto), or one strategy. "
+        click.option("--build", "build", type=RegistryChoice(BUILD_STRATEGIES, STRATEGIES), default=None,
+                     help="How each commit is built: cheapest valid for a vLLM tree (auto), or one strategy "
+                          "(`python` is the old name of reuse). "
                           "Default: auto for a named scenario, none for -- CMD (it builds for itself)."),
-        click.option("--rocm-arch",
-                     help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942."),
-        click.option("--wheels", metavar="DIR|URL-TEMPLATE",
-                     help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}."),
+        registry_options(BUILD_STRATEGIES),
         click.option("--cache-size", default=DEFAULT_CACHE_SIZE, show_default=True,
                      help="Cap on stored compiled artifacts (least recently used evicted)."),
     ]
@@ -341,14 +395,11 @@ def _sigterm(signum, frame):
 @log_limit_option
 @env_options
 @click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
-@click.option("--executor", "executor_kind", type=click.Choice(sorted(EXECUTORS)), default="local",
+@click.option("--executor", "executor_kind", type=RegistryChoice(EXECUTORS, sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
-@click.option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")
+@registry_options(EXECUTORS)
 @click.option("--gpus-per-run", type=click.IntRange(min=0),
               help="GPUs each step gets (default: the scenario's need; 0 = CPU slots).")
-@click.option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a "
-                                    "local one).")
-@click.option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
@@ -357,6 +408,14 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, no_cache, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
+    from bisector import report
+    from bisector.engine.config import RunConfig
+    from bisector.engine.planning import plan_bisection
+    from bisector.engine.run import run_bisection
+    from bisector.executor import Placement, create_executor
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
     if prefilter_options and not prefilter_name:
@@ -444,6 +503,11 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
              markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, env_mode,
              env_cache_size, no_cache, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
+    from bisector import report
+    from bisector.backport import BackportConfig, run_backport
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
     outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
                ("--junit", junit_file, report.backport_junit))
     for option, path, _ in outputs:
@@ -477,6 +541,10 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
 @python_option("Python environment the probe runs in (needs torch).")
 def demo(directory, commits, culprit, python, keep):
     """Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."""
+    from bisector import report
+    from bisector.engine.config import RunConfig
+    from bisector.engine.run import run_bisection
+    from scenarios import create
     from scenarios.aiter_mla_probe.demo import make_demo_repo
 
     if culprit >= commits:
@@ -513,6 +581,9 @@ def scenario() -> None:
 @scenario.command("list")
 def scenario_list() -> None:
     """Scenarios by name, with the hash of their source (part of the verdict cache key) and needs."""
+    from scenarios import available
+    from scenarios.base import source_hash
+
     for name, cls in sorted(available().items()):
         needs = "build" if cls.needs_build else "no build"
         defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
@@ -530,24 +601,28 @@ def scenario_list() -> None:
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
-@click.option("--build", "build", type=click.Choice(STRATEGIES), default="none", show_default=True,
-              help="How the commit is built before it is judged (as for `bisector run`).")
-@click.option("--wheels", metavar="DIR|URL-TEMPLATE", help="Per-commit wheels for --build precompiled.")
+@click.option("--build", "build", type=RegistryChoice(BUILD_STRATEGIES, STRATEGIES), default="none",
+              show_default=True, help="How the commit is built before it is judged (as for `bisector run`).")
+@registry_options(BUILD_STRATEGIES)
 @log_limit_option
 @env_options
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, log_limit, env_mode,
-                 env_cache_size):
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
+                 log_limit, env_mode, env_cache_size):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    from bisector.engine.judge import Judge
+    from bisector.engine.run import judge_one
+    from scenarios import create
+
     check_writable("--json", json_file)
-    judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, None, wheels), timeout, python,
-                  envs=EnvSettings(env_mode, python, env_cache_size))
+    judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, rocm_arch, wheels), timeout,
+                  python, envs=EnvSettings(env_mode, python, env_cache_size))
     outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit))
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
     if json_file:
         write_output("--json", json_file, json.dumps(outcome, indent=2) + "\n")
-    sys.exit({"good": EXIT_GOOD, "bad": EXIT_BAD}.get(outcome["verdict"], EXIT_SKIP))
+    sys.exit(VERDICT_EXIT[outcome["verdict"]])
 
 
 @scenario.command("calibrate")
@@ -568,6 +643,11 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
 
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
+    from bisector.engine.judge import Judge
+    from bisector.engine.run import calibrate
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
     if (name == CommandScenario.name) != bool(command):
         raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
     check_writable("--json", json_file)
@@ -593,8 +673,11 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
 def scenario_classify(name, options, log_file, exit_code, as_json):
     """The verdict, reason and matched lines scenario NAME gives a saved output, without running it;
     exit 0 good, 1 bad, 125 skip."""
+    from bisector.seams import ClassifiesLogs
+    from scenarios import create
+
     judged = create(name, parse_options(options))
-    if not hasattr(judged, "classify_log"):
+    if not isinstance(judged, ClassifiesLogs):
         raise UsageError(f"scenario {name!r} cannot judge a saved log")
     outcome = judged.classify_log(log_file.read_text(errors="replace"), exit_code)
     if as_json:
@@ -604,7 +687,7 @@ def scenario_classify(name, options, log_file, exit_code, as_json):
         click.echo(f"{outcome.verdict.value}: {outcome.reason}")
         for line in outcome.details.get("matched", []):
             click.echo(f"  {line}")
-    sys.exit({"good": EXIT_GOOD, "bad": EXIT_BAD}.get(outcome.verdict.value, EXIT_SKIP))
+    sys.exit(VERDICT_EXIT[outcome.verdict.value])
 
 
 @main.group("env")
@@ -613,10 +696,14 @@ def env_group() -> None:
 
 
 def open_env_store(repo: str, state_dir: Path | None, python: str) -> EnvStore:
+    from bisector.engine.state import prepare_state_dir
+
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
         raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
-    return EnvSettings("per-commit", python).open(prepare_state_dir(Path(directory)))
+    store = EnvSettings("per-commit", python).open(prepare_state_dir(Path(directory)))
+    assert isinstance(store, EnvStore)
+    return store
 
 
 @env_group.command("create")
@@ -627,6 +714,8 @@ def open_env_store(repo: str, state_dir: Path | None, python: str) -> EnvStore:
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the environment as JSON.")
 def env_create(repo, ref, state_dir, python, json_file):
     """Create (or find) the environment a commit runs in with --env per-commit."""
+    from bisector.refs import GitRepo
+
     git_repo = GitRepo(Path(repo))
     sha = git_repo.resolve(ref)
     store = open_env_store(repo, state_dir, python)
@@ -669,6 +758,9 @@ def env_remove(key, remove_all, repo, state_dir):
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
     """--state-dir as given, else the repository's default; None when repo is no git repository."""
+    from bisector.engine.state import default_state_dir
+    from bisector.refs import GitRepo
+
     if state_dir:
         return state_dir
     try:
@@ -679,6 +771,8 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 
 def open_record(repo: str, state_dir: Path | None) -> Store:
     """The store of repo's state dir (or --state-dir), or UsageError when there is none."""
+    from bisector.store import Store
+
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
         raise UsageError(f"not a git repository: {repo} (give --repo or --state-dir)")
@@ -690,6 +784,8 @@ def open_record(repo: str, state_dir: Path | None) -> Store:
 
 def repo_root(repo: str) -> str | None:
     """The root path runs record for repo, None when repo is no git repository."""
+    from bisector.refs import GitRepo
+
     try:
         return str(GitRepo(Path(repo)).root)
     except GitError:
@@ -702,13 +798,15 @@ def repo_root(repo: str) -> str | None:
               help="Repository whose record to read.")
 @click.option("--scenario", "scenario_name", help="latest: the last finished run of this scenario.")
 @state_dir_option
-@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
 @pr_url_template_option
 def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_template):
     """Regenerate a run's report from the stored record (bisection or backport).
 
     `latest` is the last finished run of --repo (and of --scenario when given)."""
+    from bisector import report
+
     if run_id != "latest" and not run_id.isdigit():
         raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
     pr_url_template = pr_links(repo, pr_url_template)
@@ -740,6 +838,8 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
 @state_dir_option
 def runs_command(repo, all_repos, state_dir):
     """Recorded runs: id, repository, range, command, state, answer."""
+    from bisector import report
+
     store = open_record(repo, state_dir)
     try:
         rows = store.runs()
@@ -759,6 +859,8 @@ def cache() -> None:
 
 def _sha_prefix(commit: str | None, repo: str) -> str:
     """--commit as a sha prefix: a ref resolved in repo, else hex as given."""
+    from bisector.refs import GitRepo
+
     if not commit:
         return ""
     try:
@@ -818,6 +920,8 @@ def cache_forget(repo, state_dir, commit, scenario_name, everything):
 @python_option("Python environment scenarios run in.")
 def doctor_command(repo, state_dir, python):
     """Versions, GPUs and disk use, for support requests (changes nothing)."""
+    from bisector import doctor
+
     click.echo(doctor.report(python, resolve_state_dir(repo, state_dir)))
 
 

@@ -1,7 +1,6 @@
 """`bisector doctor`: what this machine offers a bisection, for support requests. Reads only."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -11,26 +10,8 @@ from pathlib import Path
 
 from bisector import __version__
 from bisector.builds.native import installed_rocm_version, rocm_root
-from bisector.executor import GPU_VARIABLES
-
-
-# Run in the --python interpreter: versions of what scenarios import there.
-_PROBE = r"""
-import importlib.metadata as md, json, sys
-found = {"python": sys.version.split()[0]}
-for label, names in (("torch", ("torch",)), ("aiter", ("amd-aiter", "aiter")), ("vllm", ("vllm",))):
-    for name in names:
-        try:
-            found[label] = md.version(name); break
-        except md.PackageNotFoundError:
-            pass
-try:
-    import torch
-    found["torch_hip"] = torch.version.hip
-except Exception:
-    pass
-print(json.dumps(found))
-"""
+from bisector.gpus import GPU_VARIABLES
+from bisector.probe_env import run_probe
 
 
 def _command(argv: list[str], timeout: float = 20) -> str | None:
@@ -47,10 +28,16 @@ def _command(argv: list[str], timeout: float = 20) -> str | None:
 def python_packages(python: str) -> dict[str, str]:
     """Versions of python, torch (and its HIP), AITER and vLLM as the given interpreter sees them."""
     try:
-        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr.strip()[-300:]}
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        found = run_probe(python, ("torch", "amd-aiter", "aiter", "vllm"))
+    except subprocess.CalledProcessError as exc:
+        return {"error": (exc.stderr or "").strip()[-300:]}
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         return {"error": str(exc)}
+    versions = found["versions"]
+    packages = {"python": found["python"], "torch": versions["torch"],
+                "aiter": versions["amd-aiter"] or versions["aiter"], "vllm": versions["vllm"],
+                "torch_hip": found["torch"]["hip"] if versions["torch"] else None}
+    return {name: value for name, value in packages.items() if value is not None}
 
 
 def rocm_version() -> str:
@@ -92,7 +79,7 @@ def du(path: Path) -> int:
     return total
 
 
-def human(size: int) -> str:
+def human(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

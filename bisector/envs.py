@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import functools
 import json
 import os
 import posixpath
@@ -26,9 +25,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from bisector.errors import UsageError
+from bisector.probe_env import last_error_line, python_environment, run_probe
 
 MODES = ("shared", "per-commit")
 DEFAULT_ENV_CACHE_SIZE = 8
@@ -104,7 +104,7 @@ def requirement_set(read: Reader, platform: str) -> RequirementSet:
             include = re.match(r"(?:-r|--requirement)[\s=]+(\S+)$", line)
             if include:
                 follow(posixpath.normpath(posixpath.join(posixpath.dirname(path), include.group(1))))
-            elif not line.startswith("-") and is_torch_family(re.match(r"[a-z0-9-]+", line).group(0)):
+            elif not line.startswith("-") and is_torch_family(re.split(r"[^a-z0-9-]", line, maxsplit=1)[0]):
                 dropped.add(line)
             else:
                 kept.add(line)
@@ -116,66 +116,26 @@ def requirement_set(read: Reader, platform: str) -> RequirementSet:
     return RequirementSet(tuple(sorted(kept)), tuple(sorted(dropped)), tuple(seen))
 
 
-# Run in the base interpreter: who it is and which torch it has, without importing torch.
-_FINGERPRINT = r"""
-import importlib.metadata as md, importlib.util, json, os, re, sys
-family = {}
-for name in %r:
-    try:
-        family[name] = md.version(name)
-    except md.PackageNotFoundError:
-        pass
-accel = {"hip": None, "cuda": None}
-try:
-    text = md.distribution("torch").locate_file("torch/version.py").read_text()
-    for key in accel:
-        found = re.search(r"^%%s\s*(?::[^=]*)?=\s*['\"]([^'\"]+)" %% key, text, re.M)
-        accel[key] = found.group(1) if found else None
-except (md.PackageNotFoundError, OSError):
-    pass
-spec = importlib.util.find_spec("torch")
-sites = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)]
-print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "version": sys.version.split()[0],
-                  "family": family, **accel, "torch_origin": spec.origin if spec else None, "sites": sites}))
-""" % (TORCH_FAMILY,)
-
-_TORCH_ORIGIN = "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s else '')"
-
-_ENVIRONMENT_PROBE = """
-import importlib.metadata as md, json, sys
-found = {"python": sys.version.split()[0], "prefix": sys.prefix}
-for name in sys.argv[1:]:
-    try:
-        found[name] = md.version(name)
-    except md.PackageNotFoundError:
-        found[name] = None
-print(json.dumps(found))
-"""
-
-
-@functools.lru_cache(maxsize=None)
-def python_environment(python: str, distributions: tuple[str, ...] = ()) -> dict:
-    """The --python interpreter's version and prefix, and the installed versions of distributions
-    (None when absent), read from package metadata without importing them."""
-    executable = shutil.which(python) or python
-    try:
-        out = subprocess.run([executable, "-c", _ENVIRONMENT_PROBE, *distributions], capture_output=True,
-                             text=True, timeout=60, check=True).stdout
-        found = json.loads(out)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return {"python": f"unavailable: {python} ({type(exc).__name__})"}
-    return {**found, "executable": str(Path(executable).absolute())}
-
-
 def base_fingerprint(python: str) -> dict:
     """The base interpreter's identity: path, prefix, version, torch family versions, HIP/CUDA version."""
     try:
-        out = subprocess.run([python, "-c", _FINGERPRINT], capture_output=True, text=True, timeout=120)
+        found = run_probe(python, TORCH_FAMILY)
     except OSError as exc:
         raise UsageError(f"--python {python}: {exc.strerror}") from None
-    if out.returncode != 0:
-        raise UsageError(f"--python {python} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(out.stdout)
+    except subprocess.CalledProcessError as exc:
+        raise UsageError(f"--python {python} failed: {last_error_line(exc, '?')}") from None
+    torch = found["torch"]
+    return {"executable": found["executable"], "prefix": found["prefix"], "version": found["python"],
+            "family": {name: version for name, version in found["versions"].items() if version is not None},
+            "hip": torch["hip"], "cuda": torch["cuda"], "torch_origin": torch["origin"], "sites": found["sites"]}
+
+
+def torch_origin(python: str) -> str:
+    """Where python imports torch from ("" when it has none, or cannot say)."""
+    try:
+        return run_probe(python)["torch"]["origin"] or ""
+    except (subprocess.SubprocessError, ValueError):
+        return ""
 
 
 def platform_of(base: dict) -> str:
@@ -416,14 +376,14 @@ class EnvStore(_Opened):
                     return {**record, **self._failure(log, argv)}
                 if n == 0:
                     _see_base_sites(python, base["sites"])
-        origin = subprocess.run([str(python), "-c", _TORCH_ORIGIN], capture_output=True, text=True).stdout.strip()
+        origin = torch_origin(str(python))
         if origin != (base["torch_origin"] or ""):
             return {**record, "reason": f"environment imports torch from {origin or 'nowhere'}, "
                                         f"not the base's {base['torch_origin']}"}
         return {**record, "status": "ok", "reason": "", "seconds": round(time.monotonic() - start, 3)}
 
     @staticmethod
-    def _failure(log: Path, argv: list[str]) -> dict:
+    def _failure(log: Path, argv: Sequence[str]) -> dict:
         text = log.read_text(errors="replace")
         lines = [line.strip() for line in text.splitlines()[1:] if line.strip() and not line.startswith("$")]
         detail = " ".join(lines[-6:])[-400:]
@@ -451,8 +411,7 @@ class EnvStore(_Opened):
 
 def _see_base_sites(python: Path, sites: list[str]) -> None:
     """Make the base's site dirs (a venv's too, which --system-site-packages misses) follow the overlay's."""
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = run_probe(str(python))["purelib"]
     lines = "".join(f"import site; site.addsitedir({site!r})\n" for site in sites)
     (Path(purelib) / "_bisector_base.pth").write_text(lines)
 

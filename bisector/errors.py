@@ -4,17 +4,16 @@ The CLI turns a BisectorError into `bisector: error: <message>` and `exit_code`,
 """
 from __future__ import annotations
 
-EXIT_OK = 0             # done as asked (run --plan, report, runs, ...)
-EXIT_FOUND = 0          # run: culprit found; backport: every branch settled
-EXIT_INCONCLUSIVE = 1   # run: skips left candidates, or --flaky stopped short of its confidence
+EXIT_OK = 0             # the command did what was asked (a plan printed, an environment created, ...)
+EXIT_FOUND = 0          # run: culprit found; backport: every branch settled; demo: the planted commit named
+EXIT_INCONCLUSIVE = 1   # run: skips left candidates, or --flaky stopped short; backport: a branch unsettled
 EXIT_USAGE = 2          # bad input: the repository is left exactly as it was
 EXIT_ENDPOINT = 3       # an endpoint did not test as the user said it would
 EXIT_ABORTED = 4        # the run cannot go on (a command exited >= 128 without a fault, a lost Ray step)
+EXIT_RECORD = 5         # the record file (bisector.sqlite) cannot be used: corrupt, read-only, disk full, newer
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM; verdicts so far are kept
-# `scenario run` and `scenario classify` answer as `git bisect run` expects of a command
-EXIT_GOOD = 0
-EXIT_BAD = 1
-EXIT_SKIP = 125
+# `scenario run` and `scenario classify` answer with git bisect run's protocol.
+EXIT_GOOD, EXIT_BAD, EXIT_SKIP = 0, 1, 125
 
 
 class BisectorError(Exception):

@@ -1,7 +1,7 @@
 """Where steps run: a pool of local slots (CPU jobs or GPU groups), or Ray tasks across a cluster.
 
 Executors implement `bisector.seams.Executor` and are registered in EXECUTORS by the name
-`--executor` takes; each is built from the run's Placement options.
+`--executor` takes, with the command-line options they read; each is built from the run's Placement.
 """
 from __future__ import annotations
 
@@ -15,82 +15,15 @@ import threading
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from bisector.builds import NoBuild
 from bisector.errors import ExecutorError, UsageError
-from bisector.seams import Executor
+from bisector.gpus import gpu_env, gpu_slots, parse_gpus, visible_gpus
+from bisector.registry import Option, Registry
+from bisector.seams import BuildConfig, Executor
 
-GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
-
-
-def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
-    """Environment that makes just these GPUs (physical ids) visible to a step's processes.
-
-    ROCR_VISIBLE_DEVICES narrows the ROCm runtime to the physical ids; HIP_ and CUDA_VISIBLE_DEVICES
-    index within what ROCR leaves, so they count from 0.
-    """
-    relative = ",".join(str(i) for i in range(len(gpus)))
-    return {"ROCR_VISIBLE_DEVICES": ",".join(map(str, gpus)), "HIP_VISIBLE_DEVICES": relative,
-            "CUDA_VISIBLE_DEVICES": relative}
-
-
-def gpu_slots(gpus: list[int], per_run: int) -> list[dict[str, str]]:
-    """Split GPU ids into groups of per_run; each group's environment selects just those GPUs."""
-    if per_run <= 0:
-        raise UsageError("gpus per run must be positive")
-    return [gpu_env(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
-
-
-def parse_gpus(text: str) -> list[int]:
-    """GPU ids from '0-7', '0,2,4' or a mix ('0-3,6'); raises UsageError on anything else."""
-    ids: list[int] = []
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise UsageError(f"bad GPU list {text!r} (want e.g. 0-7 or 0,2,4)")
-        first, last = int(low), int(high) if dash else int(low)
-        if last < first:
-            raise UsageError(f"bad GPU range {part.strip()!r} in {text!r}")
-        ids.extend(i for i in range(first, last + 1) if i not in ids)
-    return ids
-
-
-def env_gpus(environ: Mapping[str, str]) -> list[int] | None:
-    """Physical ids of the GPUs the environment grants; None when no GPU variable is set.
-
-    One rule for slots and scenarios: unset = every GPU the machine has, set but empty = none.
-    ROCR_VISIBLE_DEVICES holds physical ids (as a scheduler, container or slot sets it);
-    HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) indexes within it, or is physical without it.
-    """
-    def ids(name: str) -> list[int]:
-        text = environ[name].strip()
-        return parse_gpus(text) if text else []
-
-    physical = ids("ROCR_VISIBLE_DEVICES") if "ROCR_VISIBLE_DEVICES" in environ else None
-    selector = next((name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if name in environ), None)
-    if selector is None:
-        return physical
-    chosen = ids(selector)
-    return chosen if physical is None else [physical[i] for i in chosen if i < len(physical)]
-
-
-def visible_gpus(environ: Mapping[str, str] = os.environ, kfd_nodes: Path = KFD_NODES) -> list[int]:
-    """Physical ids of the GPUs this process may use: env_gpus, else the KFD topology's GPU nodes.
-
-    Steps keep to these: a slot never reaches a GPU the parent was not given.
-    """
-    granted = env_gpus(environ)
-    if granted is not None:
-        return granted
-    count = 0
-    for props in sorted(kfd_nodes.glob("*/properties")):
-        for line in props.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "simd_count" and value.strip().isdigit() and int(value) > 0:
-                count += 1
-    return list(range(count))
+if TYPE_CHECKING:
+    from bisector.worktrees import WorktreePool
 
 
 def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]]:
@@ -115,7 +48,7 @@ class Placement:
     source: str               # the repository, as Ray workers reach it by default
     ray_address: str | None = None
     remote: str | None = None
-    build: object = None      # build settings, opened on each Ray node
+    build: BuildConfig | None = None  # build settings, opened on each Ray node
 
     @property
     def per_run(self) -> int:
@@ -125,7 +58,7 @@ class Placement:
 class LocalExecutor:
     """Runs steps on worker threads over a fixed set of slots; a slot's env goes to the step it hosts."""
 
-    def __init__(self, slots: list[Mapping[str, str]]):
+    def __init__(self, slots: Sequence[Mapping[str, str]]):
         if not slots:
             raise UsageError("no slots to run steps on")
         self.slots: queue.Queue = queue.Queue()
@@ -134,7 +67,7 @@ class LocalExecutor:
         self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="step")
         self.size = len(slots)
         self.cancels: dict[Future, threading.Event] = {}
-        self.worktrees = None
+        self.worktrees: WorktreePool | None = None  # bound by start()
         self.logs = Path()
 
     @classmethod
@@ -146,7 +79,7 @@ class LocalExecutor:
             raise UsageError(f"--gpus-per-run {placement.gpus_per_run}: no GPUs visible (give --gpus)")
         return cls(local_slots(placement.jobs, ids, placement.per_run))
 
-    def start(self, pool, logs: Path) -> None:
+    def start(self, pool: WorktreePool, logs: Path) -> None:
         self.worktrees, self.logs = pool, logs
 
     def run_step(self, judge, sha: str, done: list) -> Future:
@@ -158,6 +91,7 @@ class LocalExecutor:
         return future
 
     def _on_slot(self, judge, sha: str, done: list, cancel: threading.Event) -> list:
+        assert self.worktrees is not None, "start() binds the worktree pool before the first step"
         slot = self.slots.get()
         try:
             with self.worktrees.checkout(sha) as worktree:
@@ -195,7 +129,7 @@ class RayExecutor:
         self.address, self.retries = placement.ray_address, retries
         self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()
         self.refs: dict[Future, object] = {}
-        self.ray = None
+        self.ray: Any = None  # the ray module, once started
         self.owns_ray = False
         self.logs = Path()
 
@@ -234,6 +168,7 @@ class RayExecutor:
         return self.ray
 
     def run_step(self, judge, sha: str, done: list) -> Future:
+        from bisector.builds.builder import NoBuild
         self._start()
         judge = dataclasses.replace(judge, builder=self.build or NoBuild())
         ref = self.task.remote(self.source, self.cache_dir, sha, done, judge)
@@ -285,10 +220,10 @@ class RayExecutor:
 
 
 def ray_runtime_env() -> dict:
-    """Ray job environment shipping this bisector's code to every worker (pass it to ray.init)."""
-    import bisector
-    import scenarios
-    return {"py_modules": [str(Path(module.__file__).parent) for module in (bisector, scenarios)]}
+    """Ray job environment shipping this bisector's code (bisector and scenarios) to every worker (pass it
+    to ray.init); found without importing the scenarios."""
+    packages = [importlib.util.find_spec(name) for name in ("bisector", "scenarios")]
+    return {"py_modules": [str(Path(spec.origin).parent) for spec in packages if spec and spec.origin]}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -348,14 +283,14 @@ def _read(path: str | None) -> str | None:
     return None
 
 
-EXECUTORS: dict[str, Callable[[Placement], Executor]] = {
-    "local": LocalExecutor.from_placement,
-    "ray": RayExecutor.from_placement,
-}
+EXECUTORS: Registry[Callable[[Placement], Executor]] = Registry("executor")
+EXECUTORS.register("local", LocalExecutor.from_placement, options=[
+    Option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")])
+EXECUTORS.register("ray", RayExecutor.from_placement, options=[
+    Option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a local one)."),
+    Option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")])
 
 
 def create_executor(kind: str, placement: Placement) -> Executor:
     """The executor registered as kind, built for placement; UsageError on bad options."""
-    if kind not in EXECUTORS:
-        raise UsageError(f"unknown executor {kind!r} (known: {', '.join(sorted(EXECUTORS))})")
-    return EXECUTORS[kind](placement)
+    return EXECUTORS[EXECUTORS.entry(kind).name](placement)

@@ -91,7 +91,9 @@ def diff_hunks(repo: GitRepo, sha: str) -> list[Hunk]:
     out = repo.git.diff_tree("-p", "--no-color", "--no-ext-diff", "--no-renames", "--root",
                              "--no-commit-id", "-U3", sha)
     hunks: list[Hunk] = []
-    path, header, body = None, None, []
+    path: str | None = None
+    hunk_path, header = "", None
+    body: list[str] = []
     for line in out.splitlines():
         if line.startswith("diff --git "):
             path = None
@@ -102,7 +104,7 @@ def diff_hunks(repo: GitRepo, sha: str) -> list[Hunk]:
         elif line.startswith("@@"):
             if header is not None:
                 hunks.append(Hunk(hunk_path, header, tuple(body)))
-            header, body, hunk_path = line, [], path
+            header, body, hunk_path = line, [], path or ""
         elif header is not None and line[:1] in (" ", "-", "+"):
             body.append(line)
     if header is not None:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 DOCKERFILE = "docker/Dockerfile.rocm_base"
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"  # where the continuation looks when nothing names one
@@ -27,15 +26,6 @@ class Pin:
     name: str
     ref: str
     repo: str | None = None
-
-
-@dataclass(kw_only=True, frozen=True)
-class FollowUp:
-    """What a scenario carries into the hunt that continues inside a pinned dependency the answer moves
-    (its `follow_up` hook): the dependency's repository and the probe options kept."""
-
-    repo: str | None = None  # None: the pin's repository, else upstream
-    options: Mapping[str, str] = field(default_factory=dict)
 
 
 def parse_pins(dockerfile: str) -> dict[str, Pin]:

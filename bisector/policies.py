@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Generator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
 
 from bisector.errors import EndpointError, UsageError
 from bisector.results import Evidence, FlakyAnswer, MergeBase
@@ -90,7 +90,9 @@ class SearchPolicy(Protocol):
     rerun: bool       # True: each step is one more execution, cached verdicts or not
     rounds: int       # probe rounds so far
     confirmed: bool   # a seed pair settled the answer
-    verify_endpoints: bool  # the endpoints are tested (and the bad one defines --signature auto)
+
+    @property
+    def verify_endpoints(self) -> bool: ...  # the endpoints are tested (and the bad one defines --signature auto)
 
     def batches(self) -> Generator[Batch, list[Step], None]: ...
     def observe(self, step: Step) -> None: ...
@@ -118,7 +120,7 @@ class BisectPolicy:
         if self.seed_pair:
             candidate, parent = self.seed_pair
             landed = yield Batch(0, ((candidate, "seed"), (parent, "seed")))
-            self.confirmed = self._settle_seed(landed)
+            self.confirmed = self._settle_seed(candidate, parent, landed)
         if self.verify_endpoints and not self.confirmed:
             landed = yield Batch(0, (*((old, "endpoint") for old in self.ends.olds), (self.ends.new, "endpoint")))
             for step in landed:
@@ -135,9 +137,8 @@ class BisectPolicy:
             probes = self.search.next_probes(self.size, cost=self.cost)
             yield Batch(self.rounds, tuple((sha, "probe") for sha in probes))
 
-    def _settle_seed(self, landed: list[Step]) -> bool:
+    def _settle_seed(self, candidate: str, parent: str, landed: list[Step]) -> bool:
         """Feed the seed pair's verdicts; True when that pair alone settles the answer."""
-        candidate, parent = self.seed_pair
         judged = {step.sha: self.to_term[step.verdict] for step in landed}
         for sha in (parent, candidate):
             if sha not in self.ends.olds:
@@ -264,7 +265,8 @@ class CalibratePolicy:
     def __init__(self, good: str, bad: str, runs: int):
         self.good, self.bad, self.runs = good, bad, runs
         self.rounds = 0
-        self.tally = {sha: {"sha": sha, "runs": 0, "bad": 0, "skip": 0, "signatures": {}} for sha in (good, bad)}
+        self.tally: dict[str, dict[str, Any]] = {sha: {"sha": sha, "runs": 0, "bad": 0, "skip": 0, "signatures": {}}
+                                                 for sha in (good, bad)}
 
     def batches(self) -> Generator[Batch, list[Step], None]:
         while self.rounds < self.runs:

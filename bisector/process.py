@@ -107,7 +107,7 @@ def kill_recorded_groups(directory: Path) -> list[int]:
     A group is killed when its leader still runs (same start time as recorded), or when the leader
     is gone but members remain (Linux reuses no pid that still names a group).
     """
-    killed = []
+    killed: list[int] = []
     if not directory.is_dir():
         return killed
     for path in directory.iterdir():

@@ -25,10 +25,11 @@ class GitRepo:
             self.repo = git.Repo(Path(path), search_parent_directories=True)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise GitError(f"not a git repository: {path}") from None
-        if self.repo.bare:
+        work_tree = self.repo.working_tree_dir
+        if self.repo.bare or work_tree is None:
             raise GitError(f"bare repositories are not supported: {path}")
         self.git = self.repo.git
-        self.root = Path(self.repo.working_tree_dir)
+        self.root = Path(work_tree)
         self.common_dir = Path(self.repo.common_dir).resolve()
 
     def resolve(self, ref: str) -> str:

@@ -9,10 +9,19 @@ import xml.etree.ElementTree as ET
 from typing import Any, Callable, Mapping, Sequence
 
 from bisector.errors import ReportError
-from bisector.results import (VERDICTS, BackportResult, BisectResult, BranchEntry, Conflict, Plan, Result,
-                              StepRecord, StoredRun)
+from bisector.formats import FORMATS
+from bisector.results import (
+    VERDICTS,
+    BackportResult,
+    BisectResult,
+    BranchEntry,
+    Conflict,
+    Plan,
+    Result,
+    StepRecord,
+    StoredRun,
+)
 
-FORMATS = ("text", "json", "markdown", "junit", "html")
 LOG_TAIL_CHARS = 6000
 MARKDOWN_FILES = 30  # files listed for a culprit in Markdown; the rest are counted
 

@@ -1,19 +1,70 @@
-"""The plug-in seams: what a scenario and an executor must offer the engine.
+"""The plug-in seams: the data a scenario and the engine exchange, and what a scenario, an executor and a
+build must offer.
 
-Implementations are found in registries (scenarios: `scenarios.available()`, which also loads the
-`bisector.scenarios` entry-point group; executors: `bisector.executor.EXECUTORS`). The third seam,
-BuildStrategy, sits with its data types in `bisector.builds.base` (registry: `bisector.builds.REGISTRY`).
+The core owns these types; `scenarios.base` re-exports the scenario ones for plug-ins. Implementations are
+found in registries (`bisector.registry.Registry`): scenarios in `scenarios.BUILT_IN` (plus the
+`bisector.scenarios` entry-point group), executors in `bisector.executor.EXECUTORS`, build strategies in
+`bisector.builds.REGISTRY` (their own seam, BuildStrategy, sits with its data types in
+`bisector.builds.base`). Optional capabilities are Protocols checked with isinstance.
 See ARCHITECTURE.md for how to add one of each.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from bisector.builds.base import BuildResult, Decision
+    from bisector.envs import Environment, Reader
+    from bisector.refs import GitRepo
     from bisector.worktrees import WorktreePool
-    from scenarios.base import Outcome, StepContext
+
+
+class Verdict(str, Enum):
+    """A commit's verdict; stored and shown as its value (`str(Verdict.BAD) == "bad"`)."""
+
+    GOOD = "good"
+    BAD = "bad"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a scenario says of one run on one commit."""
+
+    verdict: Verdict
+    reason: str
+    log_path: str | None = None
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Where and how one scenario execution happens."""
+
+    checkout: Path
+    log_path: Path
+    timeout: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = "python3"
+    cancel: threading.Event | None = None  # set when the step's result is no longer wanted
+
+
+@dataclass(kw_only=True, frozen=True)
+class FollowUp:
+    """What a scenario carries into the hunt that continues inside a pinned dependency the answer moves
+    (its `follow_up` hook): the dependency's repository and the probe options kept."""
+
+    repo: str | None = None  # None: the pin's repository, else upstream
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -34,10 +85,45 @@ class Scenario(Protocol):
 
         BaseScenario gives: its source files' hash, its options and `environment(python)`.
         """
+        ...
 
-    def run(self, ctx: "StepContext") -> "Outcome":
+    def run(self, ctx: StepContext) -> Outcome:
         """Judge the commit checked out at ctx.checkout."""
+        ...
 
+
+# -- optional scenario capabilities (checked with isinstance) ---------------------------------------------
+
+@runtime_checkable
+class Configurable(Protocol):
+    """A scenario configured by KEY=VALUE options (`--option`), defaults filled in."""
+
+    options: Mapping[str, str]
+
+
+@runtime_checkable
+class RecordsVersions(Protocol):
+    """A scenario naming the distributions whose versions each step records under `--env per-commit`
+    (default: bisector.envs.DEFAULT_VERSIONS)."""
+
+    env_versions: Sequence[str]
+
+
+@runtime_checkable
+class ClassifiesLogs(Protocol):
+    """A scenario that can judge a saved output of its child without running it (`scenario classify`)."""
+
+    def classify_log(self, text: str, exit_code: int | None = None) -> Outcome: ...
+
+
+@runtime_checkable
+class FollowsPins(Protocol):
+    """A scenario that says how a hunt continues inside a dependency whose pin the answer moves."""
+
+    def follow_up(self, dependency: str) -> FollowUp | None: ...
+
+
+# -- where steps run ---------------------------------------------------------------------------------------
 
 @runtime_checkable
 class Executor(Protocol):
@@ -45,14 +131,53 @@ class Executor(Protocol):
 
     size: int
 
-    def start(self, pool: "WorktreePool", logs: Path) -> None:
+    def start(self, pool: WorktreePool, logs: Path) -> None:
         """Bind to this run's worktree pool and log dir (before the first step)."""
 
-    def run_step(self, judge, sha: str, done: list) -> Future:
+    def run_step(self, judge: Any, sha: str, done: list) -> Future:
         """Judge sha (given its earlier executions `done`) until its verdict is decided."""
+        ...
 
     def cancel(self, future: Future) -> None:
         """Drop a queued step, or kill a running step's processes."""
 
     def shutdown(self) -> None:
         """Cancel what still runs and release the workers."""
+
+
+# -- settings, and what they open on a repository and state dir -------------------------------------------
+
+@runtime_checkable
+class Build(Protocol):
+    """A build opened on a repository and state dir: prepares a worktree for one commit."""
+
+    name: str
+
+    def cost(self, sha: str) -> float: ...
+
+    def decide(self, sha: str) -> Decision: ...
+
+    def prepare(self, worktree: Path, sha: str, log_dir: Path,
+                environment: Environment | None = None) -> BuildResult: ...
+
+
+@runtime_checkable
+class BuildConfig(Protocol):
+    """Build settings (`--build` and its options): pickled into Ray tasks, opened where steps run."""
+
+    name: str
+
+    def open(self, repo: GitRepo, state_dir: Path) -> Build: ...
+
+
+@runtime_checkable
+class Environments(Protocol):
+    """Where each commit runs (`--env`), opened on a state dir: a step holds its environment while it runs."""
+
+    settings: Any  # bisector.envs.EnvSettings: what reopens it elsewhere (a Ray node)
+
+    def environment(self, read: Reader) -> ContextManager[Environment]: ...
+
+    def versions(self, environment: Environment, names: Sequence[str]) -> dict: ...
+
+    def open(self, state_dir: Path) -> Environments: ...

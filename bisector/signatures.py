@@ -92,7 +92,7 @@ class SignatureRule:
             self.learned = signature
 
     def accepts(self, signature: str) -> bool:
-        if self.mode == "regex":
+        if self.mode == "regex" and self.pattern is not None:
             return re.search(self.pattern, signature) is not None
         return self.mode == "any" or self.learned is None or signature == self.learned
 

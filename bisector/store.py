@@ -8,10 +8,11 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 from pathlib import Path
+from typing import Callable, Iterator
 
-from bisector.errors import UsageError
+from bisector.errors import EXIT_RECORD, BisectorError
+from bisector.seams import Verdict
 
 SCHEMA_VERSION = 1  # PRAGMA user_version of the files this bisector writes
 
@@ -79,8 +80,11 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
 }
 
 
-class StoreError(UsageError):
-    """The record file cannot be used (corrupt, read-only, disk full, newer schema)."""
+class StoreError(BisectorError):
+    """The record file cannot be used (corrupt, read-only, disk full, newer schema): not the user's input,
+    so not a usage error; verdicts recorded before it are kept."""
+
+    exit_code = EXIT_RECORD
 
 
 def _advice(exc: sqlite3.Error) -> str:
@@ -118,8 +122,10 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Execution:
+    """One scenario run on one commit (or a step's decided verdict); stored with its verdict's value."""
+
     sha: str
-    verdict: str
+    verdict: Verdict
     reason: str
     log_path: str | None
     seconds: float
@@ -144,37 +150,38 @@ class Store:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.db = None
-        self._open()
+        self.db = self._open()
 
     @_guarded
-    def _open(self) -> None:
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA busy_timeout = 30000")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+    def _open(self) -> sqlite3.Connection:
+        """The file's connection, its schema created or migrated to SCHEMA_VERSION."""
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
+            db.close()
             raise StoreError(f"bisector record {self.path} has schema version {version}; this bisector reads "
                              f"up to {SCHEMA_VERSION}: upgrade bisector or give another --state-dir")
-        self.db.execute("BEGIN IMMEDIATE")
+        db.execute("BEGIN IMMEDIATE")
         try:
-            tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
             if tables:
                 for step in range(version, SCHEMA_VERSION):
-                    MIGRATIONS[step](self.db)
+                    MIGRATIONS[step](db)
             for statement in filter(str.strip, SCHEMA.split(";")):
-                self.db.execute(statement)
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self.db.execute("COMMIT")
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
+        return db
 
     def close(self) -> None:
-        if self.db is not None:
-            self.db.close()
+        self.db.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -245,14 +252,14 @@ class Store:
         """sha's executions under scenario_key, oldest first; only those after execution after_id."""
         rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? AND id > ? "
                                "ORDER BY id", (sha, scenario_key, after_id)).fetchall()
-        return [Execution(r["sha"], r["verdict"], r["reason"], r["log_path"], r["seconds"], r["build"],
+        return [Execution(r["sha"], Verdict(r["verdict"]), r["reason"], r["log_path"], r["seconds"], r["build"],
                           json.loads(r["details"] or "{}")) for r in rows]
 
     @_guarded
     def add_execution(self, scenario_key: str, execution: Execution) -> None:
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
                         "build, details, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (execution.sha, scenario_key, execution.verdict, execution.reason,
+                        (execution.sha, scenario_key, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, execution.build,
                          json.dumps(execution.details), time.time()))
 
@@ -287,7 +294,7 @@ class Store:
                  cached: bool) -> None:
         self.db.execute("INSERT INTO steps (run_id, seq, round, sha, role, verdict, reason, log_path, "
                         "seconds, cached, build, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run_id, seq, round_no, execution.sha, role, execution.verdict, execution.reason,
+                        (run_id, seq, round_no, execution.sha, role, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, int(cached), execution.build, time.time()))
 
     @_guarded

@@ -190,16 +190,22 @@ class WorktreePool:
     def checkout(self, sha: str) -> "_Lease":
         """`with pool.checkout(sha) as path:` leases a worktree for one step."""
         return _Lease(self, sha)
+
+
 class _Lease:
+    """One step's hold on a pool worktree: acquired on entry, released on exit."""
+
     def __init__(self, pool: WorktreePool, sha: str):
-        self.pool, self.sha, self.path = pool, sha, None
+        self.pool, self.sha = pool, sha
+        self.path: Path | None = None
 
     def __enter__(self) -> Path:
         self.path = self.pool.acquire(self.sha)
         return self.path
 
     def __exit__(self, *exc) -> None:
-        self.pool.release(self.path)
+        if self.path is not None:
+            self.pool.release(self.path)
 
 
 class NodeCheckout:
@@ -214,7 +220,7 @@ class NodeCheckout:
         self.source, self.sha, self.path = source, sha, Path(path)
         self.cache_root = Path(cache_root)
         self.clone_path = self.cache_root / hashlib.sha256(source.encode()).hexdigest()[:16]
-        self.repo: GitRepo | None = None
+        self.repo: GitRepo  # the node's clone, once entered
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

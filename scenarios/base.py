@@ -1,46 +1,25 @@
-"""The scenario protocol: what every reproduction implements, and the fault signatures they share."""
+"""The scenario protocol: what every reproduction implements, and the fault signatures they share.
+
+The seam's data types (Verdict, Outcome, StepContext) belong to the core (bisector.seams) and are
+re-exported here, so a plug-in needs only `from scenarios.base import BaseScenario, Outcome, ...`.
+"""
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import sys
-import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import ClassVar, Mapping
 
-from bisector.envs import python_environment
 from bisector.errors import ScenarioError
-from bisector.pins import FollowUp
+from bisector.probe_env import python_environment
 from bisector.process import watch_for
+from bisector.seams import FollowUp, Outcome, StepContext, Verdict
 
-
-class Verdict(str, Enum):
-    GOOD = "good"
-    BAD = "bad"
-    SKIP = "skip"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    verdict: Verdict
-    reason: str
-    log_path: str | None = None
-    details: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """Where and how one scenario execution happens."""
-
-    checkout: Path
-    log_path: Path
-    timeout: float | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    python: str = "python3"
-    cancel: threading.Event | None = None  # set when the step's result is no longer wanted
+__all__ = ["BaseScenario", "FaultSignature", "Outcome", "StepContext", "Verdict", "FAULT_SIGNATURES",
+           "fault_lines", "source_files", "source_hash"]
 
 
 class BaseScenario(ABC):
@@ -116,11 +95,11 @@ def source_files(cls: type) -> list[Path]:
     """The scenario's own code: its package's Python files, or its module when it is not in a package
     of its own (scenarios/command.py)."""
     module = sys.modules[cls.__module__]
-    path = Path(module.__file__).resolve()
+    path = Path(inspect.getfile(module)).resolve()
     package = module.__name__ if path.name == "__init__.py" else module.__name__.rpartition(".")[0]
     if path.name != "__init__.py" and package in ("", "scenarios"):
         return [path]
-    root = path.parent if path.name == "__init__.py" else Path(sys.modules[package].__file__).resolve().parent
+    root = path.parent if path.name == "__init__.py" else Path(inspect.getfile(sys.modules[package])).resolve().parent
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
@@ -148,7 +127,7 @@ FAULT_LINE_CHARS = 500  # a fault line is reported by its first characters
 
 def fault_lines(text: str, limit: int = 5) -> list[str]:
     """Lines of text that carry a GPU memory-fault signature (linear in the text's length)."""
-    found = []
+    found: list[str] = []
     if not any(marker in text for marker in FAULT_MARKERS):
         return found
     for line in text.splitlines():

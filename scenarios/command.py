@@ -5,8 +5,8 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from bisector.envs import python_environment
 from bisector.errors import ScenarioAbort, ScenarioError
+from bisector.probe_env import python_environment
 from bisector.process import run_process
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
@@ -48,9 +48,9 @@ class CommandScenario(BaseScenario):
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)
-        if result.timed_out:
-            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
         code = result.returncode
+        if result.timed_out or code is None:  # no exit status: killed for the timeout
+            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
         faults = fault_lines("\n".join(result.marked))
         failed = {"signature": failure_signature(result.output + "\n" + "\n".join(result.marked), code)}
         if result.signal_name:

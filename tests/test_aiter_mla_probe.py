@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import threading
@@ -13,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import scenarios
+from bisector.errors import ScenarioError
+from bisector.process import Cancelled
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.aiter_mla_probe.contract import ProbeConfig, judge, metadata_info, qo_tiles_per_batch
 from scenarios.aiter_mla_probe.demo import make_demo_repo, write_tree
 from scenarios.aiter_mla_probe.loader import Placeholder, make_permissive
-from bisector.errors import ScenarioError
-from bisector.process import Cancelled
 from scenarios.base import StepContext, Verdict
 
 pytestmark = pytest.mark.integration

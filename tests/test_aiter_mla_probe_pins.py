@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bisector import pins
+from bisector.errors import ScenarioError
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.aiter_mla_probe.demo import write_tree
-from bisector.errors import ScenarioError
 from scenarios.base import StepContext, Verdict
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,6 @@
 import functools
 import http.server
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -12,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bisector import builds
-from bisector.builds import BuildSettings
+from bisector.builds import BuildSettings, parse_size
+from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import BuildResult, Decision
-from bisector.builds.artifacts import ArtifactCache, parse_size
 from bisector.builds.native import Toolchain, native_hash
 from bisector.builds.precompiled import precompiled_plan
 from bisector.builds.source import compiler_cache_env, source_plan
@@ -117,7 +116,7 @@ def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv
     builds = [s["build"].split(":")[0] for s in result["steps"]]
     compiles = builds.count("source")
     assert compiles == gcc_runs(state) >= 2
-    assert builds.count("python") >= 1 and compiles < len(builds)
+    assert builds.count("reuse") >= 1 and compiles < len(builds)
     # every step ran check.py, which exits 3 on a stale or missing extension: all loaded the right one
     assert all(s["verdict"] in ("good", "bad") for s in result["steps"])
     assert all(not s["reason"].startswith("exit 3") for s in result["steps"])
@@ -135,7 +134,7 @@ def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv
     second = json.loads((tmp_path / "2.json").read_text())
     assert second["first_bad"]["sha"] == shas[17]
     fresh = [s["build"] for s in second["steps"] if not s["cached"]]
-    assert fresh and all(b.startswith("python:") for b in fresh), fresh
+    assert fresh and all(b.startswith("reuse:") for b in fresh), fresh
     assert gcc_runs(state) == compiles
 
 
@@ -228,7 +227,8 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path, cl
     before = repo.snapshot()
     state = tmp_path / "state"
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--plan",
-               "--build", "auto", "--rocm-arch", "gfx950", "--state-dir", str(state), "--json", str(tmp_path / "plan.json"),
+               "--build", "auto", "--rocm-arch", "gfx950", "--state-dir", str(state),
+               "--json", str(tmp_path / "plan.json"),
                "--", "true", env={"MAX_JOBS": "7"})
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
@@ -242,8 +242,8 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path, cl
     assert develop["env"]["PYTORCH_ROCM_ARCH"] == "gfx950" and develop["env"]["MAX_JOBS"] == "7"
     assert "PYTORCH_ROCM_ARCH=gfx950 MAX_JOBS=7" in proc.stdout
     # commits sharing an earlier step's native hash need no build; the probe prefers them
-    assert all(p["build"] in ("source", "python") for p in plan["probes"])
-    assert plan["probes"][2]["build"] == "python"
+    assert all(p["build"] in ("source", "reuse") for p in plan["probes"])
+    assert plan["probes"][2]["build"] == "reuse"
     assert repo.snapshot() == before
     assert not (state / "logs").exists() and not (state / "artifacts").exists()
 
@@ -364,7 +364,7 @@ def test_auto_takes_the_cheapest_registered_strategy_that_can_serve(make_repo, t
     # once the native hash has artifacts, reuse (cost 0) is cheaper than stamp
     (work / "fixturepkg" / "_C.so").write_bytes(b"built")
     builder.cache.save(builder.native(shas[0]), work, ["fixturepkg/_C.so"], "source", None)
-    assert builder.decide(shas[0]).strategy == "python" and builder.decide(shas[1]).strategy == "stamp"
+    assert builder.decide(shas[0]).strategy == "reuse" and builder.decide(shas[1]).strategy == "stamp"
     # chosen by name, a strategy that cannot serve skips the commit with its reason
     refused = BuildSettings("refuses", sys.executable).open(GitRepo(repo.path), state) \
         .prepare(work, shas[0], state / "logs")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bisector.builds import NoBuild
+from bisector.builds.builder import NoBuild
 from bisector.engine.judge import Judge
 from bisector.errors import EndpointError
-from bisector.policies import (BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings,
-                               calibration)
+from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, calibration
 from bisector.results import Evidence, FlakyAnswer, MergeBase
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.signatures import SignatureRule, failure_signature, normalise

@@ -3,9 +3,8 @@ and the verdict across DP ranks. Pure."""
 import time
 
 import pytest
+from dpa_fp8_kv_records import APERTURE, ENGINE_FAILED, FAULT, FAULT_READ_ONLY, HSA, OK, PREFIX, RECORDS
 
-from dpa_fp8_kv_records import (APERTURE, ENGINE_FAILED, FAULT, FAULT_READ_ONLY, HSA, OK,
-                                PREFIX, RECORDS)
 from bisector.process import ProcessResult
 from scenarios.base import Verdict
 from scenarios.dpa_fp8_kv.classify import classify, combine, details, strip_prefix

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bisector.executor import gpu_env
 from bisector.errors import ScenarioError
+from bisector.gpus import gpu_env
 from scenarios import create
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.config import deepseek_v3_config, write_model_dir

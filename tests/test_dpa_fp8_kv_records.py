@@ -2,10 +2,10 @@
 import json
 
 import pytest
-
 from dpa_fp8_kv_records import recorded
-from scenarios.base import Verdict
+
 from bisector.process import ProcessResult
+from scenarios.base import Verdict
 from scenarios.dpa_fp8_kv.classify import classify, details
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dpa_fp8_kv_records import FAULT, RECORDS
+
 from bisector.process import Cancelled
 from scenarios import create
 from scenarios.base import StepContext, Verdict
@@ -26,11 +26,14 @@ CUDA_TORCH = json.dumps({"torch": "2.11.0+cu130", "transformers": "5.17.0", "tor
                          "torch_cuda": "13.0"})
 
 FAKE_PYTHON = f"""#!{sys.executable}
-# Stands in for the user's python: answers the environment probe (-c) from FAKE_ENVIRONMENT, else
-# records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
+# Stands in for the user's python: answers the environment probe (bisector/probe_env.py) from
+# FAKE_ENVIRONMENT, else records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
 import json, os, subprocess, sys, time
-if sys.argv[1] == "-c":
-    print(os.environ.get("FAKE_ENVIRONMENT", {ROCM_TORCH!r}))
+if sys.argv[1].endswith("probe_env.py"):
+    found = json.loads(os.environ.get("FAKE_ENVIRONMENT", {ROCM_TORCH!r}))
+    print(json.dumps({{"python": "3.12.3", "executable": sys.executable, "prefix": sys.prefix, "sites": [],
+                      "purelib": "", "versions": {{name: found.get(name) for name in sys.argv[2:]}},
+                      "torch": {{"origin": None, "hip": found["torch_hip"], "cuda": found["torch_cuda"]}}}}))
     sys.exit(0)
 rank = os.environ.get("VLLM_DP_RANK", "0")
 model = sys.argv[sys.argv.index("--model") + 1]

@@ -8,7 +8,8 @@ import pytest
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
 from bisector.errors import UsageError
-from bisector.executor import local_slots, parse_gpus, visible_gpus
+from bisector.executor import local_slots
+from bisector.gpus import parse_gpus, visible_gpus
 from bisector.search import Bisection, Term
 from scenarios.command import CommandScenario
 

@@ -5,7 +5,7 @@ import pytest
 
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
-from bisector.pins import FollowUp
+from bisector.seams import FollowUp
 from scenarios.base import BaseScenario, Outcome, Verdict
 from scenarios.command import CommandScenario
 
@@ -35,7 +35,7 @@ def test_a_culprit_that_bumps_the_aiter_pin_is_named_as_such(make_repo, tmp_path
                "--format", "html")
     assert "moves AITER v0.1.10.post3 → v0.1.13" in html.stdout
 
-    quiet = cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",
+    cli("run", "--repo", str(repo.path), "--good", shas[5], "--bad", shas[-1], "--no-verify-endpoints",
                 "--state-dir", str(tmp_path / "state"), "--json", str(tmp_path / "q.json"), "--", "false")
     assert "pin_change" not in json.loads((tmp_path / "q.json").read_text())  # no move inside that range
 

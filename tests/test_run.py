@@ -264,7 +264,7 @@ def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_pa
     repo = make_repo()
     shas = repo.linear(10, bad_from=5)
     git(repo.path, "checkout", "-q", "-b", "side", shas[3])
-    side = repo.commit("side", {"side.txt": "x"})
+    repo.commit("side", {"side.txt": "x"})
     git(repo.path, "checkout", "-q", "main")
     (repo.path / "untracked.txt").write_text("mine")
     (repo.path / "counter.txt").write_text("local edit\n")
@@ -336,7 +336,7 @@ def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path, cli):
     assert short.returncode == 1, short.stderr
     first = json.loads((tmp_path / "a.json").read_text())
     assert [s["reason"] for s in first["steps"]] == ["timed out after 0.5s"]
-    again = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
+    cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                 "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "b.json"),
                 "--", sys.executable, str(script))
     assert json.loads((tmp_path / "b.json").read_text())["executions"] == 0

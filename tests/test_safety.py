@@ -17,14 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from bisector.errors import EXIT_RECORD, EXIT_USAGE
+from bisector.seams import Verdict
+from bisector.store import Execution, Store, StoreError
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """The single stderr line of a refused command (exit 2)."""
+def one_line_error(proc: subprocess.CompletedProcess, exit_code: int = EXIT_USAGE) -> str:
+    """The single stderr line of a refused command (exit 2 for bad input)."""
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == exit_code, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("bisector: error: "), proc.stderr
     return lines[0]
 
@@ -63,7 +67,8 @@ def script(path: Path, body: str) -> str:
 
 
 # 1. Only marked slots are removed; the git dir is refused as a state dir.
-def test_state_dir_that_is_the_git_dir_is_refused_and_user_worktrees_survive(make_repo, tmp_path, state_is_good, cli, git):
+def test_state_dir_that_is_the_git_dir_is_refused_and_user_worktrees_survive(make_repo, tmp_path, state_is_good, cli,
+                                                                              git):
     repo = make_repo()
     shas = repo.linear(4, bad_from=2)
     git(repo.path, "worktree", "add", "-q", str(tmp_path / "mine"), shas[0])
@@ -258,7 +263,7 @@ def test_relative_state_dir_is_resolved_against_the_cwd(make_repo, tmp_path, sta
     assert (cwd / "env-st" / "bisector.sqlite").is_file() and not (repo.path / "env-st").exists()
 
 
-# 9. A corrupt or newer record file: one line naming it, exit 2; files carry a schema version.
+# 9. A corrupt or newer record file: one line naming it, exit 5 (not a usage error); files carry a schema version.
 def test_corrupt_record_file_is_one_line_naming_it(make_repo, tmp_path, state_is_good, cli):
     repo = make_repo()
     shas = repo.linear(3, bad_from=1)
@@ -267,7 +272,7 @@ def test_corrupt_record_file_is_one_line_naming_it(make_repo, tmp_path, state_is
     (state / "bisector.sqlite").write_bytes(b"this is not sqlite" * 100)
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                     "--state-dir", str(state), "--", *state_is_good)
-    line = one_line_error(proc)
+    line = one_line_error(proc, EXIT_RECORD)
     assert str(state / "bisector.sqlite") in line and "corrupt" in line and "move it aside" in line
 
 
@@ -283,8 +288,24 @@ def test_record_files_carry_a_schema_version_and_newer_ones_are_refused(make_rep
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.execute("PRAGMA user_version = 99")
     db.close()
-    assert "schema version 99" in one_line_error(cli(*args))
+    assert "schema version 99" in one_line_error(cli(*args), EXIT_RECORD)
 
+
+
+def test_a_full_record_file_is_its_own_exit_code_and_keeps_what_was_recorded(tmp_path):
+    """SQLite's own "database or disk is full" (the file capped at its size): exit 5, never a usage error."""
+    store = Store(tmp_path / "bisector.sqlite")
+    kept = Execution("a" * 40, Verdict.BAD, "kept", None, 1.0, None, {})
+    store.add_execution("key", kept)
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(StoreError) as refused:
+        for n in range(1000):
+            store.add_execution("key", Execution(f"{n:040x}", Verdict.GOOD, "x" * 2000, None, 1.0, None, {}))
+    assert refused.value.exit_code == EXIT_RECORD != EXIT_USAGE
+    assert "disk is full" in str(refused.value) and str(tmp_path / "bisector.sqlite") in str(refused.value)
+    assert store.executions("a" * 40, "key") == [kept]
+    store.close()
 
 # 10. Output paths are checked before the first step.
 def test_unwritable_output_path_is_refused_before_any_step(make_repo, tmp_path, state_is_good, cli):

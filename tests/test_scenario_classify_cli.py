@@ -2,7 +2,6 @@
 import json
 
 import pytest
-
 from dpa_fp8_kv_records import APERTURE, FAULT, HSA, RECORDS
 
 NAME = "dpa-fp8-kv-graph-capture"

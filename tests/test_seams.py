@@ -1,6 +1,7 @@
 """The seams a newcomer extends: a scenario plug-in package, a registered executor, and the rules that
 keep the house in order (no import cycles, short signatures, reports that import no engine)."""
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,10 @@ import pytest
 from bisector import executor as executors
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
+from bisector.errors import UsageError
+from bisector.registry import Option, Registry
+from bisector.seams import ClassifiesLogs, Configurable, RecordsVersions, Scenario
+from scenarios import available
 from scenarios.command import CommandScenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +121,36 @@ def test_no_import_cycle_among_core_modules():
             visit(module, [])
 
 
+@pytest.fixture(scope="module")
+def import_figures() -> dict:
+    """bench/import_graph.py's figures: it reads every import of bisector.* and scenarios.*, function-level
+    ones too, and what `from scenarios.base import BaseScenario` loads in a fresh interpreter."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "import_graph.py"), "--json"], capture_output=True,
+                          text=True, cwd=ROOT)
+    figures = json.loads(done.stdout)
+    assert done.returncode == (1 if figures["cycles"] else 0), done.stderr
+    return figures
+
+
+def test_import_graph_has_no_cycle_counting_imports_inside_functions(import_figures):
+    figures = import_figures
+    assert figures["cycles"] == []
+    assert figures["modules"] >= 50 and figures["function_edges"]  # it saw the packages and the lazy imports
+    # the seam types and GPU helpers live in the core: the core imports no scenario, even lazily
+    assert not [edge for edge in figures["function_edges"] if edge.startswith("bisector.")
+                and " -> scenarios" in edge and not edge.startswith("bisector.cli ")]
+
+
+def test_a_plugin_scenario_loads_a_handful_of_project_modules(import_figures):
+    loaded = import_figures["plugin_imports"]
+    assert "scenarios.base" in loaded and len(loaded) <= 10, loaded
+    assert not {"bisector.engine", "bisector.executor", "bisector.builds", "scenarios.dpa_fp8_kv"} & set(loaded)
+    probe = "import sys; from scenarios.base import BaseScenario; print('git' in sys.modules)"
+    git_loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True).stdout.strip()
+    assert git_loaded == "False"  # nor GitPython
+
+
 def test_reports_import_no_engine_and_core_imports_no_scenario_utilities():
     graph = _module_imports()
     engine = {name for name in graph if name == "bisector.engine" or name.startswith("bisector.engine.")}
@@ -141,3 +176,42 @@ def test_no_function_in_the_core_takes_more_than_six_parameters():
             names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
             names = names[1:] if names[:1] in (["self"], ["cls"]) else names
             assert len(names) <= 6, f"{path.name}:{node.lineno} {node.name} takes {len(names)}"
+
+
+def test_a_registry_imports_an_entry_when_first_asked_and_takes_its_aliases(tmp_path, monkeypatch):
+    (tmp_path / "lazy_strategy.py").write_text("class Strategy:\n    name = 'lazy'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry: Registry = Registry("build strategy")
+    registry.register("lazy", "lazy_strategy:Strategy", aliases=("old-name",),
+                      options=[Option("--lazy-level", type=int, help="How lazy.")])
+    registry.register("eager", dict)
+    assert list(registry) == ["lazy", "eager"] and registry.choices() == ["lazy", "eager", "old-name"]
+    assert [option.decls for option in registry.options()] == [("--lazy-level",)]
+    assert "lazy_strategy" not in sys.modules  # names and options are known without importing anything
+    assert registry["old-name"].name == "lazy" and "lazy_strategy" in sys.modules
+    assert registry.canonical("old-name") == "lazy" and "old-name" in registry and registry["eager"] is dict
+    with pytest.raises(UsageError, match=r"^unknown build strategy 'nope' \(known: lazy, eager\)$"):
+        registry.entry("nope")
+
+
+def test_each_registered_entry_brings_its_own_options_and_the_old_build_name_still_works(make_repo, cli):
+    help_text = cli("run", "--help").stdout
+    for option in ("--wheels", "--rocm-arch", "--gpus", "--ray-address", "--remote", "--cache-size"):
+        assert option in help_text, option
+    assert "reuse" in help_text and "|python|" not in help_text  # the alias is accepted, not offered
+    repo = make_repo()
+    sha = repo.linear(2, bad_from=None)[-1]
+    for name in ("reuse", "python"):  # parsed, then the scenario is looked up
+        judged = cli("scenario", "run", "no-such-scenario", "--repo", str(repo.path), "--ref", sha, "--build", name)
+        assert judged.returncode == 2 and judged.stderr.startswith(
+            "bisector: error: unknown scenario 'no-such-scenario' (available: "), judged.stderr
+    refused = cli("scenario", "run", "no-such-scenario", "--repo", str(repo.path), "--ref", sha, "--build", "pyhton")
+    assert refused.returncode == 2 and "'pyhton' is not one of 'auto', 'reuse'" in refused.stderr, refused.stderr
+
+
+def test_optional_capabilities_are_protocols_checked_with_isinstance(state_is_good):
+    command = CommandScenario(state_is_good)
+    assert isinstance(command, Scenario) and isinstance(command, Configurable)
+    assert isinstance(command, RecordsVersions) and not isinstance(command, ClassifiesLogs)
+    assert issubclass(available()["dpa-fp8-kv-graph-capture"], ClassifiesLogs)
+    assert not issubclass(available()["aiter-mla-probe"], ClassifiesLogs)

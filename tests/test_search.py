@@ -90,7 +90,10 @@ def test_priors_pull_the_probe_towards_weighted_commits():
 def test_cost_picks_cheap_commit_near_the_midpoint_only():
     commits, shas = chain(100)
     cheap = {shas[44], shas[5]}
-    cost = lambda sha: 0.0 if sha in cheap else 1.0
+
+    def cost(sha):
+        return 0.0 if sha in cheap else 1.0
+
     assert Bisection(commits, shas[-1]).next_probes(1, cost=cost, tolerance=0.1) == [shas[44]]
     assert Bisection(commits, shas[-1]).next_probes(1, cost=cost, tolerance=0.01) == [shas[49]]
 

@@ -3,180 +3,65 @@
 A commit's native-input hash (tree ids of the paths that decide the compiled extensions, plus the
 toolchain) keys an artifact cache under <state_dir>/artifacts/<hash>/; `--build auto` takes per step the
 cheapest registered strategy that can serve the commit: reuse those artifacts, else a precompiled wheel,
-else vLLM's ROCm source build. A new strategy is one module (see base.BuildStrategy) and one line below.
+else vLLM's ROCm source build. A new strategy is one module (see base.BuildStrategy) and one entry below,
+with the command-line options it reads from BuildSettings. Settings are opened (builder.Builder) per run.
 """
 from __future__ import annotations
 
 import os
-import threading
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bisector.builds.artifacts import DEFAULT_CACHE_SIZE, ArtifactCache, parse_size
-from bisector.builds.base import (FREE_COST, UNAVAILABLE, BuildContext, BuildResult, BuildStrategy, Decision,
-                                  Target, remove_outputs)
-from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
-from bisector.builds.precompiled import Precompiled
-from bisector.builds.reuse import ReuseArtifacts
-from bisector.builds.source import SourceBuild
-from bisector.refs import GitRepo
+from bisector.registry import Option, Registry
+
+if TYPE_CHECKING:
+    from bisector.builds.base import BuildStrategy
+    from bisector.refs import GitRepo
+    from bisector.seams import Build
 
 # The registered strategies by --build name; in a tie of cost `auto` takes the one registered first.
-REGISTRY: dict[str, type[BuildStrategy]] = {strategy.name: strategy for strategy in (
-    ReuseArtifacts,
-    Precompiled,
-    SourceBuild,
-)}
+REGISTRY: Registry[type[BuildStrategy]] = Registry("build strategy")
+REGISTRY.register("reuse", "bisector.builds.reuse:ReuseArtifacts", aliases=("python",))
+REGISTRY.register("precompiled", "bisector.builds.precompiled:Precompiled", options=[
+    Option("--wheels", metavar="DIR|URL-TEMPLATE",
+           help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}.")])
+REGISTRY.register("source", "bisector.builds.source:SourceBuild", options=[
+    Option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942.")])
 STRATEGIES = ("auto", *REGISTRY, "none")
-# Worse than any compile: the commit cannot be built (it failed before, or the chosen strategy cannot serve).
-KNOWN_FAILURE_COST = 2.0
-FAILED_BEFORE = "failed-before"
+DEFAULT_CACHE_SIZE = "50G"  # --cache-size: the cap on stored compiled artifacts
+
+
+def parse_size(text: str) -> int:
+    """'50G', '512M', '10k' or plain bytes -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (e.g. 50G, 512M)")
+    return int(float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " "))
 
 
 @dataclass(frozen=True)
 class BuildSettings:
     """What the user asked for; `open` binds it to a repository and state dir for one run."""
 
-    strategy: str = "auto"
+    strategy: str = "auto"  # auto | none | a registered strategy (an alias is taken as its strategy)
     python: str = "python3"
     rocm_arch: str | None = None
     wheels: str | None = None
     cache_size: int = parse_size(DEFAULT_CACHE_SIZE)
     max_jobs: int = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", REGISTRY.canonical(self.strategy))
+
     @property
     def name(self) -> str:
         return self.strategy
 
-    def open(self, repo: GitRepo, state_dir: Path):
+    def open(self, repo: GitRepo, state_dir: Path) -> Build:
+        """The build of this run; ValueError when the strategy is unknown or its options are bad."""
+        from bisector.builds.builder import Builder, NoBuild
         if self.strategy == "none":
             return NoBuild()
-        return Builder(self, repo, Path(state_dir))
-
-
-class NoBuild:
-    """The tree runs as checked out (the CPU probe, or a command that builds for itself)."""
-
-    name = "none"
-
-    def open(self, repo: GitRepo, state_dir: Path) -> "NoBuild":
-        return self
-
-    def cost(self, sha: str) -> float:
-        return FREE_COST
-
-    def decide(self, sha: str) -> Decision:
-        return Decision("none", "no build", "")
-
-    def prepare(self, worktree: Path, sha: str, log_dir: Path, environment=None) -> BuildResult:
-        return BuildResult("none", True, "no build")
-
-
-class Builder:
-    """Prepares a worktree for one commit by the cheapest registered strategy the settings allow."""
-
-    def __init__(self, settings: BuildSettings, repo: GitRepo, state_dir: Path):
-        if settings.strategy != "auto" and settings.strategy not in REGISTRY:
-            raise ValueError(f"unknown build strategy {settings.strategy!r} (one of {', '.join(STRATEGIES)})")
-        self.settings, self.repo, self.state_dir = settings, repo, state_dir
-        self.name = settings.strategy
-        self.toolchain = detect_toolchain(settings.python, settings.rocm_arch)
-        self.cache = ArtifactCache(state_dir, settings.cache_size)
-        context = BuildContext(settings, self.toolchain, self.cache, state_dir)
-        # every strategy is opened, so its options are checked whichever one was chosen
-        self.strategies = {name: strategy(context) for name, strategy in REGISTRY.items()}
-        chosen = self.strategies.values() if self.name == "auto" else [self.strategies[self.name]]
-        self.candidates = sorted(chosen, key=lambda strategy: strategy.cost)
-        self.trees: dict[str, dict[str, str]] = {}
-        self.vllm_trees: dict[str, bool] = {}
-        self.hash_locks: dict[str, threading.Lock] = {}
-        self.lock = threading.Lock()
-
-    def native_trees(self, sha: str) -> dict[str, str]:
-        with self.lock:
-            if sha not in self.trees:
-                self.trees[sha] = self.repo.tree_ids(sha, NATIVE_PATHS)
-            return self.trees[sha]
-
-    def recognised(self, sha: str) -> bool:
-        """Whether sha's tree is one `auto` knows how to build: vLLM (setup.py and the vllm package)."""
-        with self.lock:
-            if sha not in self.vllm_trees:
-                self.vllm_trees[sha] = bool(self.repo.tree_ids(sha, ["vllm"]))
-            return self.vllm_trees[sha]
-
-    def native(self, sha: str) -> str:
-        return native_hash(self.native_trees(sha), self.toolchain)
-
-    def target(self, sha: str, worktree: Path | None = None, environment=None) -> Target:
-        """What a strategy serves; environment (bisector.envs.Environment) is where the build runs, by
-        default --python itself."""
-        python = getattr(environment, "python", "") or self.settings.python
-        return Target(sha, self.native(sha), self.native_trees(sha),
-                      worktree or self.state_dir / "worktrees" / "slot-N", python,
-                      getattr(environment, "installer", ()), getattr(environment, "env", {}))
-
-    def cost(self, sha: str) -> float:
-        """0 when no compile is needed (built before, or a wheel), 1 for a compile, 2 for a known failure."""
-        decision = self.decide(sha)
-        if decision.strategy in (FAILED_BEFORE, UNAVAILABLE):
-            return KNOWN_FAILURE_COST
-        return self.strategies[decision.strategy].cost if decision.strategy in self.strategies else FREE_COST
-
-    def decide(self, sha: str, worktree: Path | None = None) -> Decision:
-        """The build sha needs under the chosen strategy, with the commands it would run."""
-        return next(self._decisions(self.target(sha, worktree)))
-
-    def _decisions(self, target: Target):
-        """The builds that could serve target, cheapest first; a refusal when none can."""
-        if "setup.py" not in target.trees:
-            yield Decision("none", "no setup.py at this commit", target.native)
-            return
-        if self.name == "auto" and not self.recognised(target.sha):
-            yield Decision("none", "not a vLLM tree (no vllm/ package beside setup.py): --build auto "
-                                   "builds only vLLM; name a strategy to build it anyway", target.native)
-            return
-        record = self.cache.get(target.native)
-        if record and record.status == "failed":
-            yield Decision(FAILED_BEFORE, f"native {target.short} failed to build before ({record.strategy})",
-                           target.native)
-            return
-        refusals, served = [], False
-        for strategy in self.candidates:
-            decision = strategy.can_serve(target)
-            if decision.serves:
-                served = True
-                yield decision
-            else:
-                refusals.append(decision.reason)
-        if not served:
-            yield target.refuse("; ".join(refusals) + ("" if self.name == "auto" else f" (--build {self.name})"))
-
-    def prepare(self, worktree: Path, sha: str, log_dir: Path, environment=None) -> BuildResult:
-        """Make worktree runnable for sha in environment: stale outputs out, then the cheapest strategy
-        that serves it; when that fails, the next one (a wheel that fails to install: compile instead)."""
-        target = self.target(sha, worktree, environment)
-        with self.lock:
-            hash_lock = self.hash_locks.setdefault(target.native, threading.Lock())
-        with hash_lock:  # two slots never build the same native inputs at once
-            failed: list[BuildResult] = []
-            for decision in self._decisions(target):
-                remove_outputs(worktree)  # a previous step's, or the failed strategy's
-                result = self._prepare(target, decision, log_dir)
-                if failed:
-                    result = BuildResult(result.strategy, result.ok, result.reason + "".join(
-                        f" (after {f.strategy} failed: {f.reason})" for f in failed), result.log_path, result.env)
-                if result.ok or decision.strategy not in self.strategies:
-                    return result
-                failed.append(result)
-            return result
-
-    def _prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
-        if decision.strategy == "none":
-            return BuildResult("none", True, decision.reason)
-        if decision.strategy == FAILED_BEFORE:
-            record = self.cache.get(target.native)
-            return BuildResult(record.strategy, False, decision.reason, record.log_path)
-        if decision.strategy == UNAVAILABLE:
-            return BuildResult(self.name, False, decision.reason)
-        return self.strategies[decision.strategy].prepare(target, decision, log_dir)
+        return Builder(self, repo, Path(state_dir), REGISTRY)

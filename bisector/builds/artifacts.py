@@ -3,23 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import threading
 import time
 from pathlib import Path
 
 from bisector.store import BuildRecord, Store
-
-DEFAULT_CACHE_SIZE = "50G"
-
-
-def parse_size(text: str) -> int:
-    """'50G', '512M', '10k' or plain bytes -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not match:
-        raise ValueError(f"not a size: {text!r} (e.g. 50G, 512M)")
-    return int(float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " "))
 
 
 class ArtifactCache:
@@ -43,8 +32,9 @@ class ArtifactCache:
             return self.records.get(native)
 
     def restore(self, native: str, worktree: Path) -> list[str]:
-        """Copy the stored outputs into the worktree; marks them used."""
-        record = self.get(native)
+        """Copy the stored outputs into the worktree (a native hash stored ok); marks them used."""
+        with self.lock:
+            record = self.records[native]
         for rel in record.files:
             target = worktree / rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol
 
-from bisector.worktrees import untracked_files
 from bisector.process import run_process
+from bisector.worktrees import untracked_files
 
 if TYPE_CHECKING:
     from bisector.builds import BuildSettings
@@ -102,6 +102,8 @@ class BuildStrategy(Protocol):
 
     name: str  # its --build choice and the label stored per step
     cost: float  # FREE_COST when it copies files, COMPILE_COST when it compiles
+
+    def __init__(self, context: BuildContext) -> None: ...
 
     def can_serve(self, target: Target) -> Decision:
         """The build this strategy would run for target, or target.refuse(why) when it cannot."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from bisector.probe_env import run_probe
+
 # Paths whose content decides the compiled extensions (vLLM's docker/Dockerfile.rocm build stage).
 NATIVE_PATHS = ("csrc", "CMakeLists.txt", "cmake", "setup.py", "pyproject.toml",
                 "requirements/rocm-build.txt", "requirements/build/rocm.txt", "rust", "tools/build_rust.py")
@@ -28,31 +30,16 @@ class Toolchain:
         return f"rocm={self.rocm} torch={self.torch} python={self.python} arch={self.arch}"
 
 
-# Reads torch's version and HIP version from its metadata and version.py, without importing torch.
-_PROBE = """
-import importlib.metadata, importlib.util, pathlib, re, sys
-print('%d.%d' % sys.version_info[:2])
-try:
-    print(importlib.metadata.version('torch'))
-    text = (pathlib.Path(importlib.util.find_spec('torch').origin).parent / 'version.py').read_text()
-    hip = re.search(r"^hip[^=]*=\\s*'([^']+)'", text, re.M)
-    print(hip.group(1) if hip else 'none')
-except Exception:
-    print('none')
-    print('none')
-"""
-
-
 def detect_toolchain(python: str, arch: str | None) -> Toolchain:
     """ROCm version, torch version and Python version of the build's interpreter, and the arch list."""
     try:
-        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120,
-                             check=True).stdout.split()
-    except (OSError, subprocess.SubprocessError):
+        found = run_probe(python, ("torch",))
+    except (OSError, subprocess.SubprocessError, ValueError):
         raise ValueError(f"cannot run the build's Python: {python}") from None
-    py_version, torch_version, hip_version = (out + ["none"] * 3)[:3]
+    torch_version = found["versions"]["torch"] or "none"
+    hip_version = (found["torch"]["hip"] if torch_version != "none" else None) or "none"
     return Toolchain(rocm=installed_rocm_version() or hip_version, torch=torch_version,
-                     python=py_version,
+                     python=".".join(found["python"].split(".")[:2]),
                      arch=arch or os.environ.get("PYTORCH_ROCM_ARCH") or gpu_arch() or DEFAULT_ARCH)
 
 

@@ -9,8 +9,16 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from bisector.builds.base import (FREE_COST, BuildContext, BuildResult, Command, Decision, Target,
-                                  keep_outputs, run_commands)
+from bisector.builds.base import (
+    FREE_COST,
+    BuildContext,
+    BuildResult,
+    Command,
+    Decision,
+    Target,
+    keep_outputs,
+    run_commands,
+)
 
 
 class Precompiled:
@@ -81,7 +89,7 @@ class WheelSource:
             return None
         links = _wheel_links(page)
         machine = [link for link in links if platform.machine() in link]
-        chosen = (machine or links or [None])[0]
+        chosen = next(iter(machine or links), None)
         return urllib.parse.urljoin(url, chosen) if chosen else None
 
 

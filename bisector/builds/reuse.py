@@ -1,4 +1,4 @@
-"""`--build python`: copy the extension modules an earlier step built for the same native hash."""
+"""`--build reuse` (alias `python`): copy the extension modules an earlier step built for the same native hash."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ from bisector.builds.base import FREE_COST, BuildContext, BuildResult, Decision,
 
 
 class ReuseArtifacts:
-    name = "python"
+    name = "reuse"
     cost = FREE_COST
 
     def __init__(self, context: BuildContext):

@@ -4,8 +4,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bisector.builds.base import (COMPILE_COST, BuildContext, BuildResult, Command, Decision, Target,
-                                  keep_outputs, run_commands)
+from bisector.builds.base import (
+    COMPILE_COST,
+    BuildContext,
+    BuildResult,
+    Command,
+    Decision,
+    Target,
+    keep_outputs,
+    run_commands,
+)
 from bisector.builds.native import Toolchain
 from bisector.worktrees import clean_ignored
 

@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from bisector.builds import NoBuild
+from bisector.builds.builder import NoBuild
 from bisector.envs import EnvSettings
 from bisector.process import DEFAULT_LOG_LIMIT
-from bisector.seams import Executor, Scenario
+from bisector.seams import BuildConfig, Executor, Scenario
 
 
 @dataclass(kw_only=True)
@@ -29,7 +29,7 @@ class RunConfig:
     repeat: int = 1
     python: str = "python3"
     executor: Executor | None = None  # default: LocalExecutor on `jobs` CPU slots
-    builder: object = field(default_factory=NoBuild)
+    builder: BuildConfig = field(default_factory=NoBuild)
     fix: str | None = None             # seed the search with the commits the fix's lines blame to
     culprit: str | None = None         # --find-fix: seed with the commits that rewrote the culprit's lines
     flaky: bool = False                # probabilistic search over intermittent faults

@@ -7,10 +7,9 @@ from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
 from bisector.engine.judge import Judge, signature_of
 from bisector.policies import Batch, SearchPolicy
 from bisector.process import Cancelled
-from bisector.seams import Executor
+from bisector.seams import Executor, Verdict
 from bisector.steps import Handler, Step
 from bisector.store import Execution, Store
-from scenarios.base import Verdict
 
 
 class RunContext:
@@ -66,7 +65,7 @@ class RunContext:
         landed: list[Step] = []
 
         def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
-            if execution.verdict == Verdict.BAD.value and (role == "endpoint" or not policy.verify_endpoints):
+            if execution.verdict == Verdict.BAD and (role == "endpoint" or not policy.verify_endpoints):
                 self.judge.signature.learn(signature_of(execution))  # --signature auto: the bad end's
             step = self.add_step(sha, role, batch.round, execution, cached)
             landed.append(step)

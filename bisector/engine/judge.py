@@ -11,13 +11,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Mapping
 
-from bisector.builds import BuildResult
-from bisector.envs import DEFAULT_VERSIONS, SharedEnv, worktree_reader
+from bisector.builds.base import BuildResult
+from bisector.envs import DEFAULT_VERSIONS, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import UsageError
-from bisector.seams import Scenario
+from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
 from bisector.signatures import SignatureRule, normalise
 from bisector.store import Execution
-from scenarios.base import StepContext, Verdict
 
 
 def signature_of(run: Execution) -> str:
@@ -33,12 +32,12 @@ class Judge:
     """
 
     scenario: Scenario
-    builder: object
+    builder: Build | BuildConfig  # settings until opened where the step runs
     timeout: float | None
     python: str
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
-    envs: object = field(default_factory=SharedEnv)  # where each commit runs (bisector.envs)
+    envs: Environments | EnvSettings = field(default_factory=SharedEnv)  # settings until opened (bisector.envs)
 
     @cached_property
     def key_parts(self) -> dict:
@@ -60,16 +59,16 @@ class Judge:
         """
         runs = [run for run in runs if not self._outgrown_timeout(run)]
         for run in runs:
-            if run.verdict == Verdict.BAD.value and not self.signature.accepts(signature_of(run)):
-                return dataclasses.replace(run, verdict=Verdict.SKIP.value,
+            if run.verdict == Verdict.BAD and not self.signature.accepts(signature_of(run)):
+                return dataclasses.replace(run, verdict=Verdict.SKIP,
                                            reason=f"different failure: {signature_of(run)} ({run.reason})",
                                            details={**run.details, "different_failure": True})
-            if run.verdict in (Verdict.BAD.value, Verdict.SKIP.value):
+            if run.verdict in (Verdict.BAD, Verdict.SKIP):
                 return run
         if len(runs) >= self.repeat:
             if self.repeat == 1:
                 return runs[-1]
-            return Execution(runs[-1].sha, Verdict.GOOD.value, f"{len(runs)} clean runs", runs[-1].log_path,
+            return Execution(runs[-1].sha, Verdict.GOOD, f"{len(runs)} clean runs", runs[-1].log_path,
                              sum(r.seconds for r in runs), runs[-1].build,
                              {**runs[-1].details, "clean_runs": [r.details for r in runs]})
         return None
@@ -84,7 +83,7 @@ class Judge:
         new executions only (each records the environment's key and versions under details["env"])."""
         with self.envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers its failures
-                return [Execution(sha, Verdict.SKIP.value, environment.reason, None, 0.0, None,
+                return [Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                   {"env_failed": True, "env": {"key": environment.key}})]
             template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
                                    env={**slot_env, **environment.env}, python=environment.python or self.python,
@@ -92,7 +91,7 @@ class Judge:
             fresh = self._runs(sha, done, template, environment)
             if environment.key is None:
                 return fresh
-            names = getattr(self.scenario, "env_versions", DEFAULT_VERSIONS)
+            names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
             step_env = {"key": environment.key, "python": environment.python,
                         "versions": self.envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
@@ -108,13 +107,13 @@ class Judge:
             log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
             start = time.monotonic()
             if not build.ok:  # not a scenario run: the builder remembers its own failures
-                outcome_verdict, reason, log = Verdict.SKIP.value, f"build failed: {build.reason}", \
+                outcome_verdict, reason, log = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path
                 details = {"build_failed": True}
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
-                outcome_verdict, reason, log = outcome.verdict.value, outcome.reason, outcome.log_path
+                outcome_verdict, reason, log = outcome.verdict, outcome.reason, outcome.log_path
                 details = dict(outcome.details)
                 if details.pop("timed_out", False):
                     details["timed_out_after"] = self.timeout

@@ -1,7 +1,7 @@
 """`bisector run --plan`: the commits a run would test first and the build each needs; nothing is run."""
 from __future__ import annotations
 
-from bisector.builds import NoBuild
+from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.ranges import resolve_range
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
@@ -30,7 +30,7 @@ def plan_bisection(cfg: RunConfig) -> Plan:
         decision = builder.decide(sha)
         strategy, reason, commands = decision.strategy, decision.reason, decision.commands
         if decision.native in planned and strategy in ("source", "precompiled"):
-            strategy, reason, commands = "python", f"native {decision.native[:12]} built by an earlier step", ()
+            strategy, reason, commands = "reuse", f"native {decision.native[:12]} built by an earlier step", ()
         planned.add(decision.native)
         probes.append(PlannedStep(sha=sha, role=role, native=decision.native, build=strategy, reason=reason,
                                   commands=tuple(PlannedCommand(label=c.label, argv=c.argv, env=c.env)

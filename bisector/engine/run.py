@@ -18,13 +18,13 @@ from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.pins import DEFAULT_AITER_REPO, FollowUp, continuation_argv, pin_change, pins_at
+from bisector.pins import DEFAULT_AITER_REPO, continuation_argv, pin_change, pins_at
 from bisector.policies import BisectPolicy, CalibratePolicy, FlakyPolicy, FlakySettings, SearchPolicy
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import BisectResult, PinChange, PrefilterRecord, end_json
+from bisector.seams import FollowsPins, FollowUp, Scenario
 from bisector.search import Bisection, FlakyModel
-from bisector.seams import Scenario
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler
 
@@ -147,8 +147,7 @@ def _pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | N
 
 def _follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
     """The scenario's follow-up inside a moved dependency; scenarios without the hook have none."""
-    hook = getattr(scenario, "follow_up", None)
-    return hook(dependency) if hook else None
+    return scenario.follow_up(dependency) if isinstance(scenario, FollowsPins) else None
 
 
 def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:

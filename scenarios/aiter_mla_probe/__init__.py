@@ -8,10 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-from bisector.envs import python_environment
 from bisector.errors import ScenarioError
-from bisector.pins import FollowUp
+from bisector.probe_env import python_environment
 from bisector.process import run_process
+from bisector.seams import FollowUp
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict

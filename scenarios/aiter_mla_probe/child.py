@@ -205,6 +205,7 @@ class Probe:
         """Skip unless every sizing argument is a real value and no placeholder decided a branch in the
         sizing code before the call."""
         import torch
+
         from scenarios.aiter_mla_probe.loader import is_placeholder
         for call in self.calls:
             arguments = call["arguments"]

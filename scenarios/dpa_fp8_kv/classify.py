@@ -118,8 +118,8 @@ def gather(output: str, platforms: tuple[str, ...], backends: tuple[str, ...]) -
             causes.append(("import error", line))
         if _is_exception_line(line) and (last_error is None or ENGINE_FAILED not in line):
             last_error = line  # the frontend's "Engine core initialization failed" only if nothing else
-    return Evidence(list(dict.fromkeys(faults)), exceptions, ready, ok_line, backend_line, downgrade, causes, core_abort,
-                    last_error, last_line)
+    return Evidence(list(dict.fromkeys(faults)), exceptions, ready, ok_line, backend_line, downgrade, causes,
+                    core_abort, last_error, last_line)
 
 
 def classify(result: ProcessResult, platforms: tuple[str, ...] = ("rocm",),

@@ -1,55 +1,40 @@
 """What the step's Python environment holds, and whether the checkout's own runtime pins accept it.
 
-The probe runs in the scenario's interpreter and reads package metadata only (no torch import, so it
-takes well under a second). The rest is pure.
+The probe (bisector.probe_env) runs in the scenario's interpreter and reads package metadata only (no torch
+import, so it takes well under a second). The rest is pure.
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 from typing import Mapping
 
 from bisector.pins import pins_in_tree
+from bisector.probe_env import last_error_line, run_probe
 
 PINNED = ("torch", "transformers")  # the runtime pins a wrong environment most often violates
 PIN_FILES = {"rocm": ("requirements/common.txt", "requirements/rocm.txt"),
              "cuda": ("requirements/common.txt", "requirements/cuda.txt")}
-# torch/version.py names its GPU runtime: cuda = '13.0' / hip = '6.4.43482' (None when absent).
-_PROBE = r"""
-import importlib.metadata as md, importlib.util, json, pathlib, re
-found = {}
-for name in ("torch", "transformers", "aiter", "amd-aiter"):
-    try:
-        found[name] = md.version(name)
-    except md.PackageNotFoundError:
-        found[name] = None
-found["aiter"] = found.pop("aiter") or found.pop("amd-aiter", None)
-found.pop("amd-aiter", None)
-spec = importlib.util.find_spec("torch")
-text = (pathlib.Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
-for runtime in ("cuda", "hip"):
-    match = re.search(r"^%s\s*(?::[^=]*)?=\s*'([^']+)'" % runtime, text, re.M)
-    found["torch_" + runtime] = match.group(1) if match else None
-print(json.dumps(found))
-"""
 
 
 def probe_environment(python: str, env: Mapping[str, str] | None = None) -> dict | str:
     """{'torch', 'transformers', 'aiter', 'torch_cuda', 'torch_hip'} versions (None if absent) of python's
     environment (under env), or why they could not be read."""
     try:
-        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120,
-                              env=None if env is None else dict(env))
+        found = run_probe(python, ("torch", "transformers", "aiter", "amd-aiter"), env)
     except OSError as exc:
         return f"cannot start {python}: {exc.strerror}"
+    except subprocess.CalledProcessError as exc:
+        return f"cannot read the environment of {python}: {last_error_line(exc)}"
     except subprocess.SubprocessError as exc:
         return f"cannot run {python}: {exc}"
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"cannot read the environment of {python}: {last}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    except ValueError:
+        return f"cannot read the environment of {python}: no output"
+    versions = found["versions"]
+    return {"torch": versions["torch"], "transformers": versions["transformers"],
+            "aiter": versions["aiter"] or versions["amd-aiter"],
+            "torch_cuda": found["torch"]["cuda"], "torch_hip": found["torch"]["hip"]}
 
 
 def checkout_pins(checkout: Path, platform: str) -> dict[str, tuple[str, str]]:

@@ -8,15 +8,20 @@ import tempfile
 from pathlib import Path
 
 from bisector.builds.native import installed_rocm_version
-from bisector.envs import python_environment
+from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
 from scenarios.dpa_fp8_kv.config import write_model_dir
-from scenarios.dpa_fp8_kv.environment import (aiter_against_pin, aiter_switches, checkout_pins, pin_violations,
-                                              probe_environment)
+from scenarios.dpa_fp8_kv.environment import (
+    aiter_against_pin,
+    aiter_switches,
+    checkout_pins,
+    pin_violations,
+    probe_environment,
+)
 from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
@@ -98,7 +103,8 @@ class DpaFp8KvScenario(BaseScenario):
                        if judged_verdict is Verdict.BAD), None)
         signature = {"signature": failure_signature(failed.output, failed.returncode)} if failed else {}
         return Outcome(verdict, reason, str(ctx.log_path),
-                       {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
+                       {**signature, "platform": platform, "attention_backend": backend,
+                        "gpu_targets": list(probe.targets),
                         "heads_per_rank": self.settings.heads_per_rank, "torch": versions["torch"],
                         **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))}
                            if platform == "rocm" else {}),
@@ -115,7 +121,8 @@ class DpaFp8KvScenario(BaseScenario):
         result = ProcessResult(returncode, False, 0.0, output)
         verdict, reason = classify(result, platforms, backends)
         signature = {"signature": failure_signature(output, returncode)} if verdict is Verdict.BAD else {}
-        return Outcome(verdict, reason, None, {**signature, "platforms": list(platforms), "attention_backends": list(backends),
+        return Outcome(verdict, reason, None, {**signature, "platforms": list(platforms),
+                                               "attention_backends": list(backends),
                                                "matched": matched_lines(output, platforms, backends),
                                                **details(output, backends)})
 

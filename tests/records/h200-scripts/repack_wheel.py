@@ -1,7 +1,9 @@
 """Repack the installed (trimmed) vLLM 0.24.0 tree in /tmp/site as a wheel holding what vLLM's setup.py
 extracts for VLLM_USE_PRECOMPILED (extension modules, vendored flash-attn/third_party Python, _version)."""
-import sys, zipfile
+import sys
+import zipfile
 from pathlib import Path
+
 site, out = Path(sys.argv[1]), Path(sys.argv[2])
 out.parent.mkdir(parents=True, exist_ok=True)
 count = 0

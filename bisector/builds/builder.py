@@ -1,0 +1,162 @@
+"""An opened build: the cheapest registered strategy (bisector.builds.REGISTRY) that can serve each commit,
+over the artifact cache of one state dir; NoBuild when the tree runs as checked out."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+from bisector.builds.artifacts import ArtifactCache
+from bisector.builds.base import (
+    FREE_COST,
+    UNAVAILABLE,
+    BuildContext,
+    BuildResult,
+    BuildStrategy,
+    Decision,
+    Target,
+    remove_outputs,
+)
+from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
+from bisector.envs import Environment
+
+if TYPE_CHECKING:
+    from bisector.builds import BuildSettings
+    from bisector.refs import GitRepo
+
+# Worse than any compile: the commit cannot be built (it failed before, or the chosen strategy cannot serve).
+KNOWN_FAILURE_COST = 2.0
+FAILED_BEFORE = "failed-before"
+
+
+class NoBuild:
+    """The tree runs as checked out (the CPU probe, or a command that builds for itself)."""
+
+    name = "none"
+
+    def open(self, repo: GitRepo, state_dir: Path) -> "NoBuild":
+        return self
+
+    def cost(self, sha: str) -> float:
+        return FREE_COST
+
+    def decide(self, sha: str) -> Decision:
+        return Decision("none", "no build", "")
+
+    def prepare(self, worktree: Path, sha: str, log_dir: Path,
+                environment: Environment | None = None) -> BuildResult:
+        return BuildResult("none", True, "no build")
+
+
+class Builder:
+    """Prepares a worktree for one commit by the cheapest registered strategy the settings allow."""
+
+    def __init__(self, settings: BuildSettings, repo: GitRepo, state_dir: Path,
+                 registry: Mapping[str, type[BuildStrategy]]):
+        if settings.strategy != "auto" and settings.strategy not in registry:
+            raise ValueError(f"unknown build strategy {settings.strategy!r} "
+                             f"(one of {', '.join(['auto', *registry, 'none'])})")
+        self.settings, self.repo, self.state_dir = settings, repo, state_dir
+        self.name = settings.strategy
+        self.toolchain = detect_toolchain(settings.python, settings.rocm_arch)
+        self.cache = ArtifactCache(state_dir, settings.cache_size)
+        context = BuildContext(settings, self.toolchain, self.cache, state_dir)
+        # every strategy is opened, so its options are checked whichever one was chosen
+        self.strategies = {name: strategy(context) for name, strategy in registry.items()}
+        chosen = self.strategies.values() if self.name == "auto" else [self.strategies[self.name]]
+        self.candidates = sorted(chosen, key=lambda strategy: strategy.cost)
+        self.trees: dict[str, dict[str, str]] = {}
+        self.vllm_trees: dict[str, bool] = {}
+        self.hash_locks: dict[str, threading.Lock] = {}
+        self.lock = threading.Lock()
+
+    def native_trees(self, sha: str) -> dict[str, str]:
+        with self.lock:
+            if sha not in self.trees:
+                self.trees[sha] = self.repo.tree_ids(sha, NATIVE_PATHS)
+            return self.trees[sha]
+
+    def recognised(self, sha: str) -> bool:
+        """Whether sha's tree is one `auto` knows how to build: vLLM (setup.py and the vllm package)."""
+        with self.lock:
+            if sha not in self.vllm_trees:
+                self.vllm_trees[sha] = bool(self.repo.tree_ids(sha, ["vllm"]))
+            return self.vllm_trees[sha]
+
+    def native(self, sha: str) -> str:
+        return native_hash(self.native_trees(sha), self.toolchain)
+
+    def target(self, sha: str, worktree: Path | None = None, environment: Environment | None = None) -> Target:
+        """What a strategy serves; environment is where the build runs, by default --python itself."""
+        if environment is None:
+            environment = Environment("")
+        return Target(sha, self.native(sha), self.native_trees(sha),
+                      worktree or self.state_dir / "worktrees" / "slot-N", environment.python or self.settings.python,
+                      environment.installer, environment.env)
+
+    def cost(self, sha: str) -> float:
+        """0 when no compile is needed (built before, or a wheel), 1 for a compile, 2 for a known failure."""
+        decision = self.decide(sha)
+        if decision.strategy in (FAILED_BEFORE, UNAVAILABLE):
+            return KNOWN_FAILURE_COST
+        return self.strategies[decision.strategy].cost if decision.strategy in self.strategies else FREE_COST
+
+    def decide(self, sha: str, worktree: Path | None = None) -> Decision:
+        """The build sha needs under the chosen strategy, with the commands it would run."""
+        return next(self._decisions(self.target(sha, worktree)))
+
+    def _decisions(self, target: Target) -> Iterator[Decision]:
+        """The builds that could serve target, cheapest first; a refusal when none can."""
+        if "setup.py" not in target.trees:
+            yield Decision("none", "no setup.py at this commit", target.native)
+            return
+        if self.name == "auto" and not self.recognised(target.sha):
+            yield Decision("none", "not a vLLM tree (no vllm/ package beside setup.py): --build auto "
+                                   "builds only vLLM; name a strategy to build it anyway", target.native)
+            return
+        record = self.cache.get(target.native)
+        if record and record.status == "failed":
+            yield Decision(FAILED_BEFORE, f"native {target.short} failed to build before ({record.strategy})",
+                           target.native)
+            return
+        refusals, served = [], False
+        for strategy in self.candidates:
+            decision = strategy.can_serve(target)
+            if decision.serves:
+                served = True
+                yield decision
+            else:
+                refusals.append(decision.reason)
+        if not served:
+            yield target.refuse("; ".join(refusals) + ("" if self.name == "auto" else f" (--build {self.name})"))
+
+    def prepare(self, worktree: Path, sha: str, log_dir: Path,
+                environment: Environment | None = None) -> BuildResult:
+        """Make worktree runnable for sha in environment: stale outputs out, then the cheapest strategy
+        that serves it; when that fails, the next one (a wheel that fails to install: compile instead)."""
+        target = self.target(sha, worktree, environment)
+        with self.lock:
+            hash_lock = self.hash_locks.setdefault(target.native, threading.Lock())
+        with hash_lock:  # two slots never build the same native inputs at once
+            failed: list[BuildResult] = []
+            for decision in self._decisions(target):
+                remove_outputs(worktree)  # a previous step's, or the failed strategy's
+                result = self._prepare(target, decision, log_dir)
+                if failed:
+                    result = BuildResult(result.strategy, result.ok, result.reason + "".join(
+                        f" (after {f.strategy} failed: {f.reason})" for f in failed), result.log_path, result.env)
+                if result.ok or decision.strategy not in self.strategies:
+                    return result
+                failed.append(result)
+            return result
+
+    def _prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
+        if decision.strategy == "none":
+            return BuildResult("none", True, decision.reason)
+        if decision.strategy == FAILED_BEFORE:
+            record = self.cache.get(target.native)
+            assert record is not None, "failed-before is decided from the cache's record"
+            return BuildResult(record.strategy, False, decision.reason, record.log_path)
+        if decision.strategy == UNAVAILABLE:
+            return BuildResult(self.name, False, decision.reason)
+        return self.strategies[decision.strategy].prepare(target, decision, log_dir)
