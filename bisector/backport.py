@@ -214,6 +214,7 @@ class _BranchChecker:
 
     def _judge(self, sha: str, role: str) -> Execution:
         """The scenario's verdict on sha: from the cache, else run (and recorded) now."""
+        assert self.ctx is not None, "judged only when the run has a scenario"
         execution, cached = self.ctx.verdict(sha)
         self.ctx.add_step(sha, role, 0, execution, cached)
         return execution

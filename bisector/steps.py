@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bisector.results import StepRecord
+from bisector.seams import Verdict
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -14,7 +15,7 @@ class Step:
     sha: str
     role: str  # endpoint | seed | probe
     round: int
-    verdict: str
+    verdict: Verdict
     reason: str
     cached: bool
     seconds: float

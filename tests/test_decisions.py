@@ -9,6 +9,7 @@ from bisector.engine.judge import Judge
 from bisector.errors import EndpointError
 from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, calibration
 from bisector.results import Evidence, FlakyAnswer, MergeBase
+from bisector.seams import Verdict
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.signatures import SignatureRule, failure_signature, normalise
 from bisector.steps import Step
@@ -90,7 +91,7 @@ def ends(shas: list[str], find_fix: bool = False, merge_bases: tuple[str, ...] =
 
 
 def step(sha: str, role: str, round_no: int, verdict: str, **details) -> Step:
-    return Step(sha=sha, role=role, round=round_no, verdict=verdict, reason=verdict, cached=False, seconds=1.0,
+    return Step(sha=sha, role=role, round=round_no, verdict=Verdict(verdict), reason=verdict, cached=False, seconds=1.0,
                 log_path=None, build=None, details=details)
 
 

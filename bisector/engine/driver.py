@@ -55,7 +55,13 @@ class RunContext:
         if hit is not None:
             return hit, True
         fresh = self.executor.run_step(self.judge, sha, done).result()
-        return self.judge.decide(done + self.record(fresh)), False
+        return self._decided(done + self.record(fresh)), False
+
+    def _decided(self, runs: list[Execution]) -> Execution:
+        """The verdict runs settle, where they are known to (a step's judge tests until they do)."""
+        decided = self.judge.decide(runs)
+        assert decided is not None, "Judge.test returned executions that settle no verdict"
+        return decided
 
     def run_round(self, batch: Batch, policy: SearchPolicy) -> list[Step]:
         """Judge a batch concurrently; record each as it lands; cancel steps the policy no longer wants.
@@ -90,7 +96,7 @@ class RunContext:
                     fresh = self.record(future.result())
                 except (Cancelled, CancelledError):
                     continue
-                for execution in fresh if policy.rerun else [self.judge.decide(done + fresh)]:
+                for execution in fresh if policy.rerun else [self._decided(done + fresh)]:
                     land(sha, role, execution, False)
             for future, (sha, _, _) in futures.items():
                 if future not in cancelled and not policy.wants(sha):
@@ -101,10 +107,11 @@ class RunContext:
     def drive(self, policy: SearchPolicy) -> int:
         """The one loop: ask the policy what to test next until it has its answer; returns rounds."""
         batches = policy.batches()
-        landed = None
-        while True:
+        batch = next(batches, None)  # then each round's landed steps are sent for the next batch
+        while batch is not None:
+            landed = self.run_round(batch, policy)
             try:
                 batch = batches.send(landed)
             except StopIteration:
-                return policy.rounds
-            landed = self.run_round(batch, policy)
+                batch = None
+        return policy.rounds

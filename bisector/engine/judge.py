@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from bisector.builds.base import BuildResult
-from bisector.envs import DEFAULT_VERSIONS, EnvSettings, SharedEnv, worktree_reader
+from bisector.envs import DEFAULT_VERSIONS, Environment, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import UsageError
 from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
 from bisector.signatures import SignatureRule, normalise
@@ -44,7 +44,8 @@ class Judge:
         """What the verdict cache key hashes: the scenario's identity, the build strategy, and whether each
         commit runs in its own environment (its key then follows from the commit and the base python)."""
         build = self.builder.name if self.scenario.needs_build else "none"
-        return {**self.scenario.identity(self.python), "build": build, "env": self.envs.settings.mode}
+        envs = self.envs if isinstance(self.envs, EnvSettings) else self.envs.settings
+        return {**self.scenario.identity(self.python), "build": build, "env": envs.mode}
 
     @property
     def key(self) -> str:
@@ -73,6 +74,12 @@ class Judge:
                              {**runs[-1].details, "clean_runs": [r.details for r in runs]})
         return None
 
+    def _opened(self) -> tuple[Build, Environments]:
+        """builder and envs as opened where the step runs (a judge tests only once its settings are opened)."""
+        if not isinstance(self.builder, Build) or not isinstance(self.envs, Environments):
+            raise TypeError("a judge tests only with its build and environments opened")
+        return self.builder, self.envs
+
     def _outgrown_timeout(self, run: Execution) -> bool:
         hit = run.details.get("timed_out_after")
         return hit is not None and (self.timeout is None or self.timeout > hit)
@@ -81,26 +88,28 @@ class Judge:
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
         """In the commit's environment: build, then run the scenario until sha's verdict is decided;
         new executions only (each records the environment's key and versions under details["env"])."""
-        with self.envs.environment(worktree_reader(worktree)) as environment:
+        builder, envs = self._opened()
+        with envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers its failures
                 return [Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                   {"env_failed": True, "env": {"key": environment.key}})]
             template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
                                    env={**slot_env, **environment.env}, python=environment.python or self.python,
                                    cancel=cancel)
-            fresh = self._runs(sha, done, template, environment)
+            fresh = self._runs(builder, sha, done, template, environment)
             if environment.key is None:
                 return fresh
             names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
             step_env = {"key": environment.key, "python": environment.python,
-                        "versions": self.envs.versions(environment, names)}
+                        "versions": envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
-    def _runs(self, sha: str, done: list[Execution], template: StepContext, environment) -> list[Execution]:
+    def _runs(self, builder: Build, sha: str, done: list[Execution], template: StepContext,
+              environment: Environment) -> list[Execution]:
         """Build in environment, then scenario runs with template's settings until the verdict is decided."""
         fresh: list[Execution] = []
         worktree, logs = template.checkout, template.log_path
-        build = self.builder.prepare(worktree, sha, logs, environment) if self.scenario.needs_build \
+        build = builder.prepare(worktree, sha, logs, environment) if self.scenario.needs_build \
             else BuildResult("none", True, "scenario needs no build")
         while self.decide(done + fresh) is None:
             attempt = len(done) + len(fresh)
@@ -109,7 +118,7 @@ class Judge:
             if not build.ok:  # not a scenario run: the builder remembers its own failures
                 outcome_verdict, reason, log = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path
-                details = {"build_failed": True}
+                details: dict = {"build_failed": True}
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)

@@ -63,7 +63,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
     repo, ends = asked.repo, asked.ends
     prefilter = None
     if cfg.prefilter:
-        seeds, prefilter = _prefilter_seeds(cfg, asked, handler)
+        seeds, prefilter = _prefilter_seeds(cfg, cfg.prefilter, asked, handler)
     else:
         seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
     with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit) as (state_dir, pool, store):
@@ -106,13 +106,14 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
             executor.shutdown()
 
 
-def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[SeedPlan | None, PrefilterRecord]:
+def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
+                     handler: Handler) -> tuple[SeedPlan | None, PrefilterRecord]:
     """Bisect with the cheap prefilter scenario; its culprit and that commit's parent become the seed
     pair the expensive scenario tests first (2 executions when both tiers agree), and its culprit holds
     half the prior mass when they do not."""
     if cfg.fix or cfg.culprit:
         raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
-    cheap = dataclasses.replace(cfg, scenario=cfg.prefilter, prefilter=None, executor=None, signature=None,
+    cheap = dataclasses.replace(cfg, scenario=cheap_scenario, prefilter=None, executor=None, signature=None,
                                 flaky=False, repeat=1)
     try:
         result = run_bisection(cheap, handler)
@@ -124,10 +125,9 @@ def _prefilter_seeds(cfg: RunConfig, asked: Range, handler: Handler) -> tuple[Se
     if culprit is None:
         return None, info
     parents = dict(asked.commits)
-    parent = (parents[culprit] or (None,))[0]
-    testable = parent in parents or parent in asked.ends.olds
-    return SeedPlan(culprit, (), (culprit, parent) if testable else None,
-                    {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
+    parent = (parents[culprit] or (None,))[0]  # None: a root commit
+    pair = (culprit, parent) if parent is not None and (parent in parents or parent in asked.ends.olds) else None
+    return SeedPlan(culprit, (), pair, {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
 
 
 def _pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | None:
