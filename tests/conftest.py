@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,23 @@ def pid_alive():
     return _pid_alive
 
 
+def _wait_for(predicate, seconds: float = 120.0) -> bool:
+    """Poll predicate until it holds (True) or seconds pass (False). The deadline only ends a wait for
+    something that is broken: on a loaded CI machine, events that take a second here take many."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture(scope="session")
+def wait_for():
+    """wait_for(predicate, seconds=120) -> whether predicate came to hold before the deadline."""
+    return _wait_for
+
+
 @pytest.fixture
 def script_scenario(tmp_path):
     """script_scenario(body) -> a CommandScenario running body in sh, with $n the checkout's counter and
@@ -168,10 +186,11 @@ def script_scenario(tmp_path):
 @pytest.fixture(scope="session")
 def deciding_answer_kills_the_rest() -> str:
     """Scenario body: commit 2 sleeps (recording its pid); commit 1, the culprit, answers once commit 2
-    is running. With 4 commits and 2 jobs, the culprit's answer must kill commit 2's step."""
+    is running. With 4 commits and 2 jobs, the culprit's answer must kill commit 2's step. The sleep is
+    long (600 s) so that a run that waited for it stands out from any run slowed by load."""
     return """
 case $n in
-  2) echo $$ > $PIDS/sleeper; exec sleep 60;;
+  2) echo $$ > $PIDS/sleeper; exec sleep 600;;
   1) while [ ! -f $PIDS/sleeper ]; do sleep 0.05; done; exit 1;;
 esac
 grep -q good state
