@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bisector.errors import ExecutorError, UsageError
 from bisector.gpus import gpu_env, gpu_slots, parse_gpus, visible_gpus
+from bisector.process import interruptible
 from bisector.registry import Option, Registry
 from bisector.seams import BuildConfig, Executor
 
@@ -264,7 +265,8 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judg
     gpus = ray.get_gpu_ids()
     env = gpu_env(gpus) if gpus else {}
     cache = Path(cache_dir) if cache_dir else node_cache_dir()
-    with tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp, contextlib.ExitStack() as stack:
+    with interruptible(), tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp, \
+            contextlib.ExitStack() as stack:
         try:
             checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
             builder = judge.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")

@@ -213,6 +213,22 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
     return ProcessResult(returncode, timed_out, time.monotonic() - start, output, tuple(scan.found))
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within, an interrupt raises KeyboardInterrupt in the main thread even where SIGINT was ignored from
+    the start (a Ray worker of a cluster started by a background job or a CI runner): Python then drops
+    both SIGINT and the interrupt ray.cancel sends (_thread.interrupt_main), and a cancelled step ran on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGINT, previous)
+
+
 def _pump(fd: int, log: "CappedLog", scan: "MarkerScan", wait: float) -> bool:
     """Move what the pipe holds into the log and the scan; False at end of output or nothing in `wait`."""
     ready, _, _ = select.select([fd], [], [], wait)

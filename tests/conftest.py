@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,14 @@ def pytest_collection_modifyitems(config, items):
     unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(kind) for kind in _KINDS)]
     if unmarked:
         raise pytest.UsageError(f"tests without a 'unit' or 'integration' marker: {', '.join(unmarked)}")
+
+
+_FIXED_TIME = "1767225600 +0000"  # _GIT_ENV's dates, as git fast-import takes them
+
+
+def _data(text: str) -> list[str]:
+    """A git fast-import data block holding text (no newline is added after it)."""
+    return [f"data {len(text.encode())}", text]
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -67,13 +76,37 @@ class RepoBuilder:
         return self.git("rev-parse", "HEAD")
 
     def linear(self, count: int, bad_from: int | None, start: int = 0) -> list[str]:
-        """count commits; from index bad_from on the file `state` says bad. Returns shas."""
-        shas = []
-        for i in range(start, start + count):
-            broken = bad_from is not None and i >= bad_from
-            shas.append(self.commit(f"change {i} (#{1000 + i})",
-                                    {"counter.txt": f"{i}\n", "state": "bad\n" if broken else "good\n"}))
-        return shas
+        """count commits; from index bad_from on the file `state` says bad. Returns shas.
+
+        The commits `commit` would make, written by one `git fast-import` (three git runs a commit cost
+        minutes on a loaded machine); `commit` itself while the work tree holds changes it would add.
+        """
+        def files(i: int) -> dict[str, str]:
+            return {"counter.txt": f"{i}\n", "state": "bad\n" if bad_from is not None and i >= bad_from else "good\n"}
+
+        branch, parent = (subprocess.run(["git", "-C", str(self.path), *args], capture_output=True,
+                                         text=True).stdout.strip()
+                          for args in (["symbolic-ref", "-q", "HEAD"], ["rev-parse", "-q", "--verify", "HEAD"]))
+        if not branch or self.git("status", "--porcelain", "--untracked-files=all"):  # detached, or changes
+            return [self.commit(f"change {i} (#{1000 + i})", files(i)) for i in range(start, start + count)]
+        stream = []
+        for n, i in enumerate(range(start, start + count), 1):
+            stream += [f"commit {branch}", f"mark :{n}"]
+            stream += [f"{role} {_GIT_ENV[f'GIT_{role.upper()}_NAME']} <{_GIT_ENV[f'GIT_{role.upper()}_EMAIL']}> "
+                       f"{_FIXED_TIME}" for role in ("author", "committer")]
+            stream += _data(f"change {i} (#{1000 + i})\n")
+            if n == 1 and parent:
+                stream.append(f"from {parent}")
+            for name, content in files(i).items():
+                stream += [f"M 100644 inline {name}", *_data(content)]
+        marks = self.path / ".git" / "linear-marks"
+        subprocess.run(["git", "-C", str(self.path), "fast-import", "--quiet", f"--export-marks={marks}"],
+                       input="\n".join(stream) + "\n", check=True, capture_output=True, text=True,
+                       env={**os.environ, **_GIT_ENV})
+        self.git("reset", "-q", "--hard")  # index and work tree at the new head, as `commit` leaves them
+        by_mark = dict(line.split() for line in marks.read_text().splitlines())
+        marks.unlink()
+        return [by_mark[f":{n}"] for n in range(1, count + 1)]
 
     def snapshot(self) -> dict:
         """Everything a bisection must leave as it was: HEAD, refs, index, working tree status."""
@@ -151,6 +184,23 @@ def pid_alive():
     return _pid_alive
 
 
+def _wait_for(predicate, seconds: float = 120.0) -> bool:
+    """Poll predicate until it holds (True) or seconds pass (False). The deadline only ends a wait for
+    something that is broken: on a loaded CI machine, events that take a second here take many."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture(scope="session")
+def wait_for():
+    """wait_for(predicate, seconds=120) -> whether predicate came to hold before the deadline."""
+    return _wait_for
+
+
 @pytest.fixture
 def script_scenario(tmp_path):
     """script_scenario(body) -> a CommandScenario running body in sh, with $n the checkout's counter and
@@ -168,10 +218,11 @@ def script_scenario(tmp_path):
 @pytest.fixture(scope="session")
 def deciding_answer_kills_the_rest() -> str:
     """Scenario body: commit 2 sleeps (recording its pid); commit 1, the culprit, answers once commit 2
-    is running. With 4 commits and 2 jobs, the culprit's answer must kill commit 2's step."""
+    is running. With 4 commits and 2 jobs, the culprit's answer must kill commit 2's step. The sleep is
+    long (600 s) so that a run that waited for it stands out from any run slowed by load."""
     return """
 case $n in
-  2) echo $$ > $PIDS/sleeper; exec sleep 60;;
+  2) echo $$ > $PIDS/sleeper; exec sleep 600;;
   1) while [ ! -f $PIDS/sleeper ]; do sleep 0.05; done; exit 1;;
 esac
 grep -q good state

@@ -282,19 +282,24 @@ def test_timeout_is_a_skip_like_the_command_scenario(tmp_path):
                                                                   {"timed_out": True})
 
 
-def test_cancel_stops_the_child(tmp_path, pid_alive):
+def test_cancel_stops_the_child(tmp_path, pid_alive, wait_for):
     python = tmp_path / "slow-python"
     pid_file = tmp_path / "pid"
-    python.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 30\n")
+    python.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")
     python.chmod(0o755)
     cancel = threading.Event()
     ctx = StepContext(checkout=demo_tree(tmp_path, "buggy"), log_path=tmp_path / "probe.log", python=str(python),
                       cancel=cancel)
-    threading.Timer(0.5, cancel.set).start()
+
+    def cancel_once_the_child_runs():
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"))
+        cancel.set()
+
+    threading.Thread(target=cancel_once_the_child_runs, daemon=True).start()
     started = time.monotonic()
     with pytest.raises(Cancelled):
         AiterMLAProbe().run(ctx)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 300  # far less than the child's 600 s
     assert not pid_alive(int(pid_file.read_text()))
 
 

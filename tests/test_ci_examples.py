@@ -185,7 +185,7 @@ def launch(tmp_path, env: dict, render_group: str | None = "render:x:109:") -> t
     base = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "BISECTOR_VOLUME": str(tmp_path / "volume"),
             "BISECTOR_SPEC": SPEC, "HIP_VISIBLE_DEVICES": "3"}
     proc = subprocess.run([str(LAUNCHER), "bisector", "run", "--good", "v1"], cwd=tmp_path,
-                          capture_output=True, text=True, env={**base, **env}, timeout=30)
+                          capture_output=True, text=True, env={**base, **env}, timeout=300)
     return proc, (record.read_text().splitlines() if record.exists() else None)
 
 

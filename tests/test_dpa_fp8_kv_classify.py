@@ -81,7 +81,7 @@ def test_scanning_is_linear_in_the_log_size():
     line = "Capturing CUDA graphs (decode, FULL): " + "█" * 200_000 + "(" * 100_000
     start = time.monotonic()
     classify(ProcessResult(1, False, 1.0, (line + "\n") * 20))
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # 0.4 s on a loaded machine; backtracking takes hours
 
 
 def test_fault_after_the_engine_was_ready_is_a_decode_fault():

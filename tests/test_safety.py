@@ -41,15 +41,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_for(predicate, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.fixture
 def start_cli(git_env):
     """start_cli(*args, env=) -> the real CLI started in the background (output discarded, never blocking)."""
@@ -139,7 +130,7 @@ def test_a_state_dir_in_the_tracked_work_tree_is_refused(make_repo, state_is_goo
 
 
 # 4. Steps die with the driver; a resumed run kills what a dead run left before reusing slots.
-def test_kill_9_of_the_driver_takes_the_step_with_it(make_repo, tmp_path, start_cli):
+def test_kill_9_of_the_driver_takes_the_step_with_it(make_repo, tmp_path, start_cli, wait_for):
     repo = make_repo()
     shas = repo.linear(4, bad_from=2)
     pids = tmp_path / "pids"
@@ -153,10 +144,10 @@ def test_kill_9_of_the_driver_takes_the_step_with_it(make_repo, tmp_path, start_
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     shell, sleeper = map(int, pids.read_text().split())
-    assert wait_for(lambda: not alive(shell) and not alive(sleeper), 10), "the step outlived its driver"
+    assert wait_for(lambda: not alive(shell) and not alive(sleeper)), "the step outlived its driver"
 
 
-def test_a_resumed_run_kills_the_process_groups_a_dead_run_left(make_repo, tmp_path, cli, start_cli):
+def test_a_resumed_run_kills_the_process_groups_a_dead_run_left(make_repo, tmp_path, cli, start_cli, wait_for):
     repo = make_repo()
     shas = repo.linear(4, bad_from=2)
     pids = tmp_path / "pids"
@@ -182,7 +173,7 @@ def test_a_resumed_run_kills_the_process_groups_a_dead_run_left(make_repo, tmp_p
 
 
 # 5. A build dies when the driver is stopped.
-def test_sigterm_kills_a_running_build(make_repo, tmp_path, state_is_good, start_cli):
+def test_sigterm_kills_a_running_build(make_repo, tmp_path, state_is_good, start_cli, wait_for):
     repo = make_repo()
     shas = [repo.commit("base", {"setup.py": "", "csrc/x.c": "int x;\n", "state": "good\n"})]
     shas += repo.linear(3, bad_from=1, start=1)
@@ -196,8 +187,8 @@ def test_sigterm_kills_a_running_build(make_repo, tmp_path, state_is_good, start
     assert wait_for(lambda: pids.exists() and pids.read_text().strip()), "no build started"
     build = int(pids.read_text())
     driver.send_signal(signal.SIGTERM)
-    assert driver.wait(30) == 130
-    assert wait_for(lambda: not alive(build), 10), "the build survived its driver"
+    assert driver.wait(300) == 130
+    assert wait_for(lambda: not alive(build)), "the build survived its driver"
 
 
 # 6. Fault scanning is linear: huge lines cost what the command costs.
@@ -210,15 +201,24 @@ def test_a_fault_in_a_huge_output_is_found_fast(make_repo, tmp_path, cli):
             + chr(10)); sys.stdout.write(('y' * 99 + chr(10)) * 500000)"
         exit 134
         """)
+    alone = tmp_path / "alone"  # what the command costs by itself, its output read from a pipe: the yardstick
+    alone.mkdir()
+    (alone / "state").write_text("bad\n")
+    start = time.monotonic()
+    subprocess.run([noisy], cwd=alone, stdout=subprocess.PIPE, timeout=600)
+    command = time.monotonic() - start
     start = time.monotonic()
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                     "--no-verify-endpoints", "--state-dir", str(tmp_path / "state"),
-                    "--json", str(tmp_path / "r.json"), "--", noisy, timeout=200)
+                    "--json", str(tmp_path / "r.json"), "--", noisy, timeout=600)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
     [step] = json.loads((tmp_path / "r.json").read_text())["steps"]
     assert step["verdict"] == "bad" and "Memory access fault by GPU node-2" in step["reason"]
-    assert len(step["reason"]) < 1000 and step["seconds"] < 15 and elapsed < 40, (step, elapsed)
+    # Bounds in units of the command's own cost, so that load slows both sides alike: a scan that
+    # backtracks or rescans the 400 KB line costs orders of magnitude more.
+    assert len(step["reason"]) < 1000 and step["seconds"] < 15 + 10 * command and \
+        elapsed < 40 + 20 * command, (step, elapsed, command)
 
 
 # 7. Step logs are capped, head and tail kept, the cut marked.
