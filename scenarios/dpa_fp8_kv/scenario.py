@@ -95,12 +95,11 @@ class DpaFp8KvScenario(BaseScenario):
                                   python=ctx.python, child_script=child_script,
                                   model_dir=work / "model", checkout=None if container else ctx.checkout,
                                   devices=devices, base_env=env, master_port=_free_port(), timeout=ctx.timeout)
-            if container:
-                launches = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
-                                                                                mounts=[work]), env=dict(os.environ))
-                            for launch in launches]
+            started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
+                                                                           mounts=[work]), env=dict(os.environ))
+                       for launch in launches] if container else launches
             try:
-                results = run_ranks(launches, ctx.checkout, work, ctx.cancel)
+                results = run_ranks(started, ctx.checkout, work, ctx.cancel)
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}")
         _write_log(ctx.log_path, _merged_log(launches, results))
