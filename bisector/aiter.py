@@ -150,6 +150,13 @@ class AiterInstalls:
         home, layer = self.root / "builds" / build.key, self.root / "layers" / "<layer key>"
         return AiterBuild(**{**build.__dict__, "commands": self._commands(build, home / "src", layer, home)})
 
+    def reuse_commands(self, build: AiterBuild) -> tuple[Command, ...]:
+        """What installs a stored wheel of build into a new layer: AITER's requirements, then the wheel."""
+        home = self.root / "builds" / build.key
+        commands = self._commands(build, home / "src", self.root / "layers" / "<layer key>", home,
+                                  home / "requirements.txt")
+        return commands[3], commands[5]
+
     def _arch(self) -> str:
         from bisector.builds.native import DEFAULT_ARCH, gpu_arch
         return self.settings.arch or os.environ.get("PYTORCH_ROCM_ARCH") or gpu_arch() or DEFAULT_ARCH

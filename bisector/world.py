@@ -147,7 +147,7 @@ class World:
         self.settings, self.repo, self.state_dir = settings, repo, state_dir
         self.index: ImageIndex | None = None
         self.aiter: AiterInstalls | None = None
-        self.lock = threading.Lock()
+        self.planned_aiter: set[str] = set()  # --plan: AITER build keys an earlier planned step builds
         if settings.image:
             runtime = Runtime.find(settings.image.runtime)
             self.index = ImageIndex(runtime, state_dir / "bisector.sqlite", settings.image)
@@ -233,11 +233,16 @@ class World:
             return PlannedWorld(f"AITER {pin.ref}: {exc}: skip", (), "none: skipped")
         failed = self.aiter.failure(planned)
         stored = (self.state_dir / "aiter" / "builds" / planned.key / "dist").is_dir()
+        earlier = planned.key in self.planned_aiter
+        self.planned_aiter.add(planned.key)
         state = (f"failed before: {failed['reason']}: skip" if failed else
-                 "wheel stored: installed into a layer" if stored else "built and installed")
+                 "wheel stored: installed into a layer" if stored else
+                 "wheel built by an earlier step: installed into a layer" if earlier else "built and installed")
         minutes = AITER_PREBUILD_MINUTES if planned.prebuild else AITER_JIT_MINUTES
-        cost = BUILD_ESTIMATES.get(build, build) + ("" if failed or stored else f"; AITER wheel ~{minutes} min")
-        return PlannedWorld(f"{planned.describe()}, {state}", () if failed else planned.commands, cost)
+        cost = BUILD_ESTIMATES.get(build, build) + ("" if failed or stored or earlier else
+                                                    f"; AITER wheel ~{minutes} min")
+        commands = () if failed else self.aiter.reuse_commands(planned) if stored or earlier else planned.commands
+        return PlannedWorld(f"{planned.describe()}, {state}", commands, cost)
 
     # -- a step ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
