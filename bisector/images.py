@@ -585,17 +585,16 @@ def as_remote(info: ImageInfo) -> ImageInfo:
 def _flags_main(argv: Sequence[str]) -> int:
     """Print vLLM's AMD container flags for this agent, one per line; exit 1 with one line when the agent
     does not say which GPUs are its own or the host has no render group."""
-    me = "rocm-container"
     shm = argv[1] if len(argv) > 1 else DEFAULT_SHM_SIZE
     devices = agent_render_devices()
     gid = render_gid()
     if gid is None:
-        print(f"{me}: this host has no 'render' group (getent group render): it cannot give a container its "
-              f"GPUs", file=sys.stderr)
+        print("this host has no 'render' group (getent group render): it cannot give a container its GPUs",
+              file=sys.stderr)
         return 1
     if not devices:
-        print(f"{me}: neither agent metadata render-devices (BUILDKITE_AGENT_META_DATA_RENDER_DEVICES) nor "
-              f"BISECTOR_RENDER_DEVICES names a /dev device: this runner does not say which GPUs are its own",
+        print("neither agent metadata render-devices (BUILDKITE_AGENT_META_DATA_RENDER_DEVICES) nor "
+              "BISECTOR_RENDER_DEVICES names a /dev device: this runner does not say which GPUs are its own",
               file=sys.stderr)
         return 1
     print("\n".join(amd_gpu_flags(devices, gid, shm)))
