@@ -167,9 +167,14 @@ class World:
     def imaged(self, sha: str) -> bool:
         return self.index is not None and self.index.info(sha).present
 
+    @property
+    def _fallback_builds(self) -> bool:
+        """--image-fallback build: a commit without an image is built here."""
+        return self.settings.image is not None and self.settings.image.fallback == "build"
+
     def untestable(self, shas: Sequence[str]) -> list[str]:
         """Commits that cannot be judged at all: no image, and no fallback build."""
-        if self.index is None or self.settings.image is None or self.settings.image.fallback == "build":
+        if self.index is None or self._fallback_builds:
             return []
         return [sha for sha in shas if not self.imaged(sha)]
 
@@ -181,7 +186,7 @@ class World:
         info = self.index.info(sha)
         if info.present:
             return 0.0 if info.local else PULL_COST
-        return FALLBACK_COST + build_cost if self.settings.image.fallback == "build" else UNTESTABLE_COST
+        return FALLBACK_COST + build_cost if self._fallback_builds else UNTESTABLE_COST
 
     def digest(self, sha: str) -> str | None:
         """The image digest the verdict of sha is keyed by; None without an image."""
@@ -190,11 +195,12 @@ class World:
     def range_note(self, candidates: Sequence[str], parents: Mapping[str, Sequence[str]]) -> str | None:
         """When the answer's window holds commits without an image: the range between the nearest imaged
         commits, said plainly."""
-        blind = [sha for sha in candidates if sha in set(self.untestable(candidates))]
+        untestable = set(self.untestable(candidates))
+        blind = [sha for sha in candidates if sha in untestable]
         if not blind or len(candidates) < 2:
             return None
         first, last = candidates[0], candidates[-1]
-        low = (parents.get(first) or [None])[0]
+        low = next(iter(parents.get(first) or ()), None)
         template = self.settings.image.template if self.settings.image else ""
         return (f"{len(blind)} of the {len(candidates)} candidates have no image {template}: the change lies "
                 f"between {low[:12] if low else 'the good end'} and {last[:12]}, the nearest commits with "
@@ -213,7 +219,7 @@ class World:
                 seconds = (info.size or 0) / PULL_BYTES_PER_SECOND
                 return PlannedWorld(f"image {info.ref} (in the registry{size}: pulled)", (),
                                     f"pull{size.replace(',', '')} (~{max(1, round(seconds / 60))} min), no build")
-            if self.settings.image.fallback == "build":
+            if self._fallback_builds:
                 return PlannedWorld(f"no image {info.ref}: built here (--image-fallback build)", (),
                                     BUILD_ESTIMATES.get(build, build))
             return PlannedWorld(f"{self.index.missing_reason(sha)}: skip", (), "none: skipped")

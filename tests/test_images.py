@@ -131,6 +131,15 @@ def test_commits_without_an_image_are_never_run_and_the_answer_is_the_range_betw
     assert not any(shas[9] in " ".join(argv) for argv in docker.runs())
 
 
+def test_an_endpoint_without_an_image_fails_the_endpoint_check_naming_it(make_repo, docker, tmp_path, cli):
+    repo, shas = history(make_repo)
+    publish(docker, shas, range(15))  # the bad end has none
+    run = bisect(cli, repo, shas, tmp_path / "state", docker)
+    assert run.returncode == 3, run.stderr
+    assert f"bad {shas[-1]} ({shas[-1][:12]}) tested skip, not bad: no image {expand(TEMPLATE, shas[-1])}" \
+        in run.stderr
+
+
 def test_image_fallback_build_judges_the_commits_without_an_image_here(make_repo, docker, tmp_path, cli):
     repo, shas = history(make_repo)
     publish(docker, shas, [i for i in range(16) if i % 2 == 0] + [15])
