@@ -27,6 +27,7 @@ from bisector.results import BackportBranch, BackportResult, BranchEntry, Confli
 from bisector.seams import Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
+from bisector.world import WorldSettings
 
 MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
 
@@ -49,6 +50,7 @@ class BackportConfig:
     no_cache: bool = False
     command_line: Sequence[str] = ()
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
+    world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
 
 
 class BackportHandler:
@@ -144,7 +146,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
     branches = matching_branches(repo, cfg.branches)
     with open_state(repo, cfg.state_dir, log_limit=cfg.log_limit) as (state_dir, pool, store):
         judge = Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout, cfg.python,
-                      cfg.repeat, envs=cfg.envs.open(state_dir)) if cfg.scenario else None
+                      cfg.repeat, envs=cfg.envs.open(state_dir), world=cfg.world.open(repo, state_dir)) \
+            if cfg.scenario else None
         executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,

@@ -254,6 +254,86 @@ def env_options(command):
     return command
 
 
+WORLD_PARAMETERS = ("image", "image_fallback", "container_runtime", "container_network", "image_cache_size",
+                    "aiter", "aiter_cache_size", "aiter_prebuild", "aiter_repo")
+
+
+def world_options(command):
+    """--image and its options, --aiter and its options (`run`, `backport`, `scenario run|calibrate`); the
+    command receives them as one `world` mapping (see world_settings)."""
+    from bisector.aiter import DEFAULT_AITER_CACHE_SIZE
+    from bisector.images import DEFAULT_IMAGE_CACHE_SIZE, FALLBACKS, RUNTIMES
+    from bisector.world import AITER_MODES
+
+    options = [
+        click.option("--image", metavar="TEMPLATE",
+                     help="Run each commit in its own container image, e.g. 'rocm/vllm-ci:{commit}' ({commit}: the "
+                          "full sha, {short}: 12 hex); a commit without one is skipped."),
+        click.option("--image-fallback", type=click.Choice(FALLBACKS), default=None,
+                     help="--image: a commit without an image is skipped (skip, the default) or built here (build)."),
+        click.option("--container-runtime", type=click.Choice(RUNTIMES), default=None,
+                     help="--image: the container runtime (default: docker)."),
+        click.option("--container-network", metavar="NETWORK", default=None,
+                     help="--image: the containers' network (default: none)."),
+        click.option("--image-cache-size", metavar="SIZE", default=None,
+                     help=f"--image: images this tool pulled kept at most (least recently used removed; images it "
+                          f"did not pull are never removed). Default: {DEFAULT_IMAGE_CACHE_SIZE}."),
+        click.option("--aiter", type=click.Choice(AITER_MODES), default=None,
+                     help="Bare metal: install each commit's pinned AITER (pinned), require the environment's to be "
+                          "the pin (installed: the default for scenarios that depend on AITER), or take any."),
+        click.option("--aiter-cache-size", type=click.IntRange(min=1), default=None,
+                     help=f"--aiter pinned: AITER builds and layers kept (default {DEFAULT_AITER_CACHE_SIZE})."),
+        click.option("--aiter-prebuild", is_flag=True, default=None,
+                     help="--aiter pinned: prebuild AITER's kernels as vLLM's images do (default: JIT mode)."),
+        click.option("--aiter-repo", metavar="PATH|URL", default=None,
+                     help="--aiter pinned: clone AITER from here instead of the pin's repository."),
+    ]
+
+    @functools.wraps(command)
+    def with_world(*args, **kwargs):
+        kwargs["world"] = {name: kwargs.pop(name) for name in WORLD_PARAMETERS}
+        return command(*args, **kwargs)
+
+    for option in reversed(options):
+        with_world = option(with_world)
+    return with_world
+
+
+def world_settings(world: dict, scenario, env_mode: str, rocm_arch: str | None = None, executor: str = "local"):
+    """The world options as bisector.world.WorldSettings, checked against the scenario and the other options
+    (UsageError in one line)."""
+    from bisector.aiter import DEFAULT_AITER_CACHE_SIZE, AiterSettings
+    from bisector.images import DEFAULT_IMAGE_CACHE_SIZE, DEFAULT_NETWORK, ImageSettings, check_template
+    from bisector.world import WorldSettings
+
+    image_only = ("image_fallback", "container_runtime", "container_network", "image_cache_size")
+    pinned_only = ("aiter_cache_size", "aiter_prebuild", "aiter_repo")
+    given = [name for name in image_only if world[name] is not None]
+    if given and not world["image"]:
+        raise UsageError(f"--{given[0].replace('_', '-')} needs --image")
+    given = [name for name in pinned_only if world[name] is not None]
+    if given and world["aiter"] != "pinned":
+        raise UsageError(f"--{given[0].replace('_', '-')} needs --aiter pinned")
+    image = None
+    if world["image"]:
+        if world["aiter"]:
+            raise UsageError("--image brings each commit's own AITER (the one its image was built with): "
+                             "--aiter is for bare metal")
+        try:
+            cache = parse_size(world["image_cache_size"] or DEFAULT_IMAGE_CACHE_SIZE)
+        except ValueError as exc:
+            raise UsageError(f"--image-cache-size: {exc}") from None
+        image = ImageSettings(check_template(world["image"]), world["container_runtime"] or "docker",
+                              world["image_fallback"] or "skip", world["container_network"] or DEFAULT_NETWORK,
+                              cache)
+    aiter = world["aiter"] or ("installed" if getattr(scenario, "aiter_sensitive", False) and not image else "any")
+    settings = WorldSettings(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
+                                                        bool(world["aiter_prebuild"]), world["aiter_repo"],
+                                                        rocm_arch))
+    settings.check(scenario, env_mode, executor)
+    return settings
+
+
 DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
                       "--build auto builds vLLM trees)")
 
@@ -329,7 +409,11 @@ class ProgressHandler(Handler):
         if not logs:
             return None
         newest = logs[-1]
-        phase = "build " + newest.stem.rsplit("-", 1)[-1] if newest.name.startswith("build-") else "scenario"
+        if newest.name.startswith("pull-"):  # bytes and layers so far (bisector.images)
+            from bisector.images import pull_progress
+            return f"pull: {pull_progress(newest) or '(no layer done yet)'}"
+        phase = "build " + newest.stem.rsplit("-", 1)[-1] if newest.name.startswith("build-") else \
+            "image check" if newest.name.startswith("image-") else "scenario"
         with open(newest, "rb") as handle:
             handle.seek(max(0, newest.stat().st_size - 4096))
             lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
@@ -401,12 +485,13 @@ def _sigterm(signum, frame):
 @click.option("--gpus-per-run", type=click.IntRange(min=0),
               help="GPUs each step gets (default: the scenario's need; 0 = CPU slots).")
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
+@world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, no_cache, command):
+        gpus_per_run, ray_address, remote, no_cache, world, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     from bisector import report
     from bisector.engine.config import RunConfig
@@ -423,8 +508,9 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     check_writable("--json", json_file)
     check_writable("--markdown", markdown_file)
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
-        else CommandScenario(list(command))
+        else CommandScenario(list(command), in_image=bool(world["image"]))
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
+    world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
     pr_url_template = pr_links(repo, pr_url_template)
     builder = build_settings(build, python, rocm_arch, wheels, cache_size, command)
     step_executor = create_executor(executor_kind, Placement(
@@ -437,7 +523,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
                     max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
                     signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
-                    envs=EnvSettings(env_mode, python, env_cache_size))
+                    envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)
@@ -498,10 +584,11 @@ class BackportProgress:
 @log_limit_option
 @env_options
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
+@world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
              markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, env_mode,
-             env_cache_size, no_cache, command):
+             env_cache_size, no_cache, world, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     from bisector import report
     from bisector.backport import BackportConfig, run_backport
@@ -517,12 +604,15 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     if options and not scenario_name:
         raise UsageError("--option needs --scenario")
     scenario = create(scenario_name, parse_options(options)) if scenario_name \
-        else CommandScenario(list(command)) if command else None
+        else CommandScenario(list(command), in_image=bool(world["image"])) if command else None
+    if world["image"] and scenario is None:
+        raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
+    world_asked = world_settings(world, scenario, env_mode, rocm_arch)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
                          python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command),
                          log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line(),
-                         envs=EnvSettings(env_mode, python, env_cache_size))
+                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
     result = run_backport(cfg, BackportProgress())
     click.echo(report.backport_text(result))
     for option, path, render in outputs:
@@ -606,16 +696,24 @@ def scenario_list() -> None:
 @registry_options(BUILD_STRATEGIES)
 @log_limit_option
 @env_options
+@world_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
-                 log_limit, env_mode, env_cache_size):
+                 log_limit, env_mode, env_cache_size, world, command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     from bisector.engine.judge import Judge
     from bisector.engine.run import judge_one
     from scenarios import create
+    from scenarios.command import CommandScenario
 
+    if (name == CommandScenario.name) != bool(command):
+        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
     check_writable("--json", json_file)
-    judge = Judge(create(name, parse_options(options)), BuildSettings(build, python, rocm_arch, wheels), timeout,
-                  python, envs=EnvSettings(env_mode, python, env_cache_size))
+    scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
+        else create(name, parse_options(options))
+    judge = Judge(scenario, BuildSettings(build, python, rocm_arch, wheels), timeout, python,
+                  envs=EnvSettings(env_mode, python, env_cache_size),
+                  world=world_settings(world, scenario, env_mode, rocm_arch))
     outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit))
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
@@ -637,9 +735,10 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the calibration as JSON.")
 @python_option("Python environment the scenario runs in.")
 @build_options
+@world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir, json_file, python, build,
-                       rocm_arch, wheels, cache_size, command):
+                       rocm_arch, wheels, cache_size, world, command):
     """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
 
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
@@ -651,8 +750,10 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     if (name == CommandScenario.name) != bool(command):
         raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
     check_writable("--json", json_file)
-    scenario = CommandScenario(list(command)) if command else create(name, parse_options(options))
-    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size), timeout, python)
+    scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
+        else create(name, parse_options(options))
+    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size), timeout, python,
+                  world=world_settings(world, scenario, "shared", rocm_arch))
     result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
     if json_file:
         write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
@@ -918,11 +1019,13 @@ def cache_forget(repo, state_dir, commit, scenario_name, everything):
               help="Repository whose state dir to size.")
 @state_dir_option
 @python_option("Python environment scenarios run in.")
-def doctor_command(repo, state_dir, python):
-    """Versions, GPUs and disk use, for support requests (changes nothing)."""
+@click.option("--container-runtime", type=click.Choice(("docker", "podman")), default="docker", show_default=True,
+              help="The container runtime --image would use.")
+def doctor_command(repo, state_dir, python, container_runtime):
+    """Versions, GPUs, the container runtime and disk use, for support requests (changes nothing)."""
     from bisector import doctor
 
-    click.echo(doctor.report(python, resolve_state_dir(repo, state_dir)))
+    click.echo(doctor.report(python, resolve_state_dir(repo, state_dir), container_runtime))
 
 
 if __name__ == "__main__":

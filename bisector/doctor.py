@@ -100,7 +100,29 @@ def storage(state_dir: Path | None) -> list[str]:
     return lines
 
 
-def report(python: str, state_dir: Path | None) -> str:
+def container_runtime(name: str) -> str:
+    """The runtime --image would use: its version and path, or why there is none; where its daemon does not
+    answer, that too; and the render devices and group the containers would get."""
+    from bisector.errors import UsageError
+    from bisector.images import Runtime, agent_render_devices, render_gid, topology_render_devices
+
+    try:
+        runtime = Runtime.find(name)
+    except UsageError as exc:
+        return f"{name} not found ({exc.message().split(': ', 1)[-1]})"
+    version = runtime.version()
+    daemon = _command([runtime.path, "info", "--format", "{{.ServerVersion}}"])
+    line = f"{name} {version or '(version unknown)'} ({runtime.path})"
+    line += f", server {daemon}" if daemon else ", its daemon does not answer (--image cannot run containers)"
+    devices = agent_render_devices()
+    source = "agent metadata" if devices is not None else "KFD topology"
+    devices = devices if devices is not None else topology_render_devices()
+    gid = render_gid()
+    return line + (f"; GPUs for containers: {' '.join(devices)} ({source}), render group "
+                   f"{gid or 'missing'}" if devices else "; no AMD render devices for containers")
+
+
+def report(python: str, state_dir: Path | None, runtime: str = "docker") -> str:
     """The doctor's text: one `name: value` line per fact."""
     packages = python_packages(python)
     lines = [f"bisector: {__version__}",
@@ -116,5 +138,6 @@ def report(python: str, state_dir: Path | None) -> str:
               f"vLLM: {packages.get('vllm', 'not installed')}",
               f"ROCm: {rocm_version()}"]
     lines += [f"GPU: {line}" for line in gpus()]
+    lines.append(f"container runtime: {container_runtime(runtime)}")
     lines += storage(state_dir)
     return "\n".join(lines)

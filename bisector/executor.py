@@ -271,10 +271,11 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judg
             checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
             builder = judge.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
             envs = judge.envs.open(cache / f"{checkout.clone_path.name}-state")
+            world = judge.world.settings.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
         except (UsageError, ValueError) as exc:
             raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
         # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
-        fresh = dataclasses.replace(judge, builder=builder, envs=envs).test(
+        fresh = dataclasses.replace(judge, builder=builder, envs=envs, world=world).test(
             checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
         return [(execution, _read(execution.log_path)) for execution in fresh]
 

@@ -105,3 +105,23 @@ def continuation_argv(change: dict, vllm_repo: str, vllm_commit: str, dependency
     if find_fix:
         argv.insert(2, "--find-fix")
     return argv
+
+
+def installed_against_pin(pin_ref: str, installed: str | None) -> str | None:
+    """None when the installed version is the pinned ref, else why not (one clause).
+
+    A release tag (v0.1.13, v0.1.13.post1) must equal the installed release (a local part such as
+    +rocm7.0 aside); a commit sha must match the +g<sha> of the installed version; a branch cannot be
+    matched to any installed version."""
+    shown = f"v{installed}" if installed and installed[:1].isdigit() else installed
+    if installed is None:
+        return f"AITER not installed, commit pins {pin_ref}"
+    release, _, local = installed.partition("+")
+    if version_key(pin_ref) is not None:
+        return None if release == pin_ref.removeprefix("v") else f"AITER {shown} installed, commit pins {pin_ref}"
+    if re.fullmatch(r"[0-9a-f]{7,40}", pin_ref):
+        tagged = re.search(r"(?:^|\.)g([0-9a-f]{7,40})", local)
+        if tagged and (pin_ref.startswith(tagged[1]) or tagged[1].startswith(pin_ref)):
+            return None
+        return f"AITER {shown} installed, commit pins {pin_ref[:12]}"
+    return f"commit pins AITER {pin_ref} (a branch: no installed version can be matched to it), {shown} installed"

@@ -233,7 +233,7 @@ class FlakyPolicy:
         return self.settings.verify_endpoints
 
     def observe(self, step: Step) -> None:
-        if step.details.get("build_failed"):  # not stored: no history to read it from
+        if any(step.details.get(kind) for kind in ("build_failed", "env_failed", "world_failed")):  # not stored
             self.search.skip(step.sha)
         self._take_history(step.sha)
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 SCRIPT = Path(__file__).resolve()
 # `name = '1.2'` or `name: Optional[str] = "1.2"` in torch/version.py (cuda = '13.0', hip = '6.4.43482').
@@ -53,14 +53,17 @@ def probe(distributions: Sequence[str]) -> dict:
 
 
 def run_probe(python: str, distributions: Sequence[str] = (), env: Mapping[str, str] | None = None,
-              timeout: float = 120) -> dict:
+              timeout: float = 120, launch: Callable[[list[str]], list[str]] | None = None) -> dict:
     """`probe(distributions)` as python sees it (under env, default this process's environment).
 
     Raises OSError when python cannot be started, subprocess.TimeoutExpired, subprocess.CalledProcessError
     (with its stderr) when it fails, ValueError when it prints no JSON.
     """
-    done = subprocess.run([python, str(SCRIPT), *distributions], capture_output=True, text=True,
-                          timeout=timeout, check=True, env=None if env is None else dict(env))
+    argv = [python, str(SCRIPT), *distributions]
+    if launch is not None:  # e.g. inside a step's container (bisector.images.Container.command)
+        argv, env = launch(argv), None
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True,
+                          env=None if env is None else dict(env))
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise ValueError(f"{python} printed nothing")

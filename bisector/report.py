@@ -506,9 +506,14 @@ def backport_json(result: BackportResult) -> str:
 
 def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
-    lines = [f"plan: {plan.commits} commits in range, --build {plan.builder}"]
+    imaged = f", {plan.imaged} of them with an image" if plan.imaged is not None else ""
+    lines = [f"plan: {plan.commits} commits in range{imaged}, --build {plan.builder}"]
     for probe in plan.probes:
         lines.append(f"  {probe.sha[:12]}  {probe.role:<28} {probe.build:<13} {probe.reason}")
+        if probe.world:
+            lines.append(f"      {probe.world}")
+        if probe.estimate:
+            lines.append(f"      cost: {probe.estimate}")
         for command in probe.commands:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
             lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command.argv)}")

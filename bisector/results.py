@@ -477,11 +477,14 @@ class PlannedStep:
     build: str   # the build strategy
     reason: str
     commands: tuple[PlannedCommand, ...] = ()
+    world: str = ""     # the image it runs in (and whether it exists), or the AITER it installs
+    estimate: str = ""  # what the step costs, in words
 
     def to_json(self) -> dict:
         return {"sha": self.sha, "role": self.role, "native": self.native, "build": self.build,
                 "reason": self.reason, "commands": [{"label": command.label, "argv": list(command.argv),
-                                                     "env": command.env} for command in self.commands]}
+                                                     "env": command.env} for command in self.commands],
+                "world": self.world, "estimate": self.estimate}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -494,18 +497,20 @@ class Plan:
     builder: str
     merge_bases: tuple[str, ...] = ()
     probes: tuple[PlannedStep, ...] = ()
+    imaged: int | None = None  # --image: how many commits of the range have an image
 
     def to_json(self) -> dict:
         return {"commits": self.commits, "good": end_json(self.good), "bad": end_json(self.bad),
                 "builder": self.builder, "merge_bases": list(self.merge_bases),
-                "probes": [probe.to_json() for probe in self.probes]}
+                "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
         return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
-                   builder=data["builder"], merge_bases=tuple(data["merge_bases"]),
+                   builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),
-                                                                          env=c["env"]) for c in p["commands"]))
+                                                                          env=c["env"]) for c in p["commands"]),
+                                            world=p.get("world", ""), estimate=p.get("estimate", ""))
                                 for p in data["probes"]))

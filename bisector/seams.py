@@ -14,7 +14,17 @@ import threading
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Mapping, Protocol, Sequence, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    ContextManager,
+    Iterable,
+    Mapping,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -56,6 +66,21 @@ class StepContext:
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = "python3"
     cancel: threading.Event | None = None  # set when the step's result is no longer wanted
+    container: ContainerLauncher | None = None  # --image: every process of the step runs through it
+
+
+@runtime_checkable
+class ContainerLauncher(Protocol):
+    """How a step's processes run inside the commit's image (`--image`; bisector.images.Container): a
+    scenario that can run in images (`runs_in_images`) starts each process with the argv `command` gives."""
+
+    python: str     # the image's interpreter
+    network: str    # the containers' network (none: they cannot reach each other)
+
+    def command(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None,
+                mounts: Iterable[Path | str] = ()) -> list[str]:
+        """argv as run inside the image: cwd and mounts at their host paths, env passed in."""
+        ...
 
 
 @dataclass(kw_only=True, frozen=True)

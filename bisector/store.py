@@ -71,6 +71,15 @@ CREATE TABLE IF NOT EXISTS builds (
     size INTEGER NOT NULL,
     last_used REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS images (
+    ref TEXT PRIMARY KEY,             -- an --image template filled in for one commit
+    present INTEGER NOT NULL,         -- 1: the image exists (here or in its registry), 0: a miss (asked again later)
+    info TEXT NOT NULL,               -- JSON: bisector.images.ImageInfo
+    checked REAL NOT NULL,
+    pulled INTEGER NOT NULL DEFAULT 0, -- 1: this tool pulled it, so it may remove it (--image-cache-size)
+    size INTEGER,
+    last_used REAL
+);
 """
 
 
@@ -323,6 +332,45 @@ class Store:
     @_guarded
     def delete_build(self, native_hash: str) -> None:
         self.db.execute("DELETE FROM builds WHERE native_hash = ?", (native_hash,))
+
+
+    # -- images (bisector.images: availability answers, and what this tool pulled) ----------------------
+    @_guarded
+    def images(self, refs: list[str]) -> dict[str, dict]:
+        """Stored answers for refs: {ref: {"present", "info", "checked"}}."""
+        found = {}
+        for chunk in (refs[i:i + 500] for i in range(0, len(refs), 500)):
+            marks = ",".join("?" * len(chunk))
+            for row in self.db.execute(f"SELECT * FROM images WHERE ref IN ({marks})", chunk):
+                found[row["ref"]] = {"present": bool(row["present"]), "info": json.loads(row["info"]),
+                                     "checked": row["checked"]}
+        return found
+
+    @_guarded
+    def put_image(self, ref: str, present: bool, info: dict, pulled: bool = False) -> None:
+        """An availability answer (a pull marks the image as this tool's, to remove when over the cap)."""
+        now = time.time()
+        self.db.execute("INSERT INTO images (ref, present, info, checked, pulled, size, last_used) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(ref) DO UPDATE SET present = excluded.present, "
+                        "info = excluded.info, checked = excluded.checked, "
+                        "pulled = MAX(images.pulled, excluded.pulled), size = COALESCE(excluded.size, images.size), "
+                        "last_used = COALESCE(excluded.last_used, images.last_used)",
+                        (ref, int(present), json.dumps(info), now, int(pulled), info.get("size"),
+                         now if pulled else None))
+
+    @_guarded
+    def touch_image(self, ref: str, when: float) -> None:
+        self.db.execute("UPDATE images SET last_used = ? WHERE ref = ?", (when, ref))
+
+    @_guarded
+    def pulled_images(self) -> list[sqlite3.Row]:
+        """Images this tool pulled and has not removed, least recently used first."""
+        return self.db.execute("SELECT * FROM images WHERE pulled = 1 ORDER BY COALESCE(last_used, 0), ref").fetchall()
+
+    @_guarded
+    def forget_pulled(self, ref: str) -> None:
+        """ref was removed from this machine: no longer this tool's, not known to be here."""
+        self.db.execute("UPDATE images SET pulled = 0 WHERE ref = ?", (ref,))
 
 
 def run_scenario_name(params: dict) -> str:

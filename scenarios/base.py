@@ -32,6 +32,8 @@ class BaseScenario(ABC):
     option_defaults: ClassVar[dict[str, str]] = {}
     default_signature: ClassVar[str] = "any"  # --signature when not given: any | auto | a regex
     env_versions: ClassVar[tuple[str, ...]] = ("torch", "transformers")  # recorded per step (--env per-commit)
+    runs_in_images: ClassVar[bool] = False  # True: it starts its processes through ctx.container (--image)
+    aiter_sensitive: ClassVar[bool] = False  # True: its verdict depends on AITER (--aiter defaults to installed)
 
     def __init__(self, options: Mapping[str, str] | None = None):
         options = dict(options or {})

@@ -19,12 +19,14 @@ class CommandScenario(BaseScenario):
 
     name = "command"
     description = "run a command in the checkout; git bisect run's exit protocol"
+    runs_in_images = True
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], in_image: bool = False):
+        """in_image: the command runs inside each commit's image (--image), where it must exist, not here."""
         super().__init__({})
         if not argv:
             raise ScenarioError("no command given after --")
-        if shutil.which(argv[0]) is None and not _is_checkout_relative(argv[0]):
+        if not in_image and shutil.which(argv[0]) is None and not _is_checkout_relative(argv[0]):
             raise ScenarioError(f"command not found: {argv[0]}")
         self.argv = list(argv)
 
@@ -43,8 +45,11 @@ class CommandScenario(BaseScenario):
         candidate = ctx.checkout / argv[0]
         if _is_checkout_relative(argv[0]) and candidate.exists():
             argv[0] = str(candidate)
+        env: dict | None = dict(ctx.env)
+        if ctx.container is not None:  # the checkout at its own path inside the commit's image
+            argv, env = ctx.container.command(argv, ctx.checkout, ctx.env), None
         try:
-            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, ctx.env, ctx.cancel)
+            result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, env, ctx.cancel)
         except OSError as exc:
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)

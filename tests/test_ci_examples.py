@@ -1,11 +1,13 @@
 """examples/ci: the GitHub workflows and Buildkite steps parse, pass actionlint and say what vLLM's AMD
 fleet needs; the container launcher really passes vLLM's flags (a fake docker records its argv); the
 pull-request picker really cherry-picks a PR's whole range."""
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "ci"
 WORKFLOWS = sorted((EXAMPLES / "github-actions").glob("*.yml"))
 PIPELINES = sorted((EXAMPLES / "buildkite").glob("*.yml"))
 LAUNCHER = EXAMPLES / "buildkite" / "rocm-container.sh"
+HOST = EXAMPLES / "buildkite" / "host-bisector.sh"
 PICKER = EXAMPLES / "buildkite" / "pick-pr-commits.sh"
 # vLLM's pipeline generator: AgentQueue.AMD_MI300_1 … AMD_MI355_8
 AMD_QUEUES = {f"amd_mi{gpu}_{n}" for gpu in (300, 325, 355) for n in (1, 2, 4, 8)}
@@ -76,7 +79,8 @@ def test_github_workflows_run_bisector_in_the_launcher_and_report_their_own_run(
         assert checkout["with"]["fetch-depth"] == 0, path
         run = scripts(job)
         for line in re.findall(r".*\bbisector (?:run|report|doctor|backport)\b.*", run):
-            assert line.strip().startswith(".github/bisector/rocm-container.sh bisector "), (path, line)
+            assert line.strip().startswith((".github/bisector/rocm-container.sh bisector ",
+                                            ".github/bisector/host-bisector.sh bisector ")), (path, line)
         assert "report latest" not in run and "--json bisector-result.json" in run, path
         assert re.search(r'bisector report "\$run_id"', run), path
         assert 'cat bisector-report.md >> "$GITHUB_STEP_SUMMARY"' in run, path
@@ -128,18 +132,19 @@ def test_buildkite_steps_use_vllm_amd_queues_full_history_and_their_own_reports(
         assert 'bisector report "$$run_id"' in command, path
         assert "buildkite-agent annotate --style info --context bisector < bisector-report.md" in command
         for line in re.findall(r".*\bbisector (?:run|report|backport)\b.*", command):
-            assert line.strip().startswith(".buildkite/bisector/rocm-container.sh bisector "), (path, line)
+            assert line.strip().startswith((".buildkite/bisector/rocm-container.sh bisector ",
+                                            ".buildkite/bisector/host-bisector.sh bisector ")), (path, line)
         assert "bisector-junit.xml" in step["artifact_paths"]
     gate = load(EXAMPLES / "buildkite" / "bisector-backport-gate.yml")["steps"][0]["command"]
     assert 'fix=$$(.buildkite/bisector/pick-pr-commits.sh "$$base" "$$BUILDKITE_COMMIT")' in gate
     assert '--fix "$$fix"' in gate and "--junit bisector-junit.xml" in gate
-    for script in (LAUNCHER, PICKER):
+    for script in (LAUNCHER, HOST, PICKER):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
         assert os.access(script, os.X_OK), script
 
 
 def test_no_example_sets_hip_visible_devices():
-    for path in [*WORKFLOWS, *PIPELINES, LAUNCHER]:
+    for path in [*WORKFLOWS, *PIPELINES, LAUNCHER, HOST]:
         for line in path.read_text().splitlines():
             if not line.lstrip().startswith("#"):
                 assert "HIP_VISIBLE_DEVICES" not in line, (path, line)
@@ -180,8 +185,21 @@ def fake_tools(bin_dir: Path, render_group: str | None) -> Path:
     return record
 
 
+def host_install(volume: Path, spec: str = SPEC) -> Path:
+    """The host's pinned install as host-bisector.sh makes it (one venv per spec), standing in for
+    `pip install "$BISECTOR_SPEC"`: this checkout's bisector."""
+    venv = volume / "venvs" / hashlib.sha256(spec.encode()).hexdigest()[:16]
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[1]
+    for name, argv in (("python", '"$@"'), ("bisector", '-m bisector.cli "$@"')):
+        (venv / "bin" / name).write_text(f"#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} {argv}\n")
+        (venv / "bin" / name).chmod(0o755)
+    return venv
+
+
 def launch(tmp_path, env: dict, render_group: str | None = "render:x:109:") -> tuple:
     record = fake_tools(tmp_path / "bin", render_group)
+    host_install(tmp_path / "volume")
     base = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "BISECTOR_VOLUME": str(tmp_path / "volume"),
             "BISECTOR_SPEC": SPEC, "HIP_VISIBLE_DEVICES": "3"}
     proc = subprocess.run([str(LAUNCHER), "bisector", "run", "--good", "v1"], cwd=tmp_path,
@@ -289,3 +307,22 @@ def test_picker_names_the_commit_that_does_not_apply(make_repo, git):
                                    "already there)")
     assert repo.snapshot() == before
     assert pick(repo, "pr", "pr~1").stderr.strip() == "pick-pr-commits.sh: pr~1 adds no commit over pr"
+
+
+# -- host-bisector.sh: bisector on the agent, for --image ---------------------------------------------------
+
+def test_host_launcher_runs_the_pinned_install_and_keeps_the_record_in_the_volume(tmp_path):
+    volume = tmp_path / "volume"
+    host_install(volume)
+    env = {"PATH": "/usr/bin:/bin", "BISECTOR_VOLUME": str(volume), "BISECTOR_SPEC": SPEC,
+           "BISECTOR_RENDER_DEVICES": "--device /dev/dri/renderD128"}
+    done = subprocess.run([str(HOST), "bisector", "doctor", "--repo", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"state dir: {volume / 'state'}" in done.stdout  # BISECTOR_STATE_DIR defaults into the volume
+    other = subprocess.run([str(HOST), "bisector", "--version"], capture_output=True, text=True, timeout=60,
+                           env={**env, "BISECTOR_SPEC": SPEC.replace("v0.1.0", "v0.2.0"), "PATH": str(tmp_path)})
+    assert other.returncode != 0  # another pin is another install (here python3 is not even on PATH)
+    bad = subprocess.run([str(HOST), "bisector", "--version"], capture_output=True, text=True, timeout=60,
+                         env={**env, "BISECTOR_SPEC": "bisector"})
+    assert bad.returncode == 1 and bad.stderr.startswith("host-bisector.sh: set BISECTOR_SPEC")

@@ -9,6 +9,7 @@ from bisector.builds.builder import NoBuild
 from bisector.envs import EnvSettings
 from bisector.process import DEFAULT_LOG_LIMIT
 from bisector.seams import BuildConfig, Executor, Scenario
+from bisector.world import WorldSettings
 
 
 @dataclass(kw_only=True)
@@ -42,3 +43,4 @@ class RunConfig:
     no_cache: bool = False             # judge every commit again (still recording the verdicts)
     command_line: Sequence[str] = ()   # how the user asked for this run, stored and shown in reports
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
+    world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter

@@ -29,13 +29,17 @@ class RunContext:
         store.remember_key(judge.key, judge.key_parts)
 
     def history(self, sha: str) -> list[Execution]:
-        return self.store.executions(sha, self.judge.key, self.after_execution)
+        return self.store.executions(sha, self.judge.key_for(sha)[0], self.after_execution)
 
     def record(self, fresh: list[Execution]) -> list[Execution]:
-        """Store the scenario runs among fresh (a failed build is no verdict to cache); returns fresh."""
+        """Store the scenario runs among fresh (a failed build, environment or world is no verdict to cache),
+        each under its commit's key (with --image: the digest of the image it ran in); returns fresh."""
         for execution in fresh:
-            if not (execution.details.get("build_failed") or execution.details.get("env_failed")):
-                self.store.add_execution(self.judge.key, execution)
+            if not any(execution.details.get(kind) for kind in ("build_failed", "env_failed", "world_failed")):
+                key, parts = self.judge.key_for(execution.sha, (execution.details.get("image") or {}).get("digest"))
+                if key != self.judge.key:
+                    self.store.remember_key(key, parts)
+                self.store.add_execution(key, execution)
                 self.executions += 1
         return fresh
 

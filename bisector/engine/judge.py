@@ -1,6 +1,7 @@
 """How one checked-out commit gets its verdict: build, then run the scenario until the verdict is decided."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,6 +18,7 @@ from bisector.errors import UsageError
 from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
 from bisector.signatures import SignatureRule, normalise
 from bisector.store import Execution
+from bisector.world import Place, StepAt, World, WorldSettings
 
 
 def signature_of(run: Execution) -> str:
@@ -38,20 +40,36 @@ class Judge:
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
     envs: Environments | EnvSettings = field(default_factory=SharedEnv)  # settings until opened (bisector.envs)
+    world: World | WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
 
     @cached_property
     def key_parts(self) -> dict:
-        """What the verdict cache key hashes: the scenario's identity, the build strategy, and whether each
-        commit runs in its own environment (its key then follows from the commit and the base python)."""
+        """What the verdict cache key hashes: the scenario's identity, the build strategy, whether each
+        commit runs in its own environment (its key then follows from the commit and the base python), and
+        the world's parts (the image template, the AITER mode)."""
         build = self.builder.name if self.scenario.needs_build else "none"
         envs = self.envs if isinstance(self.envs, EnvSettings) else self.envs.settings
-        return {**self.scenario.identity(self.python), "build": build, "env": envs.mode}
+        return {**self.scenario.identity(self.python), "build": build, "env": envs.mode,
+                **self.world.settings.key_parts}
 
     @property
     def key(self) -> str:
         """The verdict cache key: which question this judge answers (`scenario/hash of key_parts`)."""
-        blob = json.dumps(self.key_parts, sort_keys=True, default=str)
+        return self._key(self.key_parts)
+
+    def _key(self, parts: dict) -> str:
+        blob = json.dumps(parts, sort_keys=True, default=str)
         return f"{self.scenario.name}/{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+    def key_for(self, sha: str, digest: str | None = None) -> tuple[str, dict]:
+        """The verdict cache key of sha (and its parts): with --image, the image digest is part of it (the
+        one a run recorded, else the one its image has now); without one, `key`."""
+        if digest is None and isinstance(self.world, World):
+            digest = self.world.digest(sha)
+        if digest is None:
+            return self.key, self.key_parts
+        parts = {**self.key_parts, "image_digest": digest}
+        return self._key(parts), parts
 
     def decide(self, runs: list[Execution]) -> Execution | None:
         """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
@@ -74,29 +92,38 @@ class Judge:
                              {**runs[-1].details, "clean_runs": [r.details for r in runs]})
         return None
 
+    def _outgrown_timeout(self, run: Execution) -> bool:
+        hit = run.details.get("timed_out_after")
+        return hit is not None and (self.timeout is None or self.timeout > hit)
+
     def _opened(self) -> tuple[Build, Environments]:
         """builder and envs as opened where the step runs (a judge tests only once its settings are opened)."""
         if not isinstance(self.builder, Build) or not isinstance(self.envs, Environments):
             raise TypeError("a judge tests only with its build and environments opened")
         return self.builder, self.envs
 
-    def _outgrown_timeout(self, run: Execution) -> bool:
-        hit = run.details.get("timed_out_after")
-        return hit is not None and (self.timeout is None or self.timeout > hit)
-
     def test(self, worktree: Path, sha: str, done: list[Execution], logs: Path,
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
-        """In the commit's environment: build, then run the scenario until sha's verdict is decided;
-        new executions only (each records the environment's key and versions under details["env"])."""
+        """In the commit's environment and world: build, then run the scenario until sha's verdict is decided;
+        new executions only (each records the environment's key and versions under details["env"], and
+        the world's under details["image"] or details["aiter"])."""
         builder, envs = self._opened()
+        world = self.world if isinstance(self.world, World) else _no_world(self.world)
         with envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers its failures
                 return [Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                   {"env_failed": True, "env": {"key": environment.key}})]
-            template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
-                                   env={**slot_env, **environment.env}, python=environment.python or self.python,
-                                   cancel=cancel)
-            fresh = self._runs(builder, sha, done, template, environment)
+            with world.enter(StepAt(sha, worktree, logs, slot_env, cancel), environment, self.python) as place:
+                if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
+                    return [Execution(sha, Verdict.SKIP, place.reason, place.log_path, 0.0, place.summary or None,
+                                      {**place.details, "world_failed": True})]
+                stands_on = place.environment or environment
+                template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
+                                       env={**(place.slot_env if place.slot_env is not None else slot_env),
+                                            **stands_on.env},
+                                       python=place.python or stands_on.python or self.python, cancel=cancel,
+                                       container=place.container)
+                fresh = self._runs(builder, sha, done, template, stands_on, place)
             if environment.key is None:
                 return fresh
             names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
@@ -105,12 +132,18 @@ class Judge:
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
     def _runs(self, builder: Build, sha: str, done: list[Execution], template: StepContext,
-              environment: Environment) -> list[Execution]:
-        """Build in environment, then scenario runs with template's settings until the verdict is decided."""
+              environment: Environment, place: Place) -> list[Execution]:
+        """Build in environment (unless the image holds the build), then scenario runs with template's
+        settings until the verdict is decided."""
         fresh: list[Execution] = []
         worktree, logs = template.checkout, template.log_path
-        build = builder.prepare(worktree, sha, logs, environment) if self.scenario.needs_build \
-            else BuildResult("none", True, "scenario needs no build")
+        if not self.scenario.needs_build:
+            build = BuildResult("none", True, "scenario needs no build")
+        elif not place.build:
+            build = BuildResult("image", True, place.summary)
+        else:
+            build = builder.prepare(worktree, sha, logs, environment)
+        summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
             attempt = len(done) + len(fresh)
             log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
@@ -127,8 +160,22 @@ class Judge:
                 if details.pop("timed_out", False):
                     details["timed_out_after"] = self.timeout
             fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                   build.summary, details))
+                                   summary, {**place.details, **details}))
         return fresh
+
+
+class _MachineAsItIs:
+    """The world when nothing is asked of it (no --image, --aiter any): the machine as it is."""
+
+    @contextlib.contextmanager
+    def enter(self, *args, **kwargs):
+        yield Place(True)
+
+
+def _no_world(settings: WorldSettings) -> _MachineAsItIs:
+    if settings != WorldSettings():
+        raise RuntimeError("world settings are opened (WorldSettings.open) before a step runs")
+    return _MachineAsItIs()
 
 
 def signature_rule(text: str) -> SignatureRule:

@@ -10,31 +10,40 @@ from bisector.search import Bisection, Term
 
 
 def plan_bisection(cfg: RunConfig) -> Plan:
-    """The commits a run would test first and the build each needs; runs nothing.
+    """The commits a run would test first, the build and world (image, AITER install) each needs, and an
+    estimate of each step's cost; runs nothing.
 
     Endpoints (when verified), the first round's probes, and with one job the second probe for
-    either verdict of the first. Builds are decided from git objects and the artifact cache.
+    either verdict of the first. Builds are decided from git objects and the artifact cache; images from
+    the runtime's answers (kept in the record), AITER installs from the cached clone.
     """
     asked = resolve_range(cfg)
     ends, commits = asked.ends, asked.commits
     state_dir = prepare_state_dir(choose_state_dir(asked.repo, cfg.state_dir))
     # a scenario that runs the checkout as it is never builds, whatever --build says
     builder = open_builder(cfg, asked.repo, state_dir) if cfg.scenario.needs_build else NoBuild()
+    world = cfg.world.open(asked.repo, state_dir)
+    world.resolve([*ends.olds, *(sha for sha, _ in commits), *ends.merge_bases])
     probes: list[PlannedStep] = []
     planned: set[str] = set()  # native hashes the steps listed so far will have built
 
     def cost(sha: str) -> float:
-        return 0.0 if builder.decide(sha).native in planned else builder.cost(sha)
+        return world.cost(sha, 0.0 if builder.decide(sha).native in planned else builder.cost(sha))
 
     def add(sha: str, role: str) -> None:
         decision = builder.decide(sha)
         strategy, reason, commands = decision.strategy, decision.reason, decision.commands
         if decision.native in planned and strategy in ("source", "precompiled"):
             strategy, reason, commands = "reuse", f"native {decision.native[:12]} built by an earlier step", ()
-        planned.add(decision.native)
+        stands = world.plan(sha, cfg.python, strategy)
+        if world.imaged(sha):
+            strategy, reason, commands = "image", "the image holds the build", ()
+        else:
+            planned.add(decision.native)
         probes.append(PlannedStep(sha=sha, role=role, native=decision.native, build=strategy, reason=reason,
                                   commands=tuple(PlannedCommand(label=c.label, argv=c.argv, env=c.env)
-                                                 for c in commands)))
+                                                 for c in (*commands, *stands.commands)),
+                                  world=stands.text, estimate=stands.cost))
 
     if cfg.verify_endpoints:
         for old in ends.olds:
@@ -42,14 +51,21 @@ def plan_bisection(cfg: RunConfig) -> Plan:
         add(ends.new, f"endpoint ({ends.new_name})")
     for base in ends.merge_bases:
         add(base, "merge base")
-    first = Bisection(commits, ends.new).next_probes(max(1, cfg.jobs), cost=cost)
+    blind = [sha for sha in world.untestable([sha for sha, _ in commits]) if sha != ends.new]
+    first_search = Bisection(commits, ends.new)
+    for sha in blind:
+        first_search.record(sha, Term.SKIP)
+    first = first_search.next_probes(max(1, cfg.jobs), cost=cost)
     for sha in first:
         add(sha, "probe 1")
     if len(first) == 1:
         for term, name in ((Term.OLD, ends.old_name), (Term.NEW, ends.new_name)):
             branch = Bisection(commits, ends.new)
+            for sha in blind:
+                branch.record(sha, Term.SKIP)
             branch.record(first[0], term)
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
-                merge_bases=ends.merge_bases, probes=tuple(probes))
+                merge_bases=ends.merge_bases, probes=tuple(probes),
+                imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None)

@@ -24,7 +24,7 @@ from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import BisectResult, PinChange, PrefilterRecord, end_json
 from bisector.seams import FollowsPins, FollowUp, Scenario
-from bisector.search import Bisection, FlakyModel
+from bisector.search import Bisection, FlakyModel, Term
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler
 
@@ -41,17 +41,26 @@ def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> st
 
 
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
-            cost: Callable[[str], float]) -> SearchPolicy:
-    """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists)."""
+            cost: Callable[[str], float], untestable: Sequence[str] = ()) -> SearchPolicy:
+    """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists).
+    untestable: commits that can get no verdict (no image): never probed, as if skipped."""
     priors = seeds.priors if seeds else None
+    ends = {*asked.ends.olds, asked.ends.new}
+    blind = [sha for sha in untestable if sha not in ends]
     if cfg.flaky:
         if len(asked.ends.olds) > 1 or asked.ends.merge_bases:
             raise UsageError(f"--flaky needs one --{asked.ends.old_name} that is an ancestor of "
                              f"--{asked.ends.new_name}")
         model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit)
-        return FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
-                           ctx.history, priors)
+        flaky = FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
+                            ctx.history, priors)
+        for sha in blind:
+            if sha in flaky.search.index:
+                flaky.search.skip(sha)
+        return flaky
     search = Bisection(asked.commits, asked.ends.new, priors=priors)
+    for sha in blind:
+        search.record(sha, Term.SKIP)
     return BisectPolicy(search, asked.ends, ctx.executor.size, cost, seeds.pair if seeds else None,
                         cfg.verify_endpoints)
 
@@ -68,10 +77,12 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
         seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
     with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit) as (state_dir, pool, store):
         builder = open_builder(cfg, repo, state_dir)
+        world = cfg.world.open(repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
                       1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
                       signature_rule(cfg.signature or cfg.scenario.default_signature),
-                      cfg.envs.open(state_dir))
+                      cfg.envs.open(state_dir), world)
+        world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
         params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
                   "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
                   "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
@@ -86,9 +97,13 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
             with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key), params) as run:
                 handler.started(run.id, len(asked.commits), run.resumed_from, state_dir / "logs")
                 ctx = RunContext(store, judge, executor, run.id, handler, cfg.no_cache)
-                policy = _policy(cfg, asked, seeds, ctx, builder.cost)
+                policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
+                                 world.untestable([sha for sha, _ in asked.commits]))
                 rounds = ctx.drive(policy)
                 answer, found = policy.answer()
+                note = None if answer.first_new else world.range_note(answer.candidates, dict(asked.commits))
+                if note:
+                    found["warnings"] = (*found.get("warnings", ()), note)
                 first = answer.first_new
                 result = BisectResult(
                     run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
@@ -177,7 +192,8 @@ def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
         try:
             executor.start(pool, state_dir / "logs")
             judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir),
-                                        envs=judge.envs.open(state_dir))
+                                        envs=judge.envs.open(state_dir),
+                                        world=judge.world.settings.open(repo, state_dir))
             yield RunContext(store, judge, executor)
         finally:
             GROUPS.stop()

@@ -136,3 +136,4 @@ def open_builder(cfg, repo: GitRepo, state_dir: Path):
         return cfg.builder.open(repo, state_dir)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+

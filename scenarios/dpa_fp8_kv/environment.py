@@ -11,18 +11,25 @@ from pathlib import Path
 from typing import Mapping
 
 from bisector.pins import pins_in_tree
+from bisector.probe_env import SCRIPT as PROBE_SCRIPT
 from bisector.probe_env import last_error_line, run_probe
+from bisector.seams import ContainerLauncher
 
 PINNED = ("torch", "transformers")  # the runtime pins a wrong environment most often violates
 PIN_FILES = {"rocm": ("requirements/common.txt", "requirements/rocm.txt"),
              "cuda": ("requirements/common.txt", "requirements/cuda.txt")}
 
 
-def probe_environment(python: str, env: Mapping[str, str] | None = None) -> dict | str:
+def probe_environment(python: str, env: Mapping[str, str] | None = None, container: ContainerLauncher | None = None,
+                      cwd: Path | None = None) -> dict | str:
     """{'torch', 'transformers', 'aiter', 'torch_cuda', 'torch_hip'} versions (None if absent) of python's
-    environment (under env), or why they could not be read."""
+    environment (under env; inside container, from cwd, when given), or why they could not be read."""
+    launch = None
+    if container is not None:
+        def launch(argv: list[str]) -> list[str]:
+            return container.command(argv, cwd or Path("/"), env, mounts=[PROBE_SCRIPT.parent])
     try:
-        found = run_probe(python, ("torch", "transformers", "aiter", "amd-aiter"), env)
+        found = run_probe(python, ("torch", "transformers", "aiter", "amd-aiter"), env, launch=launch)
     except OSError as exc:
         return f"cannot start {python}: {exc.strerror}"
     except subprocess.CalledProcessError as exc:

@@ -49,11 +49,12 @@ def child_argv(python: str, child_script: Path, model_dir: Path, options: Option
 
 
 def build_plan(options: Options, *, platform: str, platform_env: Mapping[str, str], python: str,
-               child_script: Path, model_dir: Path, checkout: Path, devices: list[str],
+               child_script: Path, model_dir: Path, checkout: Path | None, devices: list[str],
                base_env: Mapping[str, str], master_port: int, timeout: float | None) -> list[Launch]:
     """One launch per DP rank on platform ("rocm" or "cuda"), each with platform_env on top of base_env
     (the ROCm AITER switches, or CUDA_ENV); rank r sees devices[r*tp:(r+1)*tp] and nothing else.
 
+    checkout None: vLLM is the environment's own (an image's build), nothing is put before PYTHONPATH.
     Each rank sees only its own GPUs, so VLLM_DP_RANK_LOCAL is 0 everywhere: vLLM offsets device
     indices by local rank * world size, which must stay inside the rank's own subset. The subset is
     given as physical ids in CUDA_VISIBLE_DEVICES, on ROCm also HIP_VISIBLE_DEVICES (vLLM maps
@@ -63,11 +64,11 @@ def build_plan(options: Options, *, platform: str, platform_env: Mapping[str, st
     if len(devices) < options.gpus:
         raise ValueError(f"{options.gpus} GPUs needed, {len(devices)} given")
     argv = child_argv(python, child_script, model_dir, options, platform)
-    pythonpath = os.pathsep.join(filter(None, [str(checkout), base_env.get("PYTHONPATH")]))
+    pythonpath = os.pathsep.join(filter(None, [str(checkout) if checkout else None, base_env.get("PYTHONPATH")]))
     common = {key: value for key, value in base_env.items()
               if key not in DP_VARS and key != "ROCR_VISIBLE_DEVICES"
               and not (platform == "cuda" and key.startswith(("VLLM_ROCM_USE_AITER", "HIP_VISIBLE")))}
-    common.update(platform_env, PYTHONPATH=pythonpath)
+    common.update(platform_env, **({"PYTHONPATH": pythonpath} if pythonpath else {}))
     launches = []
     for rank in range(options.dp):
         visible = ",".join(devices[rank * options.tp:(rank + 1) * options.tp])

@@ -1,6 +1,7 @@
 """The dpa-fp8-kv-graph-capture scenario: check for a GPU, write the model, run the ranks, judge."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -44,6 +45,8 @@ class DpaFp8KvScenario(BaseScenario):
     # what a step's JSON records of its environment (--env per-commit)
     env_versions = ("torch", "pytorch-triton-rocm", "triton", "amd-aiter", "transformers", "numba")
     system_root = Path("/")  # where /dev/kfd and /sys are looked up; tests point it at a fake tree
+    runs_in_images = True
+    aiter_sensitive = True
 
     def __init__(self, options=None):
         super().__init__(options)
@@ -59,8 +62,9 @@ class DpaFp8KvScenario(BaseScenario):
                 "rocm": installed_rocm_version()}
 
     def run(self, ctx: StepContext) -> Outcome:
-        env = {**os.environ, **ctx.env}
-        versions = probe_environment(ctx.python, env)
+        container = ctx.container  # --image: every process runs inside the commit's image
+        env = dict(ctx.env) if container else {**os.environ, **ctx.env}
+        versions = probe_environment(ctx.python, env, container, ctx.checkout)
         if isinstance(versions, str):
             return self._unrun(ctx, versions)
         platform, probe = self.resolve_platform(versions)
@@ -78,17 +82,24 @@ class DpaFp8KvScenario(BaseScenario):
         if len(devices) < self.gpus_per_run:
             return self._unrun(ctx, f"needs {self.gpus_per_run} GPUs (dp={self.settings.dp} x "
                                     f"tp={self.settings.tp}), this step has {len(devices)}")
+        if container and self.settings.dp > 1 and container.network == "none":
+            return self._unrun(ctx, f"dp={self.settings.dp} runs one container per rank and the ranks talk over "
+                                    f"TCP: give --container-network host")
         with tempfile.TemporaryDirectory(prefix="bisector-dpa-fp8-kv-") as tmp:
             work = Path(tmp)
             write_model_dir(work / "model", self.settings)
             # A private copy, so the child's sys.path[0] holds nothing but itself.
             child_script = Path(shutil.copy(child.__file__, work / "child.py"))
+            # in an image, vLLM is the image's own build: the checkout is not put on PYTHONPATH
             launches = build_plan(self.settings, platform=platform, platform_env=platform_env,
                                   python=ctx.python, child_script=child_script,
-                                  model_dir=work / "model", checkout=ctx.checkout, devices=devices,
-                                  base_env=env, master_port=_free_port(), timeout=ctx.timeout)
+                                  model_dir=work / "model", checkout=None if container else ctx.checkout,
+                                  devices=devices, base_env=env, master_port=_free_port(), timeout=ctx.timeout)
+            started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
+                                                                           mounts=[work]), env=dict(os.environ))
+                       for launch in launches] if container else launches
             try:
-                results = run_ranks(launches, ctx.checkout, work, ctx.cancel)
+                results = run_ranks(started, ctx.checkout, work, ctx.cancel)
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}")
         _write_log(ctx.log_path, _merged_log(launches, results))

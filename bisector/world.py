@@ -1,0 +1,418 @@
+"""Each commit in its own world: what a step stands on before its scenario runs.
+
+With `--image TEMPLATE` a commit runs in the container image that holds it (bisector.images): pulled when
+not here, proven to hold the commit, then every process of the scenario runs inside it with vLLM's AMD
+container flags. A commit without an image is skipped (`--image-fallback build`: built and run here).
+On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
+its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
+what is there. Settings are opened per run (`WorldSettings.open`); the opened World also says what a step
+costs (the search prefers imaged commits as it prefers cheap builds), which commits cannot be tested at
+all, and what the verdict cache key adds (the image digest).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+
+from bisector.aiter import AiterInstalls, AiterSettings, AiterUnavailable
+from bisector.envs import Environment
+from bisector.errors import UsageError
+from bisector.images import (
+    IMAGE_PROBE,
+    IMAGE_PYTHON,
+    Container,
+    ImageIndex,
+    ImageInfo,
+    ImageSettings,
+    Proof,
+    Runtime,
+    agent_render_devices,
+    amd_gpu_flags,
+    human_bytes,
+    inside_gpu_env,
+    prove,
+    render_gid,
+    slot_render_devices,
+    topology_render_devices,
+    user_flags,
+    write_pull_layers,
+)
+from bisector.pins import DEFAULT_AITER_REPO, installed_against_pin, pins_at, pins_in_tree
+from bisector.probe_env import SCRIPT as PROBE_SCRIPT
+from bisector.probe_env import run_probe
+from bisector.process import run_process
+
+if TYPE_CHECKING:
+    from bisector.refs import GitRepo
+
+AITER_MODES = ("pinned", "installed", "any")
+# Relative costs the search weighs (a compile costs 1.0, bisector.builds.base): an image here costs
+# nothing, one in the registry a pull; a commit built here in spite of --image a compile and more.
+PULL_COST, FALLBACK_COST = 0.1, 1.0
+UNTESTABLE_COST = 2.0
+# Rough figures for --plan's estimates.
+PULL_BYTES_PER_SECOND = 100e6
+AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
+BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
+                   "reuse": "stored artifacts copied, seconds", "none": "no build",
+                   "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
+
+
+@dataclass(frozen=True)
+class WorldSettings:
+    """--image (and its options), --aiter (and its options): opened on a repository and state dir."""
+
+    image: ImageSettings | None = None
+    aiter: str = "any"  # pinned | installed | any
+    aiter_settings: AiterSettings = field(default_factory=AiterSettings)
+
+    @property
+    def settings(self) -> "WorldSettings":
+        return self
+
+    @property
+    def key_parts(self) -> dict:
+        """What the verdict cache key adds: the image template; the AITER mode when it is not `any`."""
+        parts: dict = {}
+        if self.image:
+            parts["image"] = self.image.template
+        if self.aiter != "any":
+            parts["aiter"] = self.aiter + ("+prebuild" if self.aiter == "pinned" and self.aiter_settings.prebuild
+                                           else "")
+        return parts
+
+    def check(self, scenario, env_mode: str, executor: str = "local") -> None:
+        """UsageError for combinations that cannot work."""
+        if self.aiter not in AITER_MODES:
+            raise UsageError(f"--aiter {self.aiter!r}: one of {', '.join(AITER_MODES)}")
+        if self.image is None:
+            return
+        if not getattr(scenario, "runs_in_images", False):
+            raise UsageError(f"scenario {scenario.name} cannot run inside an image (it judges the checkout on "
+                             f"this machine); --image is for the command scenario and dpa-fp8-kv-graph-capture")
+        if env_mode != "shared":
+            raise UsageError("--image brings each commit's own environment: drop --env per-commit")
+        if executor != "local":
+            raise UsageError("--image runs steps on this machine's container runtime: use --executor local")
+
+    def open(self, repo: GitRepo, state_dir: Path) -> "World":
+        return World(self, repo, Path(state_dir))
+
+
+@dataclass
+class Place:
+    """Where one step stands: ready (its container, or its environment with AITER) or why not."""
+
+    ok: bool
+    reason: str = ""
+    log_path: str | None = None
+    container: Container | None = None
+    environment: Environment | None = None  # replaces the step's environment (an AITER layer)
+    python: str | None = None  # the interpreter the scenario runs (the image's)
+    slot_env: Mapping[str, str] | None = None  # the slot's variables as the scenario sees them
+    build: bool = True  # build the tree as usual (False: the image holds the build)
+    summary: str = ""  # added to the step's build line
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepAt:
+    """One step as its world sees it: the commit, its worktree and log dir, its slot's variables."""
+
+    sha: str
+    worktree: Path
+    logs: Path
+    slot_env: Mapping[str, str] = field(default_factory=dict)
+    cancel: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class PlannedWorld:
+    """What --plan says of one step's world: in words, the commands it would run, and its cost."""
+
+    text: str
+    commands: tuple = ()
+    cost: str = ""
+
+
+class World:
+    """The opened world of one run."""
+
+    def __init__(self, settings: WorldSettings, repo: GitRepo, state_dir: Path):
+        self.settings, self.repo, self.state_dir = settings, repo, state_dir
+        self.index: ImageIndex | None = None
+        self.aiter: AiterInstalls | None = None
+        self.planned_aiter: set[str] = set()  # --plan: AITER build keys an earlier planned step builds
+        if settings.image:
+            runtime = Runtime.find(settings.image.runtime)
+            self.index = ImageIndex(runtime, state_dir / "bisector.sqlite", settings.image)
+        if settings.aiter == "pinned":
+            self.aiter = AiterInstalls(settings.aiter_settings, state_dir / "aiter")
+
+    def __reduce__(self):
+        """Pickled (into a Ray task) as its settings, opened again where the step runs."""
+        return _settings, (self.settings,)
+
+    # -- before the search -----------------------------------------------------------------------------
+    def resolve(self, shas: Sequence[str]) -> None:
+        """Ask once, for every commit of the range, whether it has an image (stored in the record)."""
+        if self.index is not None:
+            self.index.resolve(list(shas))
+
+    def imaged(self, sha: str) -> bool:
+        return self.index is not None and self.index.info(sha).present
+
+    @property
+    def _fallback_builds(self) -> bool:
+        """--image-fallback build: a commit without an image is built here."""
+        return self.settings.image is not None and self.settings.image.fallback == "build"
+
+    def untestable(self, shas: Sequence[str]) -> list[str]:
+        """Commits that cannot be judged at all: no image, and no fallback build."""
+        if self.index is None or self._fallback_builds:
+            return []
+        return [sha for sha in shas if not self.imaged(sha)]
+
+    def cost(self, sha: str, build_cost: float) -> float:
+        """The step's cost as the search weighs it: an image here 0, one to pull PULL_COST, a commit built
+        here in spite of --image FALLBACK_COST plus its build, one that cannot be judged UNTESTABLE_COST."""
+        if self.index is None:
+            return build_cost
+        info = self.index.info(sha)
+        if info.present:
+            return 0.0 if info.local else PULL_COST
+        return FALLBACK_COST + build_cost if self._fallback_builds else UNTESTABLE_COST
+
+    def digest(self, sha: str) -> str | None:
+        """The image digest the verdict of sha is keyed by; None without an image."""
+        return self.index.digest(sha) if self.index is not None else None
+
+    def range_note(self, candidates: Sequence[str], parents: Mapping[str, Sequence[str]]) -> str | None:
+        """When the answer's window holds commits without an image: the range between the nearest imaged
+        commits, said plainly."""
+        untestable = set(self.untestable(candidates))
+        blind = [sha for sha in candidates if sha in untestable]
+        if not blind or len(candidates) < 2:
+            return None
+        first, last = candidates[0], candidates[-1]
+        low = next(iter(parents.get(first) or ()), None)
+        template = self.settings.image.template if self.settings.image else ""
+        return (f"{len(blind)} of the {len(candidates)} candidates have no image {template}: the change lies "
+                f"between {low[:12] if low else 'the good end'} and {last[:12]}, the nearest commits with "
+                f"images on either side of it ({first[:12]} is the first candidate); --image-fallback build "
+                f"builds the commits without one")
+
+    # -- --plan ----------------------------------------------------------------------------------------
+    def plan(self, sha: str, python: str, build: str) -> PlannedWorld:
+        """What the step's world would be, and its cost, decided without running anything."""
+        if self.index is not None:
+            info = self.index.info(sha)
+            if info.present:
+                size = f", {human_bytes(info.size)}" if info.size else ""
+                if info.local:
+                    return PlannedWorld(f"image {info.ref} (here{size})", (), "no build, no pull: the run only")
+                seconds = (info.size or 0) / PULL_BYTES_PER_SECOND
+                return PlannedWorld(f"image {info.ref} (in the registry{size}: pulled)", (),
+                                    f"pull{size.replace(',', '')} (~{max(1, round(seconds / 60))} min), no build")
+            if self._fallback_builds:
+                return PlannedWorld(f"no image {info.ref}: built here (--image-fallback build)", (),
+                                    BUILD_ESTIMATES.get(build, build))
+            return PlannedWorld(f"{self.index.missing_reason(sha)}: skip", (), "none: skipped")
+        if self.settings.aiter == "any":
+            return PlannedWorld("", (), BUILD_ESTIMATES.get(build, build))
+        pin = pins_at(self.repo.root, sha).get("aiter")
+        if pin is None:
+            return PlannedWorld("no AITER pin (docker/Dockerfile.rocm_base): skip", (), "none: skipped")
+        if self.settings.aiter == "installed":
+            problem = installed_against_pin(pin.ref, _installed_aiter(python))
+            return PlannedWorld(f"AITER must be the pin {pin.ref}: " + (f"{problem}: skip" if problem else "it is"),
+                                (), BUILD_ESTIMATES.get(build, build))
+        assert self.aiter is not None
+        try:
+            planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, python)
+        except AiterUnavailable as exc:
+            return PlannedWorld(f"AITER {pin.ref}: {exc}: skip", (), "none: skipped")
+        failed = self.aiter.failure(planned)
+        stored = (self.state_dir / "aiter" / "builds" / planned.key / "dist").is_dir()
+        earlier = planned.key in self.planned_aiter
+        self.planned_aiter.add(planned.key)
+        state = (f"failed before: {failed['reason']}: skip" if failed else
+                 "wheel stored: installed into a layer" if stored else
+                 "wheel built by an earlier step: installed into a layer" if earlier else "built and installed")
+        minutes = AITER_PREBUILD_MINUTES if planned.prebuild else AITER_JIT_MINUTES
+        cost = BUILD_ESTIMATES.get(build, build) + ("" if failed or stored or earlier else
+                                                    f"; AITER wheel ~{minutes} min")
+        commands = () if failed else self.aiter.reuse_commands(planned) if stored or earlier else planned.commands
+        return PlannedWorld(f"{planned.describe()}, {state}", commands, cost)
+
+    # -- a step ----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def enter(self, step: StepAt, environment: Environment, python: str) -> Iterator[Place]:
+        """The step's world, held while its scenario runs (python: the judge's --python)."""
+        if self.index is not None:
+            with self._image(step) as place:
+                yield place
+        elif self.settings.aiter == "pinned":
+            with self._pinned(step, environment, python) as place:
+                yield place
+        elif self.settings.aiter == "installed":
+            yield self._installed(step.worktree, environment, python)
+        else:
+            yield Place(True)
+
+    def _installed(self, worktree: Path, environment: Environment, python: str) -> Place:
+        """The environment's AITER must be the commit's pin (on a ROCm torch; elsewhere AITER is not used)."""
+        pin = pins_in_tree(worktree).get("aiter")
+        if pin is None:
+            return Place(True, details={"aiter": {"pinned": None}})
+        try:
+            found = run_probe(environment.python or python, ("amd-aiter", "aiter", "torch"), environment.env or None)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            return Place(False, f"cannot read the environment's AITER ({exc})")
+        installed = found["versions"]["amd-aiter"] or found["versions"]["aiter"]
+        record = {"pinned": pin.ref, "installed": installed}
+        if found["torch"]["hip"] is None:
+            return Place(True, details={"aiter": {**record, "checked": "no ROCm torch: AITER unused"}})
+        problem = installed_against_pin(pin.ref, installed)
+        if problem:
+            return Place(False, f"{problem}; use --aiter pinned or --image", details={"aiter": record})
+        return Place(True, details={"aiter": record})
+
+    @contextlib.contextmanager
+    def _pinned(self, step: StepAt, environment: Environment, python: str) -> Iterator[Place]:
+        pin = pins_in_tree(step.worktree).get("aiter")
+        if pin is None:
+            yield Place(False, "the commit pins no AITER (no ARG AITER_BRANCH in docker/Dockerfile.rocm_base): "
+                               "--aiter pinned has nothing to install")
+            return
+        assert self.aiter is not None
+        base = environment.python or python
+        try:
+            planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, base)
+        except AiterUnavailable as exc:
+            yield Place(False, f"AITER {pin.ref}: {exc}", details={"aiter": {"pinned": pin.ref}})
+            return
+        with self.aiter.installed(planned, base, step.logs, step.sha[:12]) as layer:
+            if not layer.ok:
+                yield Place(False, layer.reason, layer.log_path, details=layer.details)
+                return
+            yield Place(True, environment=layer.environment, python=layer.environment.python if layer.environment
+                        else None, summary=layer.reason, log_path=layer.log_path, details=layer.details)
+
+    @contextlib.contextmanager
+    def _image(self, step: StepAt) -> Iterator[Place]:
+        assert self.index is not None and self.settings.image is not None
+        sha, logs, slot_env = step.sha, step.logs, step.slot_env
+        info = self.index.info(sha)
+        if not info.present:
+            if self.settings.image.fallback == "build":
+                yield Place(True, summary=f"no image {info.ref}: built here",
+                            details={"image": {"ref": info.ref, "present": False, "fallback": "build"}})
+            else:
+                yield Place(False, self.index.missing_reason(sha), details={"image": {"ref": info.ref,
+                                                                                       "present": False}})
+            return
+        with self.index.using(info.ref):
+            local, failure = self._pull(sha, info, logs, step.cancel)
+            if local is None:
+                yield failure
+                return
+            proof, log = self._prove(sha, local, logs, step.cancel)
+            record = {"ref": local.ref, "digest": local.digest, "id": local.image_id, **dict(proof.found)}
+            record.pop("checkouts", None)
+            if not proof.ok:
+                yield Place(False, proof.reason, log, details={"image": record})
+                return
+            try:
+                flags = self._flags(slot_env)
+            except ValueError as exc:
+                yield Place(False, str(exc), details={"image": record})
+                return
+            home = self.state_dir / "container-home"
+            home.mkdir(parents=True, exist_ok=True)
+            container = Container(self.index.runtime, local.image_id or local.ref, tuple(flags),
+                                  mounts=(str(logs), str(home)), read_only=(str(PROBE_SCRIPT.parent),),
+                                  env={"HOME": str(home)}, network=self.settings.image.network)
+            try:
+                yield Place(True, container=container, python=IMAGE_PYTHON, slot_env=inside_gpu_env(slot_env),
+                            build=False, summary=f"image {local.ref} ({proof.reason})",
+                            details={"image": {**record, "proof": proof.reason}})
+            finally:
+                container.cleanup()
+
+    def _pull(self, sha: str, info: ImageInfo, logs: Path,
+              cancel: threading.Event | None) -> tuple[ImageInfo | None, Place]:
+        """The image here (pulled when it is not), or why not."""
+        assert self.index is not None
+        runtime = self.index.runtime
+        local = runtime.local([info.ref]).get(info.ref)
+        if local is not None:
+            return local, Place(True)
+        log = logs / f"pull-{sha[:12]}-{(info.digest or 'image').split(':')[-1][:12]}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        write_pull_layers(log, info)
+        result = run_process([runtime.path, "pull", info.ref], logs, log, cancel=cancel)
+        local = runtime.local([info.ref]).get(info.ref) if result.returncode == 0 else None
+        if local is None:
+            last = ([line for line in result.output.splitlines() if line.strip()] or ["no output"])[-1]
+            return None, Place(False, f"pull of {info.ref} failed: {last.strip()[:300]}", str(log),
+                               details={"image": {"ref": info.ref, "pull_failed": True}})
+        self.index.pulled(info.ref, ImageInfo(local.ref, True, True, local.digest, local.image_id,
+                                              local.size or info.size, info.layers, local.labels))
+        return local, Place(True)
+
+    def _prove(self, sha: str, local: ImageInfo, logs: Path,
+               cancel: threading.Event | None) -> tuple[Proof, str]:
+        """Run the image's python once (no network, no GPU) to read what it holds; prove it is sha."""
+        assert self.index is not None
+        log = logs / f"image-{sha[:12]}-check.log"
+        argv = [self.index.runtime.path, "run", "--rm", "--network", "none", "--entrypoint", IMAGE_PYTHON,
+                local.image_id or local.ref, "-c", IMAGE_PROBE]
+        result = run_process(argv, logs, log, timeout=300, cancel=cancel)
+        found: dict = {}
+        for line in reversed(result.output.strip().splitlines()):
+            try:
+                found = json.loads(line)
+                break
+            except ValueError:
+                continue
+        if result.returncode != 0 or not found:
+            last = ([line for line in result.output.splitlines() if line.strip()] or ["no output"])[-1]
+            return Proof(False, f"cannot read what image {local.ref} holds: {IMAGE_PYTHON} exited "
+                                f"{result.returncode} ({last.strip()[:200]})"), str(log)
+        return prove(sha, local, found), str(log)
+
+    def _flags(self, slot_env: Mapping[str, str]) -> list[str]:
+        """The step's container flags: vLLM's AMD ones for the slot's GPUs (when this machine has AMD GPUs),
+        the network, and the invoking user."""
+        assert self.index is not None and self.settings.image is not None
+        machine = agent_render_devices()
+        if machine is None:
+            machine = topology_render_devices()
+        flags: list[str] = []
+        if machine:
+            gid = render_gid()
+            if gid is None:
+                raise ValueError("this host has no 'render' group (getent group render): it cannot give a "
+                                 "container its GPUs")
+            flags += amd_gpu_flags(slot_render_devices(slot_env, machine), gid, self.settings.image.shm_size)
+        flags += ["--network", self.settings.image.network, *user_flags(self.index.runtime)]
+        return flags
+
+
+def _settings(settings: WorldSettings) -> WorldSettings:
+    return settings
+
+
+def _installed_aiter(python: str) -> str | None:
+    try:
+        versions = run_probe(python, ("amd-aiter", "aiter"))["versions"]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return versions["amd-aiter"] or versions["aiter"]
+
