@@ -96,19 +96,10 @@ class WorktreePool:
     def __enter__(self) -> "WorktreePool":
         self.base.mkdir(parents=True, exist_ok=True)
         for slot in sorted(self.base.iterdir()):
-            if (slot / MARKER).is_file() and not self._of_another_repository(slot):
+            if (slot / MARKER).is_file():
                 self._remove(slot / "tree")
         self._forget_stale_registrations()
         return self
-
-    def _of_another_repository(self, slot: Path) -> bool:
-        """A slot left by a run on another repository that shares this state dir (a --follow-pins level
-        inside a dependency): still registered there, so that repository's pool removes it."""
-        try:
-            admin = json.loads((slot / MARKER).read_text())["admin"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-        return bool(admin) and Path(admin).parent != self.repo.common_dir / "worktrees" and Path(admin).is_dir()
 
     def __exit__(self, *exc) -> None:
         for tree in self.all:

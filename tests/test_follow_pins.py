@@ -236,3 +236,25 @@ def test_backport_says_when_a_verdict_flips_with_a_pin_move(tmp_path):
     assert (entry.before, entry.after, entry.verdict) == ("bad", "good", "verified")
     assert entry.reason == ("scenario bad before the pick, good after it; the pick moves AITER v2.0 → v1.0: "
                             "the flip may come from AITER")
+
+
+def test_a_bare_or_remote_aiter_is_cloned_once_with_a_work_tree_into_the_cache(tmp_path, monkeypatch):
+    from follow_pins_world import git
+
+    from bisector.pins import DependencyUnavailable, dependency_checkout
+    from bisector.refs import GitRepo
+
+    monkeypatch.setenv("BISECTOR_AITER_CACHE", str(tmp_path / "cache"))
+    world = shared_world(tmp_path)
+    assert dependency_checkout(str(world.aiter), ("v1.0",)) == world.aiter  # a work tree: used as it is
+    bare = tmp_path / "aiter.git"
+    git(tmp_path, "clone", "-q", "--bare", str(world.aiter), str(bare))
+    clone = dependency_checkout(str(bare), ("v1.0", "v2.0"))
+    assert clone.parent == tmp_path / "cache" / "checkouts" and GitRepo(clone).resolve("v2.0") == world.a["a8"]
+    git(bare, "tag", "v3.0", world.a["a5"])  # a ref the clone lacks is fetched
+    assert dependency_checkout(str(bare), ("v3.0",)) == clone and GitRepo(clone).resolve("v3.0") == world.a["a5"]
+    with pytest.raises(DependencyUnavailable, match="cannot clone https://aiter.invalid/aiter.git"):
+        dependency_checkout("https://aiter.invalid/aiter.git", ("v1.0",))
+
+    result = follow(world, tmp_path, scenario=PinnedState({"aiter_repo": str(bare)}))
+    assert result.levels[0].repo == str(clone) and result.levels[0].culprit.sha == world.a["a5"]
