@@ -21,6 +21,7 @@ from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
+from bisector.pins import pin_change
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict
@@ -210,7 +211,7 @@ class _BranchChecker:
                                             for c in pick.conflicts),
                             picked=pick.sha, target="present" if present else "absent",
                             before_reason=before.reason if before else None, after_reason=after_reason)
-        entry = dataclasses.replace(entry, reason=self._reason(entry))
+        entry = dataclasses.replace(entry, reason=self._reason(entry) + self._pin_moved(entry))
         if self.create_branches and pick.sha and entry.verdict in ("verified", "applies-unverified"):
             entry = dataclasses.replace(entry, backport_branch=self._create_branch(name, pick.sha))
         return entry
@@ -238,6 +239,16 @@ class _BranchChecker:
         return {"verified": "scenario bad before the pick, good after it",
                 "fix-ineffective": "scenario bad before and after the pick",
                 "applies-unverified": "cherry-pick applies cleanly; no scenario to verify it"}[verdict]
+
+    def _pin_moved(self, entry: BranchEntry) -> str:
+        """When the verdict flips with the pick and the pick moves a pinned dependency (AITER), say so: the
+        flip may be the dependency's doing (--follow-pins does not follow it here)."""
+        change = pin_change(self.repo.root, entry.tip, entry.picked) if entry.picked and entry.after and \
+            entry.after != entry.before else None
+        if change is None:
+            return ""
+        name = change["name"].upper()
+        return f"; the pick moves {name} {change['from']} → {change['to']}: the flip may come from {name}"
 
     def _create_branch(self, name: str, picked: str) -> BackportBranch:
         branch = f"backport/{self.fix[:12]}/{name}"

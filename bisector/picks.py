@@ -86,6 +86,19 @@ def find_equivalent(repo: GitRepo, fix: str, tip: str) -> tuple[str, str] | None
     return None
 
 
+def rewritten_equivalent(repo: GitRepo, commit: str, tip: str) -> tuple[str, str] | None:
+    """A commit in tip's history that is commit rewritten (a history rewrite, as ROCm/aiter's before
+    v0.1.12): the same subject, author and author date; else, as find_equivalent, a cherry-pick of it or
+    one with its patch-id. Returns (sha, how matched), None when tip's history has none."""
+    fields = "%s%x00%an <%ae>%x00%ad"
+    wanted = repo.git.log("-1", "--date=raw", f"--format={fields}", commit)
+    for line in repo.git.log("--date=raw", f"--format=%H%x00{fields}", tip).splitlines():
+        sha, _, rest = line.partition("\0")
+        if rest == wanted and sha != commit:
+            return sha, "same subject, author and author date"
+    return find_equivalent(repo, commit, tip)
+
+
 def diff_hunks(repo: GitRepo, sha: str) -> list[Hunk]:
     """The hunks of sha's change against its first parent (whole files for a root commit)."""
     out = repo.git.diff_tree("-p", "--no-color", "--no-ext-diff", "--no-renames", "--root",

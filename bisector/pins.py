@@ -1,12 +1,16 @@
 """Dependency pins a vLLM commit names in docker/Dockerfile.rocm_base (`ARG AITER_BRANCH`, `ARG AITER_REPO`),
 read from a checkout or straight from git objects, and what changes between two commits.
 
-Pure reading and comparing; no network. `pin_change` and `continuation_argv` are what an answer needs to say
-"this commit moves AITER vA -> vB" and how to continue the hunt inside AITER.
+Reading and comparing; `pin_change` and `continuation_argv` are what an answer needs to say "this commit moves
+AITER vA -> vB" and how to continue the hunt inside AITER; `dependency_checkout` is the repository that hunt
+bisects (a local one as it is, else a clone in the cache: the only place the network may be used).
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,3 +129,61 @@ def installed_against_pin(pin_ref: str, installed: str | None) -> str | None:
             return None
         return f"AITER {shown} installed, commit pins {pin_ref[:12]}"
     return f"commit pins AITER {pin_ref} (a branch: no installed version can be matched to it), {shown} installed"
+
+
+
+class DependencyUnavailable(Exception):
+    """The dependency's repository cannot be had (a failed clone, a ref it does not have)."""
+
+
+def cache_root() -> Path:
+    """Where clones of dependency repositories are kept (the AITER probe's cache)."""
+    return Path(os.environ.get("BISECTOR_AITER_CACHE") or Path.home() / ".cache" / "bisector" / "aiter")
+
+
+def dependency_checkout(source: str, refs: tuple[str, ...]) -> Path:
+    """A repository with a work tree holding refs, to bisect the dependency in: source itself when it is a
+    local repository with a work tree, else (a URL or a bare repository) a clone without checkout in the
+    cache, made once and fetched when a ref is missing."""
+    path = Path(source).expanduser()
+    if path.exists() and _git(path, "rev-parse", "--is-bare-repository") == "false":
+        return Path(_git(path, "rev-parse", "--show-toplevel") or path)
+    clone = cache_root() / "checkouts" / hashlib.sha256(str(path.resolve() if path.exists() else source)
+                                                        .encode()).hexdigest()[:16]
+    if not clone.exists():
+        partial = clone.with_name(f"{clone.name}.{os.getpid()}.part")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        cloned = subprocess.run(["git", "clone", "--quiet", "--no-checkout", "--", source, str(partial)],
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if cloned.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise DependencyUnavailable(f"cannot clone {source}: "
+                                        f"{(cloned.stderr.strip().splitlines() or ['git clone failed'])[-1]}")
+        partial.rename(clone)
+    if any(_git(clone, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}") is None
+           for ref in refs):
+        subprocess.run(["git", "-C", str(clone), "fetch", "--quiet", "--tags", "origin"], capture_output=True,
+                       stdin=subprocess.DEVNULL)
+    return clone
+
+
+def tag_chain(dependency_repo: Path, old: str, new: str) -> list[str]:
+    """old, the release tags between old and new in version order (towards new), then new: what is
+    tested when the two share no history. Tags naming the same commit as one before them are left out."""
+    tags = release_tags_between(dependency_repo, old, new)
+    old_key, new_key = version_key(old), version_key(new)
+    if old_key and new_key and old_key > new_key:
+        tags.reverse()
+    chain, seen = [old], {_git(dependency_repo, "rev-parse", f"{ref}^{{commit}}") for ref in (old, new)}
+    for tag in tags:
+        sha = _git(dependency_repo, "rev-parse", f"{tag}^{{commit}}")
+        if tag not in (old, new) and sha not in seen:
+            chain.append(tag)
+            seen.add(sha)
+    return chain + [new]
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    return done.stdout.strip() if done.returncode == 0 else None

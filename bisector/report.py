@@ -65,15 +65,69 @@ def run_line(row: Mapping) -> str:
         answer = _backport_summary(result) if isinstance(result, BackportResult) else "-"
     else:
         span = f"{_short_ends(params.good)}..{_short_ends(params.bad)}"
-        answer = (f"{result.culprit_label} {result.culprit.sha[:12]}" if result.culprit else
-                  f"{len(result.candidates)} candidates") if isinstance(result, BisectResult) else "-"
+        answer = _run_answer(result) if isinstance(result, BisectResult) else "-"
+        if params.parent_run is not None:
+            answer += f" (level {params.level} of --follow-pins, under run {params.parent_run})"
     command = shlex.join(params.command_line) if params.command_line else params.scenario
     return f"{run.id:>4}  {run.kind:<8} {run.status:<11} {params.repo}  {span}  {answer}  $ {command}"
 
 
+def _run_answer(result: BisectResult) -> str:
+    """A bisection's answer in a few words (with the last level's, when levels followed it)."""
+    if result.stopped:
+        answer = "stopped at its ends"
+    elif result.culprit:
+        answer = f"{result.culprit_label} {result.culprit.sha[:12]}"
+    else:
+        answer = f"{len(result.candidates)} candidates"
+    last = result.levels[-1] if result.levels else None
+    if last and last.level:
+        answer += f"; level {last.level.number} ({last.level.dependency.upper()}): {_run_answer(last)}"
+    return answer
+
+
+def follow_answer(result: BisectResult) -> str | None:
+    """--follow-pins: the answer across levels in one line, e.g. "vLLM <sha> (v0.21.0) moved AITER
+    v0.1.10.post3 → v0.1.13; inside AITER: first good <sha> <subject> (#PR)"; None without levels."""
+    change, first_level = result.pin_change, result.levels[0].level if result.levels else None
+    if not result.culprit or not change or not first_level:
+        return None
+    name = change.name.upper()
+    inside = []
+    for level in result.levels:
+        tags = level.level.how == "release tags" if level.level else False
+        if level.stopped:
+            inside.append(level.stopped)
+        elif not level.culprit:
+            inside.append(f"inconclusive, {len(level.candidates)} candidates")
+        elif tags and level.level:
+            tagged = [sha for _, sha in level.level.tags]
+            before = level.level.tags[tagged.index(level.culprit.sha) - 1][0]
+            inside.append(f"release tags {before} → {level.level.tag_of(level.culprit.sha)}")
+        else:
+            inside.append(f"{level.culprit_label.split(' commit')[0]} {level.culprit.sha[:12]} "
+                          f"{level.culprit.subject}")
+    return (f"vLLM {result.culprit.sha[:12]} ({first_level.held_label}) moved {name} {change.old} → "
+            f"{change.new}; inside {name}: " + ", then ".join(inside))
+
+
+def _level_notes(result: BisectResult) -> list[str]:
+    """--follow-pins: what a level inside a dependency bisects, where tags bound it, why levels end."""
+    notes = []
+    level = result.level
+    if level:
+        notes.append(level.said())
+        if level.how == "release tags" and result.culprit:
+            tagged = [sha for _, sha in level.tags]
+            before = level.tags[tagged.index(result.culprit.sha) - 1][0]
+            notes.append(f"boundary tags: {before} → {level.tag_of(result.culprit.sha)}")
+    notes += [f"follow-pins: {note}" for note in result.follow_notes]
+    return notes
+
+
 def _search_notes(result: BisectResult) -> list[str]:
     """How the search went beyond plain bisection: prefilter, seeds, pin change, signature, flaky evidence."""
-    notes = []
+    notes = _level_notes(result)
     prefilter = result.prefilter
     if prefilter:
         found = f"culprit {prefilter.culprit[:12]}" if prefilter.culprit else \
@@ -95,7 +149,8 @@ def _search_notes(result: BisectResult) -> list[str]:
         name = change.name.upper()
         notes.append(f"this commit moves {name} {change.old} → {change.new}; the behaviour "
                      f"change may come from {name}")
-        notes.append(f"  continue inside {name}: {change.continuation}")
+        if not result.levels:  # --follow-pins went on by itself
+            notes.append(f"  continue inside {name}: {change.continuation}")
     signature = result.signature
     if signature.mode != "any":
         hunted = signature.signature or signature.pattern or "none seen"
@@ -110,6 +165,8 @@ def _search_notes(result: BisectResult) -> list[str]:
 
 
 def _inconclusive(result: BisectResult) -> str:
+    if result.stopped:
+        return result.stopped
     if result.flaky:
         return (f"below the asked confidence ({result.flaky.confidence:.3f}); most likely "
                 f"{len(result.candidates)} candidates for the {result.culprit_label}:")
@@ -117,7 +174,23 @@ def _inconclusive(result: BisectResult) -> str:
             f"for the {result.culprit_label}:")
 
 
+def _no_answer(result: BisectResult) -> str:
+    """The headline of a run without a culprit: stopped at its ends, or inconclusive."""
+    return "stopped" if result.stopped else "inconclusive"
+
+
 def bisect_text(result: BisectResult) -> str:
+    """The run's text report; with --follow-pins levels, the answer across them, then each level's."""
+    if not result.levels:
+        return _level_text(result)
+    parts = [f"answer: {follow_answer(result) or _no_answer(result)}"]
+    for level in (result, *result.levels):
+        number = level.level.number if level.level else 1
+        parts += ["", f"== level {number}: {level.repo} ==", _level_text(level)]
+    return "\n".join(parts)
+
+
+def _level_text(result: BisectResult) -> str:
     lines = []
     culprit = result.culprit
     if culprit:
@@ -129,7 +202,7 @@ def bisect_text(result: BisectResult) -> str:
             lines.append("  files: " + ", ".join(culprit.files[:20])
                          + (f" (+{len(culprit.files) - 20} more)" if len(culprit.files) > 20 else ""))
     else:
-        lines.append(f"inconclusive: {_inconclusive(result)}")
+        lines.append(f"{_no_answer(result)}: {_inconclusive(result)}")
         lines.extend(f"  {sha}" for sha in result.candidates)
     lines += _search_notes(result)
     lines += [f"warning: {warning}" for warning in result.warnings]
@@ -161,9 +234,21 @@ def md_code(value: object, in_table: bool = False) -> str:
 
 def bisect_markdown(result: BisectResult, pr_url_template: str | None = None) -> str:
     """pr_url_template: a URL with {pr} where the PR number goes; PR numbers are links with one.
-    Commit subjects, authors and file names are untrusted: each is one literal code span."""
+    Commit subjects, authors and file names are untrusted: each is one literal code span.
+    With --follow-pins levels: the answer across them, then a section per level."""
+    if not result.levels:
+        return "\n".join(["## bisector result", "", *_markdown_level(result, pr_url_template)]) + "\n"
+    out = ["## bisector result", "", f"**Answer:** {md_code(follow_answer(result) or _no_answer(result))}"]
+    for level in (result, *result.levels):
+        number = level.level.number if level.level else 1
+        out += ["", f"### Level {number}: {md_code(level.repo)}", "",
+                *_markdown_level(level, pr_url_template if number == 1 else None)]
+    return "\n".join(out) + "\n"
+
+
+def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[str]:
     culprit = result.culprit
-    out = ["## bisector result", ""]
+    out: list[str] = []
     if culprit:
         number = int(str(culprit.pr)) if str(culprit.pr or "").isdigit() else 0
         pr = "" if not number else f" ([PR #{number}]({pr_url_template.replace('{pr}', str(number))}))" \
@@ -175,7 +260,8 @@ def bisect_markdown(result: BisectResult, pr_url_template: str | None = None) ->
                 f"- author: {md_code(culprit.author)}", f"- date: {md_code(culprit.date)}",
                 "- files: " + ", ".join(md_code(f) for f in files[:MARKDOWN_FILES]) + more]
     else:
-        out += [f"**Inconclusive:** {_inconclusive(result)}", ""]
+        said = md_code(result.stopped) if result.stopped else _inconclusive(result)
+        out += [f"**{_no_answer(result).capitalize()}:** {said}", ""]
         out += [f"- {md_code(sha)}" for sha in result.candidates]
     notes = _search_notes(result) + [f"warning: {w}" for w in result.warnings]
     if notes:
@@ -189,7 +275,7 @@ def bisect_markdown(result: BisectResult, pr_url_template: str | None = None) ->
     for n, step in enumerate(result.steps, 1):
         out.append(f"| {n} | {md_code(step.sha[:12])} | {step.role} | {step.verdict} | "
                    f"{step.seconds:.2f} | {'yes' if step.cached else ''} | {md_code(step.reason, True)} |")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def bisect_json(result: BisectResult) -> str:
@@ -213,7 +299,16 @@ def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
 def bisect_junit(result: BisectResult) -> str:
     """A found culprit is a result, not a failure: every step is a passing testcase carrying its verdict
     as a property (and its log tail); one more testcase, "answer", fails only when the run found no
-    culprit (inconclusive). Failed or aborted runs have no result record to render."""
+    culprit (inconclusive, or a level stopped at its ends). Failed or aborted runs have no result record to
+    render. With --follow-pins levels, one testsuite per level."""
+    root = ET.Element("testsuites")
+    for level in (result, *result.levels):
+        root.append(_junit_suite(level))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _junit_suite(result: BisectResult) -> ET.Element:
     steps = result.steps
     culprit = result.culprit
     suite = ET.Element("testsuite", name=f"bisector run {result.run_id}",
@@ -224,14 +319,16 @@ def bisect_junit(result: BisectResult) -> str:
                         ("good", " ".join(result.good)), ("bad", " ".join(result.bad)),
                         (result.culprit_label.replace(" ", "_"), culprit.sha if culprit else ""),
                         ("candidates", " ".join(result.candidates)),
-                        ("command", _command_line(result) or "")):
+                        ("command", _command_line(result) or ""),
+                        *((("level", result.level.said()),) if result.level else ()),
+                        *((("stopped", result.stopped),) if result.stopped else ())):
         ET.SubElement(props, "property", name=name, value=value)
     classname = "bisector." + result.scenario.split("/")[0]
     answer = ET.SubElement(suite, "testcase", classname=classname, name="answer", time="0.000")
     if culprit:
         ET.SubElement(answer, "system-out").text = f"{result.culprit_label}: {culprit.sha} {culprit.subject}"
     else:
-        ET.SubElement(answer, "failure", type="inconclusive", message=_inconclusive(result)).text = \
+        ET.SubElement(answer, "failure", type=_no_answer(result), message=_inconclusive(result)).text = \
             "\n".join(result.candidates)
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
@@ -242,10 +339,7 @@ def bisect_junit(result: BisectResult) -> str:
                             ("cached", "yes" if step.cached else "no")):
             ET.SubElement(case_props, "property", name=name, value=value)
         ET.SubElement(case, "system-out").text = log_tail(step.log)
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    return suite
 
 
 # -- HTML: one self-contained file, inline CSS and JS, no external assets --------------------------
@@ -306,7 +400,21 @@ def _page(title: str, body: str) -> str:
 
 
 def bisect_html(result: BisectResult) -> str:
-    """The range as a timeline coloured by verdict; click a tested commit for its steps and log tail."""
+    """The range as a timeline coloured by verdict; click a tested commit for its steps and log tail.
+    With --follow-pins levels: the answer across them, then each level's timeline and steps."""
+    title, body = _html_level(result, "")
+    if not result.levels:
+        return _page(title, body)
+    answer = html.escape(follow_answer(result) or _no_answer(result))
+    sections = [f'<div class="card culprit"><b>Answer:</b> {answer}</div><h2>Level 1</h2>{body}']
+    for level in result.levels:
+        number = level.level.number if level.level else 0
+        sections.append(f"<h2>Level {number}</h2>" + _html_level(level, f"l{number}-")[1])
+    return _page(title, "".join(sections))
+
+
+def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
+    """(title, body) of one run's page; prefix keeps the element ids of levels on one page apart."""
     e = html.escape
     steps = result.steps
     label = result.culprit_label
@@ -330,7 +438,7 @@ def bisect_html(result: BisectResult) -> str:
             title += f" — {label}"
         if sha in candidates:
             classes.append("candidate")
-        target = f' data-target="d-{sha}"' if sha in by_sha else ""
+        target = f' data-target="{prefix}d-{sha}"' if sha in by_sha else ""
         cells.append(f'<button class="{" ".join(classes)}" title="{e(title)}"{target}></button>')
     if culprit:
         pr = f" · PR #{culprit.pr}" if culprit.pr else ""
@@ -340,6 +448,8 @@ def bisect_html(result: BisectResult) -> str:
                     f'<code>{e(culprit.sha)}</code><br>{e(culprit.subject)}<br>'
                     f'<span class="meta">{e(culprit.author)} · {e(culprit.date)}{pr}</span>'
                     f"<div>files: {files}{more}</div></div>")
+    elif result.stopped:
+        headline = f'<div class="card"><b>Stopped:</b> {e(result.stopped)}</div>'
     else:
         headline = (f'<div class="card"><b>Inconclusive:</b> skipped commits leave '
                     f'{len(result.candidates)} candidates (dashed outline): '
@@ -349,12 +459,12 @@ def bisect_html(result: BisectResult) -> str:
         headline += '<div class="card notes">' + "<br>".join(e(note) for note in notes) + "</div>"
     rows, details = [], []
     for n, step in enumerate(steps, 1):
-        rows.append(f'<tr class="pick" data-target="d-{step.sha}"><td>{n}</td>'
+        rows.append(f'<tr class="pick" data-target="{prefix}d-{step.sha}"><td>{n}</td>'
                     f'<td><code>{step.sha[:12]}</code></td><td>{e(step.role)}</td>'
                     f'<td>{_badge(step.verdict)}</td><td>{step.seconds:.2f}</td>'
                     f'<td>{"yes" if step.cached else ""}</td><td>{e(step.reason)}</td></tr>')
     for sha, runs in by_sha.items():
-        parts = [f'<div class="card detail" id="d-{sha}" hidden><b><code>{sha}</code></b>'
+        parts = [f'<div class="card detail" id="{prefix}d-{sha}" hidden><b><code>{sha}</code></b>'
                  + (" — " + e(label) if sha == culprit_sha else "")]
         for step in runs:
             parts.append(f'<p>{e(step.role)} {_badge(step.verdict)} {e(step.reason)} · '
@@ -380,7 +490,7 @@ def bisect_html(result: BisectResult) -> str:
             f'</code></span></div></div>{"".join(details)}'
             f'<div class="card"><table><tr><th>#</th><th>commit</th><th>role</th><th>verdict</th>'
             f'<th>seconds</th><th>cached</th><th>reason</th></tr>{"".join(rows)}</table></div>')
-    return _page(title, body)
+    return title, body
 
 
 def _equivalent(entry: BranchEntry) -> str:

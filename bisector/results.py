@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, Mapping, Sequence
 
-from bisector.errors import EXIT_FOUND, EXIT_INCONCLUSIVE
+from bisector.errors import EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE
 
 # Version of the result records (`"schema"` in every stored result and --json): 2 adds command_line,
 # repo, cache_key (run and per step), step details for every verdict, merge_bases and warnings.
@@ -166,6 +166,66 @@ class PinChange:
                    continuation=data["pin_continuation"])
 
 
+LEVEL_WAYS = ("ancestor", "equivalent", "shared history", "release tags")
+
+
+@dataclass(kw_only=True, frozen=True)
+class PinLevel:
+    """A level of `run --follow-pins`: a bisection of a pinned dependency between two of its refs, with the
+    level above held at its answer. how: the old ref is an ancestor of the new one; or an equivalent commit
+    in the new ref's history stands in for it; or they only share history (merge bases first, as git
+    does); or they share none, and release tags between them are tested in version order (tags)."""
+
+    number: int           # 2: the first level inside the dependency
+    parent_run: int       # the run of the level above
+    dependency: str       # aiter
+    repo: str             # the dependency's repository bisected
+    held_repo: str        # the first level's repository ...
+    held_commit: str      # ... held at its answer
+    held_label: str       # that commit described (its tag, e.g. v0.21.0)
+    old_ref: str          # the old end as pinned (or a boundary tag)
+    new_ref: str
+    how: str              # one of LEVEL_WAYS
+    equivalent: str | None = None   # how == equivalent: the old ref's stand-in in the new ref's history
+    matched_by: str | None = None   # how it was matched: same subject, author and author date | patch-id | ...
+    tags: tuple[tuple[str, str], ...] = ()  # how == release tags: (tag, sha) in version order
+
+    def to_json(self) -> dict:
+        return {"number": self.number, "parent_run": self.parent_run, "dependency": self.dependency,
+                "repo": self.repo, "held_repo": self.held_repo, "held_commit": self.held_commit,
+                "held_label": self.held_label, "old_ref": self.old_ref, "new_ref": self.new_ref, "how": self.how,
+                "equivalent": self.equivalent, "matched_by": self.matched_by,
+                "tags": [{"tag": tag, "sha": sha} for tag, sha in self.tags]}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> PinLevel:
+        return cls(number=data["number"], parent_run=data["parent_run"], dependency=data["dependency"],
+                   repo=data["repo"], held_repo=data["held_repo"], held_commit=data["held_commit"],
+                   held_label=data["held_label"], old_ref=data["old_ref"], new_ref=data["new_ref"],
+                   how=data["how"], equivalent=data.get("equivalent"), matched_by=data.get("matched_by"),
+                   tags=tuple((tag["tag"], tag["sha"]) for tag in data.get("tags", ())))
+
+    def tag_of(self, sha: str) -> str | None:
+        """The release tag at sha, when this level tested tags."""
+        return next((tag for tag, tagged in self.tags if tagged == sha), None)
+
+    def said(self) -> str:
+        """What this level bisects and how it gets from its old end to its new one, in words."""
+        name = self.dependency.upper()
+        where = (f"level {self.number} inside {name} ({self.repo}), {self.held_label} ({self.held_commit[:12]}) "
+                 f"held: {self.old_ref} → {self.new_ref}")
+        if self.how == "equivalent":
+            return (f"{where}; {self.old_ref} is not in the history of {self.new_ref} ({name}'s history was "
+                    f"rewritten): its equivalent there, {(self.equivalent or '')[:12]} ({self.matched_by}), "
+                    f"stands in for it")
+        if self.how == "shared history":
+            return f"{where}; {self.old_ref} is not an ancestor of {self.new_ref}: their merge bases are tested first"
+        if self.how == "release tags":
+            return (f"{where}; the two share no history and no equivalent was found: the {len(self.tags)} "
+                    f"release tags from one to the other are tested in version order")
+        return where
+
+
 @dataclass(kw_only=True, frozen=True)
 class Evidence:
     """--flaky: runs of one commit and how many of them faulted."""
@@ -230,6 +290,10 @@ class BisectResult:
     flaky: FlakyAnswer | None = None
     seeded: SeedRecord | None = None
     pin_change: PinChange | None = None
+    level: PinLevel | None = None    # --follow-pins: how this level came from the one above
+    stopped: str | None = None       # a level that stopped at its endpoint check, and why
+    levels: tuple[BisectResult, ...] = ()  # --follow-pins, on the first level: the levels that followed
+    follow_notes: tuple[str, ...] = ()     # --follow-pins: why no further level ran, or where they ended
 
     @property
     def find_fix(self) -> bool:
@@ -241,6 +305,11 @@ class BisectResult:
 
     @property
     def exit_code(self) -> int:
+        """The last level's: found 0, inconclusive 1, stopped at its endpoint check 3."""
+        if self.levels:
+            return self.levels[-1].exit_code
+        if self.stopped:
+            return EXIT_ENDPOINT
         return EXIT_FOUND if self.culprit else EXIT_INCONCLUSIVE
 
     def to_json(self, *, published: bool = False) -> dict:
@@ -271,6 +340,15 @@ class BisectResult:
             change = self.pin_change
             record["pin_change"] = {"name": change.name, "from": change.old, "to": change.new}
             record["pin_continuation"] = change.continuation
+        if self.level:
+            record["level"] = self.level.to_json()
+        if self.stopped:
+            record["stopped"] = self.stopped
+        if self.follow_notes:
+            record["follow_notes"] = list(self.follow_notes)
+        if self.levels:  # every level, this one first, each a full result
+            record["levels"] = [{key: value for key, value in record.items() if key != "levels"},
+                                *(level.to_json(published=published) for level in self.levels)]
         return record
 
     @classmethod
@@ -296,7 +374,10 @@ class BisectResult:
             warnings=tuple(data.get("warnings", ())),
             flaky=FlakyAnswer.from_json(data) if "confidence" in data else None,
             seeded=SeedRecord.from_json(data["seeded"]) if data.get("seeded") else None,
-            pin_change=PinChange.from_json(data) if data.get("pin_change") else None)
+            pin_change=PinChange.from_json(data) if data.get("pin_change") else None,
+            level=PinLevel.from_json(data["level"]) if data.get("level") else None,
+            stopped=data.get("stopped"), follow_notes=tuple(data.get("follow_notes", ())),
+            levels=tuple(BisectResult.from_json(level) for level in data.get("levels", ())[1:]))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -426,12 +507,15 @@ class RunParams:
     globs: tuple[str, ...] = ()   # backport
     scenario: str | None = None
     command_line: tuple[str, ...] = ()
+    parent_run: int | None = None  # --follow-pins: a level inside a dependency, under this run
+    level: int | None = None
 
     @classmethod
     def from_json(cls, data: Mapping) -> RunParams:
         return cls(repo=data.get("repo"), good=_shas(data.get("good")), bad=_shas(data.get("bad")),
                    fix=data.get("fix"), globs=tuple(data.get("globs", ())), scenario=data.get("scenario"),
-                   command_line=tuple(data.get("command_line") or ()))
+                   command_line=tuple(data.get("command_line") or ()), parent_run=data.get("parent_run"),
+                   level=data.get("level"))
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     ClassVar,
     ContextManager,
     Iterable,
@@ -86,10 +87,18 @@ class ContainerLauncher(Protocol):
 @dataclass(kw_only=True, frozen=True)
 class FollowUp:
     """What a scenario carries into the hunt that continues inside a pinned dependency the answer moves
-    (its `follow_up` hook): the dependency's repository and the probe options kept."""
+    (its `follow_up` hook): the dependency's repository, the options kept, and the scenario that judges the
+    dependency's commits with the first repository held at its answer (`run --follow-pins`).
+
+    hold(repo, commit) returns that scenario: each step's checkout is then a commit of the dependency, and
+    the scenario runs it against the held commit. None: this scenario cannot judge dependency commits (yet);
+    `missing` says what it lacks, and the answer prints the continuation to run by hand.
+    """
 
     repo: str | None = None  # None: the pin's repository, else upstream
     options: Mapping[str, str] = field(default_factory=dict)
+    hold: Callable[[str, str], Scenario] | None = None
+    missing: str = ""  # why hold is None, in words
 
 
 @runtime_checkable

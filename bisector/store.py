@@ -234,6 +234,11 @@ class Store:
                         (status, time.time(), json.dumps(result) if result is not None else None, run_id))
 
     @_guarded
+    def update_result(self, run_id: int, result: dict) -> None:
+        """Replace a finished run's result (--follow-pins adds the levels that followed it)."""
+        self.db.execute("UPDATE runs SET result = ? WHERE id = ?", (json.dumps(result), run_id))
+
+    @_guarded
     def run(self, run_id: int | str) -> sqlite3.Row | None:
         if run_id == "latest":
             return self.db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()

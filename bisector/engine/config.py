@@ -8,6 +8,7 @@ from typing import Sequence
 from bisector.builds.builder import NoBuild
 from bisector.envs import EnvSettings
 from bisector.process import DEFAULT_LOG_LIMIT
+from bisector.results import PinLevel
 from bisector.seams import BuildConfig, Executor, Scenario
 from bisector.world import WorldSettings
 
@@ -44,3 +45,7 @@ class RunConfig:
     command_line: Sequence[str] = ()   # how the user asked for this run, stored and shown in reports
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
+    follow_pins: bool = False          # when the answer moves a pin, go on bisecting inside the dependency
+    level: PinLevel | None = None      # this run is such a level (bisector.engine.follow): how it came about
+    chain: Sequence[str] = ()          # bisect these commits, oldest first, each standing on the one before
+                                       # (release tags of histories that share no ancestor) instead of a range

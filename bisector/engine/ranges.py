@@ -41,6 +41,8 @@ def resolve_range(cfg: RunConfig) -> Range:
         raise UsageError(f"give one --{new_name} (--{old_name} may be given several times"
                          + (", with --find-fix --bad is the older end)" if cfg.find_fix else ")"))
     new, olds = repo.resolve(new_refs[0]), [repo.resolve(ref) for ref in old_refs]
+    if cfg.chain:
+        return _chain_range(repo, cfg, olds, new, old_refs[0], new_refs[0])
     olds = list(dict.fromkeys(olds))
     old_ref_of = dict(zip([repo.resolve(ref) for ref in old_refs], old_refs))
     for old in olds:
@@ -62,4 +64,17 @@ def resolve_range(cfg: RunConfig) -> Range:
     if not commits:
         raise UsageError(f"empty range: no commits between {shown_olds} and {new_refs[0]}")
     resolved = {old_name: tuple(olds), new_name: (new,)}
+    return Range(repo, resolved["good"], resolved["bad"], ends, commits)
+
+
+def _chain_range(repo: GitRepo, cfg: RunConfig, olds: list[str], new: str, old_ref: str, new_ref: str) -> Range:
+    """A range of given commits (cfg.chain, oldest first, from the old end to the new one), each standing
+    on the one before it: what --follow-pins bisects when two pins share no history (their release tags)."""
+    chain = [repo.resolve(ref) for ref in cfg.chain]
+    if len(olds) != 1 or chain[0] != olds[0] or chain[-1] != new or len(set(chain)) != len(chain) or len(chain) < 2:
+        raise UsageError("a chain of commits runs from the old end to the new one, each commit once")
+    old_name, new_name = ("bad", "good") if cfg.find_fix else ("good", "bad")
+    ends = Endpoints(chain[0], new, old_name, new_name, old_ref, new_ref)
+    commits = [(sha, (parent,)) for parent, sha in zip(chain, chain[1:])]
+    resolved = {old_name: (chain[0],), new_name: (new,)}
     return Range(repo, resolved["good"], resolved["bad"], ends, commits)

@@ -1,29 +1,29 @@
 """The orchestration: a bisection from asked range to result (seeds, prefilter, the driver loop, the scenario's
-follow-up when the answer moves a pinned dependency), and the single-commit jobs (judge_one, calibrate)."""
+follow-up when the answer moves a pinned dependency, and with --follow-pins the levels inside it: engine.follow),
+and the single-commit jobs (judge_one, calibrate)."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
 import json
-import shlex
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from bisector.blame import blame_fix, blame_reverse
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import RunContext
+from bisector.engine.follow import follow_pins, pin_follow_up, stopped_level
 from bisector.engine.judge import Judge, signature_rule
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import EndpointError, GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.pins import DEFAULT_AITER_REPO, continuation_argv, pin_change, pins_at
 from bisector.policies import BisectPolicy, CalibratePolicy, FlakyPolicy, FlakySettings, SearchPolicy
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BisectResult, PinChange, PrefilterRecord, end_json
-from bisector.seams import FollowsPins, FollowUp, Scenario
+from bisector.results import BisectResult, PrefilterRecord, end_json
+from bisector.seams import Scenario
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler
@@ -36,7 +36,8 @@ def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> st
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
                        cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
                       + ([cfg.signature] if cfg.signature else [])
-                      + ([cfg.prefilter.identity(cfg.python)] if cfg.prefilter else []))
+                      + ([cfg.prefilter.identity(cfg.python)] if cfg.prefilter else [])
+                      + ([list(cfg.chain)] if cfg.chain else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -90,7 +91,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
-                     for kind in ("fix", "culprit", "prefilter")}}
+                     for kind in ("fix", "culprit", "prefilter")},
+                  **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
             executor.start(pool, state_dir / "logs")
@@ -99,26 +101,36 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                 ctx = RunContext(store, judge, executor, run.id, handler, cfg.no_cache)
                 policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
                                  world.untestable([sha for sha, _ in asked.commits]))
-                rounds = ctx.drive(policy)
-                answer, found = policy.answer()
-                note = None if answer.first_new else world.range_note(answer.candidates, dict(asked.commits))
+                stopped = None
+                try:
+                    ctx.drive(policy)
+                    answer, found = policy.answer()
+                except EndpointError as exc:
+                    if cfg.level is None:
+                        raise
+                    stopped, answer, found = stopped_level(cfg.level, ends, ctx.steps, exc), None, {}
+                note = None if answer is None or answer.first_new else \
+                    world.range_note(answer.candidates, dict(asked.commits))
                 if note:
                     found["warnings"] = (*found.get("warnings", ()), note)
-                first = answer.first_new
+                first = answer.first_new if answer else None
                 result = BisectResult(
                     run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
                     good=asked.good, bad=asked.bad, culprit=repo.commit_info(first) if first else None,
-                    candidates=tuple(answer.candidates), range=(*ends.olds, *(sha for sha, _ in asked.commits)),
-                    steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions, rounds=rounds,
+                    candidates=tuple(answer.candidates) if answer else (),
+                    range=(*ends.olds, *(sha for sha, _ in asked.commits)),
+                    steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions,
+                    rounds=policy.rounds,
                     scenario=judge.key, signature=judge.signature.record(), cache_key=judge.key_parts,
                     command_line=tuple(cfg.command_line), repo=str(repo.root), resumed_from=run.resumed_from,
                     prefilter=prefilter, seeded=seeds.record(policy.confirmed) if seeds else None,
-                    pin_change=_pin_follow_up(repo, first, cfg) if first else None, **found)
+                    pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
+                    stopped=stopped, **found)
                 run.result = result.to_json()
-            return result
         finally:
             GROUPS.stop()  # builds and scenarios still running die now, not when they finish
             executor.shutdown()
+    return follow_pins(cfg, result, state_dir, handler, run_bisection) if cfg.follow_pins else result
 
 
 def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
@@ -129,7 +141,7 @@ def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
     if cfg.fix or cfg.culprit:
         raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
     cheap = dataclasses.replace(cfg, scenario=cheap_scenario, prefilter=None, executor=None, signature=None,
-                                flaky=False, repeat=1)
+                                flaky=False, repeat=1, follow_pins=False)
     try:
         result = run_bisection(cheap, handler)
     except EndpointError as exc:  # the cheap tier cannot tell these ends apart: it predicts nothing here
@@ -143,26 +155,6 @@ def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
     parent = (parents[culprit] or (None,))[0]  # None: a root commit
     pair = (culprit, parent) if parent is not None and (parent in parents or parent in asked.ends.olds) else None
     return SeedPlan(culprit, (), pair, {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
-
-
-def _pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | None:
-    """When the answer moves a pinned dependency (AITER in docker/Dockerfile.rocm_base), say so and give
-    the `bisector run` that continues inside the dependency with vLLM held at the answer; the scenario's
-    follow_up says which of its options and which dependency repository that run keeps."""
-    parents = repo.parents(culprit)
-    change = pin_change(repo.root, parents[0], culprit) if parents else None
-    if change is None:
-        return None
-    pin = pins_at(repo.root, culprit).get(change["name"]) or pins_at(repo.root, parents[0])[change["name"]]
-    follow = _follow_up(cfg.scenario, change["name"]) or FollowUp()
-    dependency = follow.repo or pin.repo or DEFAULT_AITER_REPO
-    argv = continuation_argv(change, str(repo.root), culprit, dependency, dict(follow.options), cfg.find_fix)
-    return PinChange(name=change["name"], old=change["from"], new=change["to"], continuation=shlex.join(argv))
-
-
-def _follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
-    """The scenario's follow-up inside a moved dependency; scenarios without the hook have none."""
-    return scenario.follow_up(dependency) if isinstance(scenario, FollowsPins) else None
 
 
 def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:

@@ -7,11 +7,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 from bisector.errors import ScenarioError
 from bisector.probe_env import python_environment
 from bisector.process import run_process
-from bisector.seams import FollowUp
+from bisector.seams import FollowUp, Scenario
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
@@ -49,12 +50,13 @@ class AiterMLAProbe(BaseScenario):
 
     def follow_up(self, dependency: str) -> FollowUp | None:
         """A hunt inside AITER keeps this probe's options but where AITER and vLLM come from (it holds
-        vLLM at the answer), and the AITER repository named here."""
+        vLLM at the answer: vllm_repo/vllm_ref), and the AITER repository named here."""
         if dependency != "aiter":
             return None
         held = {"aiter_repo", "aiter_ref", "vllm_repo", "vllm_ref"}
-        return FollowUp(repo=self.options["aiter_repo"] or None,
-                        options={key: value for key, value in self.options.items() if value and key not in held})
+        kept = {key: value for key, value in self.options.items() if value and key not in held}
+        return FollowUp(repo=self.options["aiter_repo"] or None, options=kept, hold=lambda repo, commit: cast(
+            Scenario, type(self)({**kept, "vllm_repo": repo, "vllm_ref": commit})))
 
     def run(self, ctx: StepContext) -> Outcome:
         log = str(ctx.log_path)

@@ -17,7 +17,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bisector.pins import pins_in_tree
+from bisector.pins import cache_root, pins_in_tree
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 PACKAGE = "aiter"
@@ -40,10 +40,6 @@ class AiterSource:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("BISECTOR_AITER_CACHE") or Path.home() / ".cache" / "bisector" / "aiter")
 
 
 def pinned_aiter(vllm_tree: Path, repo_option: str, ref_option: str) -> AiterSource:

@@ -11,6 +11,7 @@ from pathlib import Path
 from bisector.builds.native import installed_rocm_version
 from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
+from bisector.seams import FollowUp
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child
@@ -121,6 +122,18 @@ class DpaFp8KvScenario(BaseScenario):
                            if platform == "rocm" else {}),
                         "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                         **details(results[0].output, (backend,))})
+
+    def follow_up(self, dependency: str) -> FollowUp | None:
+        """Inside AITER this scenario would run the held vLLM commit, built once, against each AITER commit
+        installed into its environment: the per-commit AITER install with an explicit ref (`--aiter pinned`
+        of the own-world work). Until that exists there is no `hold`, and the answer prints the CPU probe's
+        continuation to run by hand (none of this scenario's options apply to the probe)."""
+        if dependency != "aiter":
+            return None
+        return FollowUp(missing=(
+            f"scenario {self.name} judges an AITER commit only with that commit installed into the held vLLM "
+            f"commit's environment (a per-commit AITER install at an explicit ref, `--aiter pinned`), which "
+            f"this version lacks"))
 
     def classify_log(self, output: str, returncode: int | None) -> Outcome:
         """The verdict this scenario gives a saved child output (returncode -N: killed by signal N).

@@ -1,0 +1,226 @@
+"""`run --follow-pins`: when the answer moves a pinned dependency (AITER), the hunt goes on inside it by itself.
+
+Each level is a run of its own (run id, steps, verdict cache, resume) in the first level's record, linked to
+the level above (`parent_run`), with the first repository held at the first level's answer, the same scenario
+(through its `follow_up(...).hold`) and the same settings. A level is verified like any run: its old end must
+test as the first level's old end did, else it stops and says the change is not explained by the dependency
+alone. When the old pin is not an ancestor of the new one, an equivalent of it in the new pin's history stands
+in for it (ROCm/aiter rewrote its history before v0.1.12); with none and no shared history, the release tags
+between the pins are tested in version order, and the next level bisects between the boundary tags.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bisector.builds.builder import NoBuild
+from bisector.engine.config import RunConfig
+from bisector.envs import EnvSettings
+from bisector.errors import BisectorError, GitError
+from bisector.picks import rewritten_equivalent
+from bisector.pins import (
+    DEFAULT_AITER_REPO,
+    DependencyUnavailable,
+    continuation_argv,
+    dependency_checkout,
+    pin_change,
+    pins_at,
+    tag_chain,
+)
+from bisector.policies import Endpoints
+from bisector.refs import GitRepo
+from bisector.results import BisectResult, PinChange, PinLevel
+from bisector.seams import FollowsPins, FollowUp, Scenario
+from bisector.search import Term
+from bisector.steps import Handler, Step
+from bisector.store import Store
+
+Bisect = Callable[[RunConfig, Handler], BisectResult]  # run_bisection, passed in (it calls this module)
+
+
+def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | None:
+    """When the answer moves a pinned dependency (AITER in docker/Dockerfile.rocm_base), say so and give
+    the `bisector run` that continues inside the dependency with vLLM held at the answer; the scenario's
+    follow_up says which of its options and which dependency repository that run keeps."""
+    parents = repo.parents(culprit)
+    change = pin_change(repo.root, parents[0], culprit) if parents else None
+    if change is None:
+        return None
+    follow = scenario_follow_up(cfg.scenario, change["name"]) or FollowUp()
+    argv = continuation_argv(change, str(repo.root), culprit, _dependency_source(repo, culprit, change["name"],
+                                                                                   follow),
+                             dict(follow.options), cfg.find_fix)
+    return PinChange(name=change["name"], old=change["from"], new=change["to"], continuation=shlex.join(argv))
+
+
+def scenario_follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
+    """The scenario's follow-up inside a moved dependency; scenarios without the hook have none."""
+    return scenario.follow_up(dependency) if isinstance(scenario, FollowsPins) else None
+
+
+def _dependency_source(repo: GitRepo, commit: str, name: str, follow: FollowUp) -> str:
+    """Where the dependency's repository is: the scenario's, else the pin's, else upstream."""
+    parents = repo.parents(commit)
+    pin = pins_at(repo.root, commit).get(name) or (pins_at(repo.root, parents[0]).get(name) if parents else None)
+    return follow.repo or (pin.repo if pin else None) or DEFAULT_AITER_REPO
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """How a level bisects the dependency from old_ref to new_ref (see PinLevel.how)."""
+
+    how: str
+    olds: tuple[str, ...]  # the old end(s) as refs: the pin, and its equivalent when one stands in for it
+    new: str
+    equivalent: str | None = None
+    matched_by: str | None = None
+    chain: tuple[str, ...] = ()  # release tags: old_ref, the tags between in version order, new_ref
+
+
+def plan_level(repo: GitRepo, old_ref: str, new_ref: str, tags: bool, single_old: bool = False) -> LevelPlan | str:
+    """How to bisect old_ref..new_ref of the dependency, or why it cannot be (a sentence). tags: when the
+    two share no history and no equivalent is found, test the release tags between them (else give up)."""
+    try:
+        old, new = repo.resolve(old_ref), repo.resolve(new_ref)
+    except GitError as exc:
+        return f"{exc} in {repo.root}"
+    if old == new:
+        return f"{old_ref} and {new_ref} are one commit ({old[:12]}): nothing to bisect"
+    if repo.is_ancestor(old, new):
+        return LevelPlan("ancestor", (old_ref,), new_ref)
+    if repo.is_ancestor(new, old):
+        return (f"{new_ref} is an ancestor of {old_ref}: the pin moved back, which --follow-pins does not "
+                f"follow (bisect by hand with the ends swapped)")
+    found = rewritten_equivalent(repo, old, new)
+    if found:
+        equivalent, how = found
+        return LevelPlan("equivalent", (equivalent,) if single_old else (old_ref, equivalent), new_ref,
+                         equivalent=equivalent, matched_by=how)
+    if repo.merge_base(old, new):
+        return LevelPlan("shared history", (old_ref,), new_ref)
+    if not tags:
+        return f"{old_ref} and {new_ref} share no history and {old_ref} has no equivalent in {new_ref}'s history"
+    return LevelPlan("release tags", (old_ref,), new_ref, chain=tuple(tag_chain(repo.root, old_ref, new_ref)))
+
+
+def stopped_level(level: PinLevel, ends: Endpoints, steps: Sequence[Step], error: BisectorError) -> str:
+    """Why a level stopped at its endpoint check, in the terms of the levels: its old end does not test as
+    the first level's did (not explained by the dependency alone), or its new end does not reproduce the
+    answer it holds."""
+    name = level.dependency.upper()
+    held = f"{level.held_label} ({level.held_commit[:12]})"
+    refs = dict(zip(ends.olds, ends.old_refs)) | {ends.new: ends.new_ref}
+    tested = [step for step in steps if step.role == "endpoint"]
+    olds = sorted((step for step in tested if step.sha in ends.olds), key=lambda step: step.sha == level.equivalent)
+    for step in [*olds, *(step for step in tested if step.sha == ends.new)]:
+        is_new = step.sha == ends.new
+        expected, term = (Term.NEW if is_new else Term.OLD), ends.to_term[step.verdict]
+        if term is expected:
+            continue
+        end = f"{name} {refs[step.sha]} ({step.sha[:12]})"
+        if term is Term.SKIP:
+            return f"the level stops: its {'new' if is_new else 'old'} end {end} cannot be judged with {held} " \
+                   f"held ({step.reason})"
+        if is_new:
+            return (f"the held answer does not reproduce: with {held} held, {end} tests {step.verdict}, not "
+                    f"{ends.new_name} as {held} did in the first level ({step.reason})")
+        if step.sha == level.equivalent:
+            return (f"the equivalent {end} of {level.old_ref} tests {step.verdict}, unlike {level.old_ref} itself: "
+                    f"the rewritten history differs there ({step.reason})")
+        return (f"not explained by {name} alone: with {held} held, {end} tests {step.verdict}, not "
+                f"{ends.old_name} as the first level's old end did ({step.reason}); the change at {held} is more "
+                f"than its {name} pin move")
+    return str(error)
+
+
+def follow_pins(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handler,
+                bisect: Bisect) -> BisectResult:
+    """Go on inside the dependency the first level's answer moves, level after level; returns the first
+    level's result with the levels that followed (its stored record updated to say so)."""
+    notes: list[str] = []
+    levels: list[BisectResult] = []
+    reason = _cannot_follow(cfg, first)
+    if reason:
+        notes.append(f"no second level: {reason}")
+    else:
+        assert first.culprit and first.pin_change
+        levels, notes = _levels(cfg, first, state_dir, handler, bisect)
+    followed = dataclasses.replace(first, levels=tuple(levels), follow_notes=tuple(notes))
+    with Store(state_dir / "bisector.sqlite") as store:
+        store.update_result(first.run_id, followed.to_json())
+    return followed
+
+
+def _cannot_follow(cfg: RunConfig, first: BisectResult) -> str | None:
+    """Why the first level's answer has no level after it, or None."""
+    if first.culprit is None:
+        return "the run found no single commit to hold"
+    change = first.pin_change
+    if change is None:
+        pinned = pins_at(GitRepo(cfg.repo).root, first.culprit.sha).get("aiter")
+        held = f"it pins AITER {pinned.ref}, as its parent does" if pinned else "it pins no AITER"
+        return f"the {first.culprit_label} {first.culprit.sha[:12]} does not move the AITER pin ({held})"
+    name = change.name.upper()
+    if change.old is None or change.new is None:
+        return f"{name} is pinned on one side only ({change.old} → {change.new}): nothing to bisect between"
+    follow = scenario_follow_up(cfg.scenario, change.name)
+    if follow is None or follow.hold is None:
+        why = (follow.missing if follow and follow.missing else
+               f"scenario {cfg.scenario.name} cannot judge {name} commits")
+        return f"{why}; continue by hand: {change.continuation}"
+    return None
+
+
+def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handler,
+            bisect: Bisect) -> tuple[list[BisectResult], list[str]]:
+    """Bisect inside the dependency from the old pin to the new one (then between boundary tags)."""
+    assert first.culprit and first.pin_change
+    change, held_commit = first.pin_change, first.culprit.sha
+    repo = GitRepo(cfg.repo)
+    follow = scenario_follow_up(cfg.scenario, change.name)
+    assert follow and follow.hold and change.old and change.new
+    name = change.name.upper()
+    try:
+        dependency = GitRepo(dependency_checkout(_dependency_source(repo, held_commit, change.name, follow),
+                                                 (change.old, change.new)))
+    except (DependencyUnavailable, GitError) as exc:
+        return [], [f"no second level: {exc}"]
+    held = follow.hold(str(repo.root), held_commit)
+    label = repo.git.describe("--tags", "--always", held_commit)
+    levels: list[BisectResult] = []
+    parent, old_ref, new_ref, tags_allowed = first.run_id, change.old, change.new, True
+    while True:
+        plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky)
+        if isinstance(plan, str):
+            return levels, [f"{'no second level' if not levels else 'the levels end here'}: {plan}"]
+        level = PinLevel(number=len(levels) + 2, parent_run=parent, dependency=change.name,
+                         repo=str(dependency.root), held_repo=str(repo.root), held_commit=held_commit,
+                         held_label=label, old_ref=old_ref, new_ref=new_ref, how=plan.how,
+                         equivalent=plan.equivalent, matched_by=plan.matched_by,
+                         tags=tuple((ref, dependency.resolve(ref)) for ref in plan.chain))
+        handler.level(level.said())
+        try:
+            result = bisect(_level_config(cfg, dependency, held, plan, level, state_dir), handler)
+        except BisectorError as exc:
+            return levels, [f"level {level.number} inside {name} failed: {exc.message()}"]
+        levels.append(result)
+        if result.stopped or result.culprit is None or plan.how != "release tags":
+            return levels, []
+        chain = [sha for _, sha in level.tags]
+        at = chain.index(result.culprit.sha)
+        parent, old_ref, new_ref, tags_allowed = result.run_id, level.tags[at - 1][0], level.tags[at][0], False
+
+
+def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: LevelPlan, level: PinLevel,
+                  state_dir: Path) -> RunConfig:
+    """The first level's settings for a level inside the dependency: its repository and ends, the held
+    scenario, no build (the scenario installs what it needs), verified ends, the same record."""
+    olds, new = (plan.olds[0] if len(plan.olds) == 1 else plan.olds), plan.new
+    good, bad = (new, olds) if cfg.find_fix else (olds, new)
+    return dataclasses.replace(
+        cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), state_dir=state_dir,
+        verify_endpoints=True, executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None,
+        envs=EnvSettings(python=cfg.python), follow_pins=False, level=level, chain=plan.chain)

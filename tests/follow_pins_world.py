@@ -1,0 +1,183 @@
+"""Built worlds for `run --follow-pins`: a vLLM-shaped repository whose commits pin an AITER-shaped one, and a
+scenario that judges either (the first level: the vLLM checkout against the AITER it pins; a level inside
+AITER: the AITER checkout against the vLLM commit held), as aiter-mla-probe does, without torch.
+
+A commit is bad when its vLLM side says `buggy` and its AITER side says `wide`. Run as a script, it runs
+`bisector run --follow-pins` in-process with this scenario (the kill-and-resume test needs it in a process
+of its own): `python follow_pins_world.py VLLM AITER STATE GOOD BAD`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bisector.pins import pins_in_tree  # noqa: E402
+from bisector.seams import FollowUp  # noqa: E402
+from scenarios.base import BaseScenario, Outcome, StepContext, Verdict  # noqa: E402
+
+IDENTITY = {"GIT_AUTHOR_NAME": "AITER Dev", "GIT_AUTHOR_EMAIL": "dev@aiter.invalid",
+            "GIT_COMMITTER_NAME": "Rewriter", "GIT_COMMITTER_EMAIL": "rewrite@aiter.invalid"}
+BLOCK = "FOLLOW_PINS_BLOCK"  # a folder: the third held-mode step waits there until killed
+
+
+def git(repo: Path, *args: str, env: dict | None = None) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, **IDENTITY, **(env or {})}).stdout.strip()
+
+
+def _show(repo: str, ref: str, path: str) -> str:
+    return git(Path(repo), "show", f"{ref}:{path}")
+
+
+class PinnedState(BaseScenario):
+    """vllm.txt says buggy and aiter.txt says wide: bad. The first level reads aiter.txt at the ref the
+    checkout pins (docker/Dockerfile.rocm_base) in aiter_repo; a held level reads vllm.txt at vllm_ref."""
+
+    name = "pinned-state"
+    needs_build = False
+    option_defaults = {"aiter_repo": "", "vllm_repo": "", "vllm_ref": ""}
+
+    def run(self, ctx: StepContext) -> Outcome:
+        checkout = Path(ctx.checkout)
+        if self.options["vllm_repo"]:
+            self._maybe_block(checkout)
+            vllm, aiter = _show(self.options["vllm_repo"], self.options["vllm_ref"], "vllm.txt"), \
+                (checkout / "aiter.txt").read_text()
+        else:
+            pin = pins_in_tree(checkout)["aiter"]
+            vllm, aiter = (checkout / "vllm.txt").read_text(), _show(self.options["aiter_repo"], pin.ref, "aiter.txt")
+        bad = "buggy" in vllm and "wide" in aiter
+        return Outcome(Verdict.BAD if bad else Verdict.GOOD, f"vllm {vllm.strip()}, aiter {aiter.strip()}")
+
+    def follow_up(self, dependency: str) -> FollowUp | None:
+        return FollowUp(repo=self.options["aiter_repo"], hold=lambda repo, commit: PinnedState(
+            {"vllm_repo": repo, "vllm_ref": commit}))
+
+    @staticmethod
+    def _maybe_block(checkout: Path) -> None:
+        """With FOLLOW_PINS_BLOCK set: count held steps there; the third one says so and waits forever."""
+        folder = os.environ.get(BLOCK)
+        if not folder:
+            return
+        count = len(list(Path(folder).glob("held-*"))) + 1
+        (Path(folder) / f"held-{count}").write_text(str(checkout))
+        if count == 3:
+            (Path(folder) / "blocked").write_text(str(os.getpid()))
+            while True:
+                time.sleep(1)
+
+
+def dockerfile(ref: str) -> str:
+    return f'ARG BASE_IMAGE=rocm/dev-ubuntu-22.04\nARG AITER_BRANCH="{ref}"\nARG AITER_REPO="/nowhere"\n'
+
+
+def commit(repo: Path, message: str, files: dict[str, str], date: str, env: dict | None = None) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--allow-empty", "-m", message,
+        env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date, **(env or {})})
+    return git(repo, "rev-parse", "HEAD")
+
+
+def init(path: Path) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    return path
+
+
+@dataclass
+class World:
+    vllm: Path
+    aiter: Path
+    v: list[str]           # vLLM commits, oldest first
+    a: dict[str, str]      # AITER commits by name
+
+
+def date(n: int) -> str:
+    return f"2026-01-{n + 1:02d}T00:00:00+00:00"
+
+
+def vllm_history(path: Path, steps: list[tuple[str, str]]) -> list[str]:
+    """One vLLM commit per (pinned AITER ref, vllm.txt)."""
+    init(path)
+    return [commit(path, f"vLLM change {n} (#{100 + n})", {"docker/Dockerfile.rocm_base": dockerfile(ref),
+                                                          "vllm.txt": state + "\n"}, date(n))
+            for n, (ref, state) in enumerate(steps)]
+
+
+def aiter_line(repo: Path, names: list[str], wide_from: str | None, start: int, subject: str = "AITER {}",
+               tags: dict[str, str] | None = None) -> dict[str, str]:
+    """AITER commits named names on the current branch; aiter.txt says wide from wide_from on."""
+    shas, wide = {}, False
+    for n, name in enumerate(names):
+        wide = wide or name == wide_from
+        shas[name] = commit(repo, subject.format(name) + f" (#{n + start})", {"aiter.txt": "wide\n" if wide
+                                                                              else "narrow\n"}, date(start + n))
+        for tag, at in (tags or {}).items():
+            if at == name:
+                git(repo, "tag", tag)
+    return shas
+
+
+def shared_world(root: Path, wide_from: str = "a5", vllm_state: str = "buggy") -> World:
+    """AITER a0..a8 on one history, v1.0 at a1, v2.0 at a8; vLLM c0..c5 pin v1.0 until c3 bumps to v2.0."""
+    aiter = init(root / "aiter")
+    a = aiter_line(aiter, [f"a{n}" for n in range(9)], wide_from, 0, tags={"v1.0": "a1", "v2.0": "a8"})
+    v = vllm_history(root / "vllm", [("v1.0" if n < 3 else "v2.0", vllm_state) for n in range(6)])
+    return World(root / "vllm", aiter, v, a)
+
+
+def rewritten_world(root: Path) -> World:
+    """ROCm/aiter's shape: o0..o3 (v1.0 at o3) on an old root; the new root repeats them (same subject,
+    author and author date, another committer) as n0..n3, then n4..n9 (wide from n6), v2.0 at n9."""
+    aiter = init(root / "aiter")
+    git(aiter, "checkout", "-q", "--orphan", "old")
+    a = aiter_line(aiter, ["o0", "o1", "o2", "o3"], None, 0, subject="AITER work {}", tags={"v1.0": "o3"})
+    git(aiter, "checkout", "-q", "--orphan", "main")
+    git(aiter, "rm", "-rfq", ".")
+    for n, name in enumerate(["o0", "o1", "o2", "o3"]):
+        a[f"n{n}"] = commit(aiter, f"AITER work {name} (#{n})", {"aiter.txt": "narrow\n"}, date(n),
+                            env={"GIT_COMMITTER_DATE": date(20)})
+    a.update(aiter_line(aiter, [f"n{n}" for n in range(4, 10)], "n6", 4, tags={"v2.0": "n9"}))
+    v = vllm_history(root / "vllm", [("v1.0" if n < 3 else "v2.0", "buggy") for n in range(6)])
+    return World(root / "vllm", aiter, v, a)
+
+
+def unrelated_world(root: Path, wide_from: str) -> World:
+    """Two histories with nothing in common: o0..o3 (v1.0 at o1, v1.1 at o3), then n0..n5 (v1.2 at n1,
+    v1.3 at n3, v2.0 at n5, and a release candidate v1.3-rc1 at n2 that is no release)."""
+    aiter = init(root / "aiter")
+    git(aiter, "checkout", "-q", "--orphan", "old")
+    a = aiter_line(aiter, ["o0", "o1", "o2", "o3"], wide_from, 0, subject="old AITER {}",
+                   tags={"v1.0": "o1", "v1.1": "o3"})
+    git(aiter, "checkout", "-q", "--orphan", "main")
+    git(aiter, "rm", "-rfq", ".")
+    a.update(aiter_line(aiter, [f"n{n}" for n in range(6)], wide_from if wide_from.startswith("n") else "n0",
+                        10, subject="new AITER {}", tags={"v1.2": "n1", "v1.3-rc1": "n2", "v1.3": "n3",
+                                                          "v2.0": "n5"}))
+    v = vllm_history(root / "vllm", [("v1.0" if n < 3 else "v2.0", "buggy") for n in range(6)])
+    return World(root / "vllm", aiter, v, a)
+
+
+def main(vllm: str, aiter: str, state: str, good: str, bad: str) -> None:
+    from bisector.engine.config import RunConfig
+    from bisector.engine.run import run_bisection
+
+    result = run_bisection(RunConfig(repo=Path(vllm), good=good, bad=bad, state_dir=Path(state),
+                                     scenario=PinnedState({"aiter_repo": aiter}), follow_pins=True))
+    print(json.dumps(result.to_json(published=True)))
+    sys.exit(result.exit_code)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
