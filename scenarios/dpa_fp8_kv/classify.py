@@ -171,6 +171,38 @@ def details(output: str, backends: tuple[str, ...]) -> dict:
     return found
 
 
+# vLLM's torch.compile lines (0.1x-0.2x): the total, the engine's summary, and which way the graphs came.
+COMPILE_TOTAL = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"
+                         r"(?: \(compilation: ([0-9.]+) s)?")
+COMPILE_HIT = ("Directly load AOT compilation from path", "Directly load the compiled graph(s)")
+COMPILE_MISS = ("Compiling a graph for compile range", "saved AOT compiled function to",
+                "Compiling model again due to a load failure")
+
+
+def compile_details(output: str) -> dict:
+    """{"cache_hit": True/False/None, "compile_seconds", "engine_init_seconds"} from vLLM's log lines:
+    a hit when vLLM loaded the compiled model and compiled no graph; None when it compiled nothing at all
+    (eager, or it stopped first)."""
+    hit = miss = False
+    total = engine = engine_compile = None
+    for line in output.splitlines():
+        if "compil" not in line and "init engine" not in line:
+            continue
+        hit = hit or any(marker in line for marker in COMPILE_HIT)
+        miss = miss or any(marker in line for marker in COMPILE_MISS)
+        found = COMPILE_TOTAL.search(line)
+        if found:
+            total = float(found.group(1))
+        found = ENGINE_INIT.search(line)
+        if found:
+            engine = float(found.group(1))
+            engine_compile = float(found.group(2)) if found.group(2) else None
+    seconds = engine_compile if engine_compile is not None else total
+    return {"cache_hit": False if miss else (True if hit else None), "compile_seconds": seconds,
+            "engine_init_seconds": engine}
+
+
 def _missing_extension(line: str) -> bool:
     """`No module named 'vllm._C'` and the like: a compiled module the build should have provided."""
     start = line.find("No module named '")
