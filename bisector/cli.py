@@ -579,6 +579,9 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
         click.echo(f"{end} end {seen['sha'][:12]}: {seen['bad']} bad, {seen['skip']} skip in {seen['runs']} runs")
     click.echo(f"reproduction rate: {result['reproduction_rate']:.0%}; signature: {result['signature'] or 'none'}")
     click.echo(f"recommendation: {result['recommendation']}")
+    if result["options"]:
+        click.echo("scenario options: " + " ".join(f"--option {key}={value}"
+                                                    for key, value in result["options"].items()))
 
 
 @scenario.command("classify")

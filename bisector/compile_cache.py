@@ -1,6 +1,7 @@
 """The tool's shared GPU caches on this node: vLLM's compile caches and the scenarios' model dirs.
 
-Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `~/.cache/bisector`):
+Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `$XDG_CACHE_HOME/bisector`, else
+`~/.cache/bisector`):
 
 - `compile/vllm`, `compile/triton`, `compile/inductor`: what a step gives vLLM as VLLM_CACHE_ROOT,
   TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR. vLLM keys its compile cache by content (config, model
@@ -38,7 +39,10 @@ class CacheBusy(RuntimeError):
 def cache_root(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     given = env.get(ROOT_ENV)
-    return Path(given) if given else Path(env.get("HOME") or Path.home()) / ".cache" / "bisector"
+    if given:
+        return Path(given)
+    base = env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache"
+    return Path(base) / "bisector"
 
 
 def size_cap(env: Mapping[str, str] | None = None) -> int:

@@ -688,5 +688,7 @@ def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, sta
     policy = CalibratePolicy(good_sha, bad_sha, runs)
     with single_commit_context(repo, state_dir, judge) as ctx:
         ctx.drive(policy)
-    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1],
+    learn = getattr(judge.scenario, "calibrated_options", None)  # e.g. numerics bounds from the good end
+    options = learn([step.details for step in ctx.steps if step.sha == good_sha]) if learn else {}
+    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1], "options": options,
             "steps": [step.as_dict() for step in ctx.steps]}

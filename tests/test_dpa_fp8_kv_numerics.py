@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from bisector.builds import NoBuild
 from bisector.compile_cache import cache_root
+from bisector.engine import Judge, calibrate
 from scenarios import create
 from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv import numerics
@@ -83,7 +85,8 @@ FAKE_VLLM = {
                       f"28.33 s (compilation: {seconds:.2f} s)", flush=True)
 
             def generate(self, prompts, params, use_tqdm=True):
-                buggy = os.environ.get("FAKE_BUG") == self.kwargs["attention_backend"] \\
+                backend = self.kwargs["attention_backend"]
+                buggy = (os.environ.get("FAKE_BUG") == backend or os.path.exists("BUG_" + backend)) \\
                     and not self.kwargs["enforce_eager"]
                 results = []
                 for n, prompt in enumerate(prompts):
@@ -258,6 +261,28 @@ def test_reference_equal_to_the_run_under_test_is_refused(tmp_path, nvidia_root,
     assert outcome.reason == "option reference=TRITON_MLA: that is the run under test"
 
 
+def test_calibrate_learns_the_bounds_from_the_good_ends_clean_pair(tmp_path, nvidia_root, shared_cache,
+                                                                 make_repo, monkeypatch):
+    repo = make_repo()
+    files = {name: textwrap.dedent(text) for name, text in FAKE_VLLM.items()}
+    good = repo.commit("vllm", files)
+    bad = repo.commit("the planted bug", {"BUG_TRITON_MLA": "merge half the splits\n"})
+    site = tmp_path / "site"
+    for rel, text in FAKE_TORCH.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    for key, value in {"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
+                       "BISECTOR_CACHE_DIR": str(shared_cache)}.items():
+        monkeypatch.setenv(key, value)
+    scenario = create(NAME, {**SMALL, "check": "numerics"})
+    scenario.system_root = nvidia_root
+    judge = Judge(scenario, NoBuild(), 120, sys.executable)
+    result = calibrate(repo.path, good, bad, judge, runs=1, state_dir=tmp_path / "state")
+    assert result["good"]["bad"] == 0 and result["bad"]["bad"] == 1
+    assert result["signature"] == numerics.SIGNATURE
+    assert result["options"] == {"min_token_agreement": "0.980", "min_topk_overlap": "0.980"}
+
+
 def test_seeded_weights_are_deterministic_and_checked(tmp_path):
     settings = create(NAME, {**SMALL, "check": "numerics"}).settings
     first = prepare_model(tmp_path / "a", settings, True, sys.executable)
@@ -322,3 +347,4 @@ def test_compile_details_from_the_h200_cold_log():
 def test_cache_root_follows_the_environment(tmp_path):
     assert cache_root({"BISECTOR_CACHE_DIR": str(tmp_path)}) == tmp_path
     assert cache_root({"HOME": str(tmp_path)}) == tmp_path / ".cache" / "bisector"
+    assert cache_root({"HOME": "/nowhere", "XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "bisector"

@@ -27,9 +27,10 @@ OPTION_DEFAULTS = {
     "reference": "",  # numerics: a backend, eager or bf16_kv; empty: another MLA backend (REFERENCE_BACKENDS)
     "numerics_tokens": "4",  # greedy tokens per prompt under check=numerics
     "numerics_topk": "20",  # logprobs per position compared
-    # Bounds below which the pair disagrees; from the H200's clean pairs (README, `scenario calibrate`).
-    "min_token_agreement": "0.95",
-    "min_topk_overlap": "0.95",
+    # Bounds below which the pair disagrees, from the noisiest clean default pair on the H200 (TRITON_MLA
+    # against FLASHMLA on 0.24.0: 0.883 / 0.955) by calibrate's rule; `scenario calibrate` learns others.
+    "min_token_agreement": "0.75",
+    "min_topk_overlap": "0.9",
     "compile_cache": "on",  # off: a private, empty vLLM/Triton/Inductor cache per step
 }
 PLATFORMS = ("auto", "rocm", "cuda")
@@ -63,8 +64,8 @@ class Options:
     reference: str = ""
     numerics_tokens: int = 4
     numerics_topk: int = 20
-    min_token_agreement: float = 0.95
-    min_topk_overlap: float = 0.95
+    min_token_agreement: float = 0.75
+    min_topk_overlap: float = 0.9
     compile_cache: bool = True
     enforce_eager: bool = False  # never an option: the eager reference run sets it
 

@@ -139,6 +139,13 @@ class DpaFp8KvScenario(BaseScenario):
         _write_log(ctx.log_path, log)
         return Outcome(verdict, reason, str(ctx.log_path), found)
 
+    def calibrated_options(self, good_details: list[dict]) -> dict[str, str]:
+        """check=numerics: the bounds the good end's clean pairs call for (`scenario calibrate`)."""
+        if self.settings.check != "numerics":
+            return {}
+        return numerics.calibrated_bounds([details["numerics"] for details in good_details
+                                           if "numerics" in details])
+
     def classify_log(self, output: str, returncode: int | None) -> Outcome:
         """The verdict this scenario gives a saved child output (returncode -N: killed by signal N).
 
