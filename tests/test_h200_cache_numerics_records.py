@@ -117,3 +117,26 @@ def test_the_generator_writes_the_same_checkpoint_here_as_on_the_h200(tmp_path):
                                                    "max_num_seqs": "64"}).settings
     model = prepare_model(tmp_path, settings, True, sys.executable)
     assert model.weights["sha256"] == recorded_weights["sha256"]
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("h200-c7-compile-cache-off", {"cache_hit": False, "compile_seconds": 20.55, "engine_init_seconds": 40.47}),
+    ("h200-c7-compile-cache-on", {"cache_hit": False, "compile_seconds": 2.67, "engine_init_seconds": 10.05}),
+    ("h200-c9-compile-cache-off", {"cache_hit": False, "compile_seconds": 19.08, "engine_init_seconds": None}),
+])
+def test_compile_cache_off_and_on_on_one_machine(name, expected):
+    provenance, output = recorded(name)
+    assert compile_details(output) == expected
+    off = "compile_cache=off" in provenance["command"]
+    assert ("vLLM's torch.compile cache is disabled." in output) is off
+    assert ("/tmp/bcache/compile" in output) is not off
+
+
+def test_same_machine_steps_with_the_cache_take_under_half_the_time():
+    runs = record("h200-compile-cache-same-machine.json")["runs"]
+    for commit in ("c7", "c9"):
+        off, on = runs[f"r{1 if commit == 'c7' else 3}-{commit}-off"], runs[f"r{2 if commit == 'c7' else 4}-{commit}-on"]
+        assert off["sha"] == on["sha"] and off["verdict"] == on["verdict"]
+        assert on["seconds"] < off["seconds"] / 2
+        assert off["details"]["compile"]["cache"] == "off"
+        assert on["details"]["compile"]["compile_seconds"] <= 3

@@ -174,7 +174,9 @@ def details(output: str, backends: tuple[str, ...]) -> dict:
 # vLLM's torch.compile lines (0.2x): the total, the engine's summary, and whether the compiled model came
 # from the cache. "Compiling a graph for compile range" shows in both cases (Inductor's own cache may
 # answer it), so it decides nothing; a load failure or a newly saved model is a miss.
-COMPILE_TOTAL = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+# (with the cache disabled vLLM times compile and warm-up together: "torch.compile and initial
+# profiling/warmup run together took X s in total")
+COMPILE_TOTAL = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([0-9.]+) s in total")
 ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"
                          r"(?: \(compilation: ([0-9.]+) s)?")
 COMPILE_HIT = ("Directly load AOT compilation from path", "Directly load the compiled graph(s)")
