@@ -36,7 +36,8 @@ class DpaFp8KvScenario(BaseScenario):
 
     name = "dpa-fp8-kv-graph-capture"
     description = ("tiny DeepSeek-V3 on an MLA backend (ROCm: AITER MLA) with FP8 KV cache and full "
-                   "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad")
+                   "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad; with check=numerics also a "
+                   "decode that disagrees with a reference run")
     option_defaults = OPTION_DEFAULTS
     default_signature = "auto"  # a long bisection meets other crashes: blame only the bad end's fault
     # what a step's JSON records of its environment (--env per-commit)
