@@ -16,7 +16,19 @@ so one set of compiled extensions (the 0.24.0 wheel's) serves every commit:
   sits in the quantized-KV branch). The commit also relaxes decode_attention_fwd's assert to
   "buffer splits <= kernel splits", as a change meant to allow smaller buffers would.
 
+--variant silent builds eight commits instead, one of which plants a bug that does not crash:
+
+- s5 tells the decode's stage-2 merge half the split count stage 1 wrote ("the upper half only pads the
+  power of 2"). Stage 2 then splits each sequence into half as many, twice as long ranges and merges
+  only the first half of stage 1's partial outputs: attention over the first half of the context. Every
+  access stays inside the buffer, nothing raises. Only a decode with two or more KV splits shows it:
+  full CUDA graphs are captured with max_seq_len = max_model_len (1024 // 512 = 2 splits), eager
+  decodes of short sequences use 1 split. The greedy tokens and logprobs change; a crash check sees
+  nothing.
+- s1–s4, s6–s8: harmless (comments).
+
     python bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/history [--json FILE]
+                                      [--variant crash|silent]
 
 Prints (and with --json writes) the commits with their roles. Commits have fixed authors and dates,
 so the same release repo gives the same shas.
@@ -104,6 +116,24 @@ COMMITS = [
          "import torch  # decode queries may be quantized to FP8 (see forward_impl)\n")]),
 ]
 
+SILENT_BUG = ("silent-bug", "[Perf] decode attention: merge only the splits that carry work", [
+    (DECODE_OPS,
+     "        is_mla=is_mla,\n"
+     "    )\n"
+     "    _decode_softmax_reducev_fwd(\n"
+     "        attn_logits, q, o, lse, v_buffer, b_seq_len, num_kv_splits\n"
+     "    )\n",
+     "        is_mla=is_mla,\n"
+     "    )\n"
+     "    # num_kv_splits is rounded up to a power of 2: the upper half of the splits\n"
+     "    # only pads it, so the merge reads the lower half.\n"
+     "    merge_splits = max(1, num_kv_splits // 2)\n"
+     "    _decode_softmax_reducev_fwd(\n"
+     "        attn_logits, q, o, lse, v_buffer, b_seq_len, merge_splits\n"
+     "    )\n")])
+SILENT_COMMITS = [*COMMITS[:4], SILENT_BUG, *COMMITS[8:11]]  # the crash history's harmless edits
+VARIANTS = {"crash": COMMITS, "silent": SILENT_COMMITS}
+
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
@@ -118,13 +148,13 @@ def apply(repo: Path, path: str, old: str, new: str) -> None:
     target.write_text(text.replace(old, new))
 
 
-def build(release_repo: Path, out: Path, base: str) -> list[dict]:
+def build(release_repo: Path, out: Path, base: str, planned: list = COMMITS) -> list[dict]:
     if out.exists():
         raise SystemExit(f"gpu_fault_history: {out} exists")
     subprocess.run(["git", "clone", "--quiet", str(release_repo), str(out)], check=True)
     git(out, "checkout", "--quiet", "-b", "history", base)
     commits = [{"n": 0, "sha": git(out, "rev-parse", "HEAD"), "role": "base", "message": base}]
-    for n, (role, message, edits) in enumerate(COMMITS, 1):
+    for n, (role, message, edits) in enumerate(planned, 1):
         for path, old, new in edits:
             if old is None:
                 (out / path).write_text((out / path).read_text().rstrip("\n") + "\n" + new)
@@ -150,8 +180,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--base", default="v0.24.0")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="crash")
     args = parser.parse_args(argv)
-    commits = build(args.release_repo, args.out, args.base)
+    commits = build(args.release_repo, args.out, args.base, VARIANTS[args.variant])
     for commit in commits:
         print(f"c{commit['n']:<2} {commit['sha'][:12]} {commit['role']:<14} {commit['message']}")
     if args.json:

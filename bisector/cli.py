@@ -769,6 +769,9 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
         click.echo(f"{end} end {seen['sha'][:12]}: {seen['bad']} bad, {seen['skip']} skip in {seen['runs']} runs")
     click.echo(f"reproduction rate: {result['reproduction_rate']:.0%}; signature: {result['signature'] or 'none'}")
     click.echo(f"recommendation: {result['recommendation']}")
+    if result["options"]:
+        click.echo("scenario options: " + " ".join(f"--option {key}={value}"
+                                                    for key, value in result["options"].items()))
 
 
 @scenario.command("classify")
@@ -1004,21 +1007,47 @@ def cache_list(repo, state_dir, commit, scenario_name):
         if row["parts"]:
             click.echo(f"    {row['parts']}")
     click.echo(f"{len(rows)} cached verdict(s)", err=True)
+    from bisector import compile_cache
+
+    click.echo(compile_cache.describe(compile_cache.cache_root(), _compile_cap()), err=True)
 
 
 @cache.command("forget")
 @cache_filters
 @click.option("--all", "everything", is_flag=True, help="Forget every cached verdict.")
-def cache_forget(repo, state_dir, commit, scenario_name, everything):
-    """Drop cached verdicts (of --commit, --scenario, or --all): they are judged again next time."""
-    if not (commit or scenario_name or everything):
-        raise UsageError("give --commit SHA, --scenario NAME, or --all")
+@click.option("--compile", "compiled", is_flag=True,
+              help="Delete the shared vLLM/Triton/Inductor compile caches and model dirs ($BISECTOR_CACHE_DIR).")
+def cache_forget(repo, state_dir, commit, scenario_name, everything, compiled):
+    """Drop cached verdicts (of --commit, --scenario, or --all): they are judged again next time.
+    --compile empties the GPU scenarios' compile caches instead (or as well)."""
+    if not (commit or scenario_name or everything or compiled):
+        raise UsageError("give --commit SHA, --scenario NAME, --all, or --compile")
+    if compiled:
+        from bisector import compile_cache
+
+        root = compile_cache.cache_root()
+        try:
+            entries, size = compile_cache.clear(root)
+        except compile_cache.CacheBusy as exc:
+            raise UsageError(f"{exc}: try again when it has finished") from None
+        click.echo(f"deleted {entries} compile cache entries and model dirs ({size >> 20} MiB) under {root}")
+        if not (commit or scenario_name or everything):
+            return
     store = open_record(repo, state_dir)
     try:
         count = store.forget_verdicts(_sha_prefix(commit, repo), scenario_name)
     finally:
         store.close()
     click.echo(f"forgot {count} execution(s)")
+
+
+def _compile_cap() -> int:
+    from bisector import compile_cache
+
+    try:
+        return compile_cache.size_cap()
+    except ValueError as exc:
+        raise UsageError(f"${compile_cache.SIZE_ENV}: {exc}") from None
 
 
 @main.command("doctor")

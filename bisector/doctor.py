@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bisector import __version__
+from bisector import __version__, compile_cache
 from bisector.builds.native import installed_rocm_version, rocm_root
 from bisector.gpus import GPU_VARIABLES
 from bisector.probe_env import run_probe
@@ -140,4 +140,10 @@ def report(python: str, state_dir: Path | None, runtime: str = "docker") -> str:
     lines += [f"GPU: {line}" for line in gpus()]
     lines.append(f"container runtime: {container_runtime(runtime)}")
     lines += storage(state_dir)
+    try:
+        cap = compile_cache.size_cap()
+    except ValueError as exc:
+        lines.append(f"compile cache: ${compile_cache.SIZE_ENV} unusable: {exc}")
+    else:
+        lines.append(compile_cache.describe(compile_cache.cache_root(), cap))
     return "\n".join(lines)

@@ -157,6 +157,13 @@ class FollowsPins(Protocol):
     def follow_up(self, dependency: str) -> FollowUp | None: ...
 
 
+@runtime_checkable
+class LearnsOptions(Protocol):
+    """A scenario whose options `scenario calibrate` can set from the good end's step details."""
+
+    def calibrated_options(self, good_details: list[dict]) -> dict[str, str]: ...
+
+
 # -- where steps run ---------------------------------------------------------------------------------------
 
 @runtime_checkable

@@ -33,6 +33,12 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests without a 'unit' or 'integration' marker: {', '.join(unmarked)}")
 
 
+@pytest.fixture(autouse=True)
+def _private_cache_root(tmp_path_factory, monkeypatch):
+    """No test writes the tool's shared GPU caches under the real home: $BISECTOR_CACHE_DIR per test."""
+    monkeypatch.setenv("BISECTOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache-root")))
+
+
 _FIXED_TIME = "1767225600 +0000"  # _GIT_ENV's dates, as git fast-import takes them
 
 

@@ -1,5 +1,6 @@
 """Options, the tiny DeepSeek-V3 config, the child launch plan and the GPU probe: pure parts."""
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,9 +9,10 @@ from bisector.errors import ScenarioError
 from bisector.gpus import gpu_env
 from scenarios import create
 from scenarios.dpa_fp8_kv import child
-from scenarios.dpa_fp8_kv.config import deepseek_v3_config, write_model_dir
+from scenarios.dpa_fp8_kv.config import deepseek_v3_config
 from scenarios.dpa_fp8_kv.environment import aiter_switches, checkout_pins, pin_violations, satisfies
 from scenarios.dpa_fp8_kv.gpu import gfx_name, probe_nvidia_gpus, probe_rocm_gpus
+from scenarios.dpa_fp8_kv.model import prepare_model
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
 from scenarios.dpa_fp8_kv.plan import CUDA_ENV, DEFAULT_TIMEOUT, build_plan, step_devices
 
@@ -73,8 +75,8 @@ def test_bad_options_are_one_line_errors(raw, message):
 
 
 def test_config_has_the_mla_shapes_aiter_requires(tmp_path):
-    path = write_model_dir(tmp_path / "model", options(layers=2))
-    config = json.loads(path.read_text())
+    model = prepare_model(tmp_path / "cache", options(layers=2), seeded=False, python=sys.executable)
+    config = json.loads((model.path / "config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
     assert config["model_type"] == "deepseek_v3"
     assert config["kv_lora_rank"] == 512

@@ -87,3 +87,25 @@ def test_the_same_release_gives_the_same_shas(history, tmp_path, git):
     subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo",
                     str(repo.parent / "release"), "--out", str(again)], check=True, capture_output=True)
     assert git(again, "rev-parse", "history") == commits[-1]["sha"]
+
+
+def test_the_silent_variant_tells_stage_two_half_the_splits_and_stays_python_only(history, tmp_path, git):
+    repo, _ = history
+    out, summary = tmp_path / "silent", tmp_path / "silent.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo",
+                    str(repo.parent / "release"), "--out", str(out), "--json", str(summary), "--variant", "silent"],
+                   check=True, capture_output=True)
+    commits = json.loads(summary.read_text())
+    assert [c["role"] for c in commits] == ["base"] + ["harmless"] * 4 + ["silent-bug"] + ["harmless"] * 3
+    ops = "vllm/v1/attention/ops/triton_decode_attention.py"
+    before, after = show(out, commits[4]["sha"], ops), show(out, commits[5]["sha"], ops)
+    grouped = after[after.index("def decode_attention_fwd_grouped("):after.index("def decode_attention_fwd(")]
+    assert "merge_splits = max(1, num_kv_splits // 2)" in grouped
+    assert "attn_logits, q, o, lse, v_buffer, b_seq_len, merge_splits" in grouped
+    normal = after[after.index("def decode_attention_fwd_normal("):after.index("def decode_attention_fwd_grouped(")]
+    assert "merge_splits" not in normal and "merge_splits" not in before
+    assert "assert num_kv_splits == attn_logits.shape[2]" in after  # the buffer is sized as stage 1 writes it
+    for n in (5, 8):
+        compile(show(out, commits[n]["sha"], ops), ops, "exec")
+    changed = git(out, "diff", "--name-only", "v0.24.0", commits[-1]["sha"]).split()
+    assert changed and all(path.startswith("vllm/") and path.endswith(".py") for path in changed)

@@ -23,7 +23,7 @@ from bisector.policies import BisectPolicy, CalibratePolicy, FlakyPolicy, FlakyS
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import BisectResult, PrefilterRecord, end_json
-from bisector.seams import Scenario
+from bisector.seams import LearnsOptions, Scenario
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler
@@ -214,5 +214,7 @@ def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, sta
     policy = CalibratePolicy(good_sha, bad_sha, runs)
     with single_commit_context(repo, state_dir, judge) as ctx:
         ctx.drive(policy)
-    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1],
+    learned = judge.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
+        if isinstance(judge.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end
+    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1], "options": learned,
             "steps": [step.record().to_json() for step in ctx.steps]}

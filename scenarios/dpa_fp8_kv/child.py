@@ -3,6 +3,8 @@
 Runs in the user's python with the checkout on PYTHONPATH; stdlib and vllm only. With data parallel,
 vLLM itself reads VLLM_DP_* from the environment. Prints READY_MARKER once the engine is built (graphs
 captured) and OK_MARKER after the decode step; anything else ends in a traceback or a signal.
+With --numerics-tokens N it decodes N greedy tokens per prompt instead and, before OK_MARKER, prints
+NUMERICS_MARKER and one JSON object: per prompt the tokens and, per position, the top-k (token, logprob).
 """
 import argparse
 import dataclasses
@@ -12,6 +14,7 @@ import sys
 
 READY_MARKER = "BISECTOR-ENGINE-READY"
 OK_MARKER = "BISECTOR-SCENARIO-OK"
+NUMERICS_MARKER = "BISECTOR-NUMERICS"
 MAX_TOKENS = 2  # the prefill's token, then one decode step
 
 
@@ -26,6 +29,10 @@ def parse_args(argv):
     parser.add_argument("--gpu-memory-utilization", type=float, required=True)
     parser.add_argument("--attention-backend", required=True)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=0)
+    parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--numerics-tokens", type=int, default=0)
+    parser.add_argument("--numerics-topk", type=int, default=20)
     return parser.parse_args(argv)
 
 
@@ -34,7 +41,7 @@ def engine_kwargs(args, engine_fields):
     them (older ROCm ones pick AITER MLA from VLLM_ROCM_USE_AITER, which the launch sets)."""
     kwargs = {
         "model": args.model,
-        "load_format": "dummy",
+        "load_format": args.load_format,
         "skip_tokenizer_init": True,
         "dtype": "bfloat16",
         "kv_cache_dtype": args.kv_cache_dtype,
@@ -42,12 +49,14 @@ def engine_kwargs(args, engine_fields):
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
         "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enforce_eager": False,
+        "enforce_eager": args.enforce_eager,
         "compilation_config": {"cudagraph_mode": args.cudagraph_mode},
         "seed": 0,
     }
     if "attention_backend" in engine_fields:
         kwargs["attention_backend"] = args.attention_backend
+    if args.numerics_tokens and args.numerics_topk > 20 and "max_logprobs" in engine_fields:
+        kwargs["max_logprobs"] = args.numerics_topk  # vLLM's default allows 20
     if args.kv_cache_memory_bytes and "kv_cache_memory_bytes" in engine_fields:
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     return kwargs
@@ -57,6 +66,20 @@ def token_prompts(count, vocab_size):
     """count prompts of distinct lengths, as token ids (there is no tokenizer)."""
     return [{"prompt_token_ids": [(7 * i + j) % (vocab_size - 2) + 2 for j in range(8 + i)]}
             for i in range(count)]
+
+
+def numerics_record(outputs, topk):
+    """{"sequences": [{"tokens": [...], "top": [[[token, logprob], ...] per position]}]}, in prompt order;
+    logprobs rounded to 1e-5, a position's list sorted by logprob, highest first."""
+    sequences = []
+    for output in outputs:
+        completion = output.outputs[0]
+        top = []
+        for position in completion.logprobs or []:
+            ranked = sorted(position.items(), key=lambda item: -item[1].logprob)[:topk]
+            top.append([[int(token), round(float(entry.logprob), 5)] for token, entry in ranked])
+        sequences.append({"tokens": [int(token) for token in completion.token_ids], "top": top})
+    return {"sequences": sequences}
 
 
 def main(argv):
@@ -70,9 +93,14 @@ def main(argv):
     engine_fields = {field.name for field in dataclasses.fields(EngineArgs)}
     llm = LLM(**engine_kwargs(args, engine_fields))
     print(f"{READY_MARKER} dp_rank={rank}", flush=True)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False)
+    numerics = args.numerics_tokens > 0
+    params = SamplingParams(max_tokens=args.numerics_tokens if numerics else MAX_TOKENS, temperature=0.0,
+                            ignore_eos=True, detokenize=False, logprobs=args.numerics_topk if numerics else None)
     outputs = llm.generate(token_prompts(args.max_num_seqs, vocab_size), params, use_tqdm=False)
     tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+    if numerics:
+        print(f"{NUMERICS_MARKER} " + json.dumps(numerics_record(outputs, args.numerics_topk),
+                                                  separators=(",", ":")), flush=True)
     print(f"{OK_MARKER} dp_rank={rank} sequences={len(outputs)} tokens={tokens}", flush=True)
 
 

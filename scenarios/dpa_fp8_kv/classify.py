@@ -171,6 +171,44 @@ def details(output: str, backends: tuple[str, ...]) -> dict:
     return found
 
 
+# vLLM's torch.compile lines (0.2x): the total, the engine's summary, and whether the compiled model came
+# from the cache. "Compiling a graph for compile range" shows in both cases (Inductor's own cache may
+# answer it), so it decides nothing; a load failure or a newly saved model is a miss.
+# (with the cache disabled vLLM times compile and warm-up together: "torch.compile and initial
+# profiling/warmup run together took X s in total")
+COMPILE_TOTAL = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([0-9.]+) s in total")
+ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"
+                         r"(?: \(compilation: ([0-9.]+) s)?")
+COMPILE_HIT = ("Directly load AOT compilation from path", "Directly load the compiled graph(s)")
+COMPILE_MISS = ("saved AOT compiled function to", "Compiling model again due to a load failure",
+                "Compiling a graph for compile range")
+
+
+def compile_details(output: str) -> dict:
+    """{"cache_hit": True/False/None, "compile_seconds", "engine_init_seconds"} from vLLM's log lines:
+    a hit when vLLM loaded the compiled model and saved none; None when it compiled nothing at all
+    (eager, or it stopped first). compile_seconds: the engine's "(compilation: X s)", else the
+    "torch.compile took X s" total (an engine that fails in graph capture logs only that one)."""
+    hit = saved = compiled = False
+    total = engine = engine_compile = None
+    for line in output.splitlines():
+        if "ompil" not in line and "init engine" not in line and "Directly load" not in line:
+            continue
+        hit = hit or any(marker in line for marker in COMPILE_HIT)
+        saved = saved or any(marker in line for marker in COMPILE_MISS[:2])
+        compiled = compiled or COMPILE_MISS[2] in line
+        found = COMPILE_TOTAL.search(line)
+        if found:
+            total = float(found.group(1))
+        found = ENGINE_INIT.search(line)
+        if found:
+            engine = float(found.group(1))
+            engine_compile = float(found.group(2)) if found.group(2) else None
+    cache_hit = (hit and not saved) if (hit or saved or compiled) else None
+    return {"cache_hit": cache_hit, "compile_seconds": engine_compile if engine_compile is not None else total,
+            "engine_init_seconds": engine}
+
+
 def _missing_extension(line: str) -> bool:
     """`No module named 'vllm._C'` and the like: a compiled module the build should have provided."""
     start = line.find("No module named '")

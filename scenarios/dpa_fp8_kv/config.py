@@ -1,8 +1,5 @@
-"""A tiny DeepSeek-V3 config.json: the MLA shapes AITER requires, a small body, dummy weights."""
+"""A tiny DeepSeek-V3 config.json: the MLA shapes AITER requires, a small body."""
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 from scenarios.dpa_fp8_kv.options import Options
 
@@ -55,10 +52,3 @@ def deepseek_v3_config(options: Options) -> dict:
         "use_cache": True,
     }
 
-
-def write_model_dir(model_dir: Path, options: Options) -> Path:
-    """Write config.json into model_dir (created); weights are vLLM's dummy ones."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    path = model_dir / "config.json"
-    path.write_text(json.dumps(deepseek_v3_config(options), indent=2) + "\n")
-    return path

@@ -1,7 +1,7 @@
 """The scenario's options, parsed and validated once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from bisector.errors import ScenarioError
@@ -23,11 +23,25 @@ OPTION_DEFAULTS = {
     "max_model_len": "1024",
     "gpu_memory_utilization": "0.5",
     "kv_cache_memory_bytes": "1G",
+    "check": "crash",  # crash: a GPU fault is bad | numerics: also compare the decode with a reference run
+    "reference": "",  # numerics: a backend, eager or bf16_kv; empty: another MLA backend (REFERENCE_BACKENDS)
+    "numerics_tokens": "4",  # greedy tokens per prompt under check=numerics
+    "numerics_topk": "20",  # logprobs per position compared
+    # Bounds below which the pair disagrees, from the noisiest clean default pair on the H200 (TRITON_MLA
+    # against FLASHMLA on 0.24.0: 0.883 / 0.955) by calibrate's rule; `scenario calibrate` learns others.
+    "min_token_agreement": "0.75",
+    "min_topk_overlap": "0.9",
+    "compile_cache": "on",  # off: a private, empty vLLM/Triton/Inductor cache per step
 }
 PLATFORMS = ("auto", "rocm", "cuda")
 DEFAULT_BACKENDS = {"rocm": "ROCM_AITER_MLA", "cuda": "TRITON_MLA"}
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16")
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL")
+CHECKS = ("crash", "numerics")
+# check=numerics without --option reference: the backend compared with the one under test.
+REFERENCE_BACKENDS = {"TRITON_MLA": {"cuda": "FLASHMLA", "rocm": "ROCM_AITER_MLA"}}
+DEFAULT_REFERENCE = "TRITON_MLA"  # for any other backend under test
+REFERENCE_MODES = ("eager", "bf16_kv")  # the backend under test itself, without graphs / with a BF16 KV cache
 
 
 @dataclass(frozen=True)
@@ -46,10 +60,28 @@ class Options:
     max_model_len: int
     gpu_memory_utilization: float
     kv_cache_memory_bytes: int
+    check: str = "crash"
+    reference: str = ""
+    numerics_tokens: int = 4
+    numerics_topk: int = 20
+    min_token_agreement: float = 0.75
+    min_topk_overlap: float = 0.9
+    compile_cache: bool = True
+    enforce_eager: bool = False  # never an option: the eager reference run sets it
 
     def backend_for(self, platform: str) -> str:
         """The attention backend a run on platform ("rocm" or "cuda") asks vLLM for."""
         return self.attention_backend or DEFAULT_BACKENDS[platform]
+
+    def reference_for(self, platform: str) -> tuple["Options", str]:
+        """The reference run's options under check=numerics on platform, and its name in reports."""
+        backend = self.backend_for(platform)
+        if self.reference == "eager":
+            return replace(self, enforce_eager=True), f"{backend} eager"
+        if self.reference == "bf16_kv":
+            return replace(self, kv_cache_dtype="auto"), f"{backend} with a BF16 KV cache"
+        other = self.reference or REFERENCE_BACKENDS.get(backend, {}).get(platform, DEFAULT_REFERENCE)
+        return replace(self, attention_backend=other), other
 
     @property
     def heads_per_rank(self) -> int:
@@ -78,9 +110,20 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         max_model_len=_int(raw, "max_model_len", 64),
         gpu_memory_utilization=_fraction(raw, "gpu_memory_utilization"),
         kv_cache_memory_bytes=_size(raw, "kv_cache_memory_bytes"),
+        check=_choice(raw, "check", CHECKS),
+        reference=_reference(raw["reference"]),
+        numerics_tokens=_int(raw, "numerics_tokens", 1),
+        numerics_topk=_int(raw, "numerics_topk", 1),
+        min_token_agreement=_fraction(raw, "min_token_agreement", zero=True),
+        min_topk_overlap=_fraction(raw, "min_topk_overlap", zero=True),
+        compile_cache=_choice(raw, "compile_cache", ("on", "off")) == "on",
     )
     if options.layers > 2:
         raise ScenarioError(f"option layers={options.layers}: must be 1 or 2")
+    if options.check == "numerics" and options.dp > 1:
+        raise ScenarioError("option check=numerics compares one engine with another: it needs dp=1")
+    if options.reference and options.check != "numerics":
+        raise ScenarioError("option reference is for check=numerics")
     if options.heads % options.tp:
         raise ScenarioError(f"option heads={options.heads} is not divisible by tp={options.tp}")
     return options
@@ -102,14 +145,23 @@ def _choice(raw: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
     return raw[key]
 
 
-def _fraction(raw: Mapping[str, str], key: str) -> float:
+def _fraction(raw: Mapping[str, str], key: str, zero: bool = False) -> float:
     try:
         value = float(raw[key])
     except ValueError:
         raise ScenarioError(f"option {key}={raw[key]!r}: not a number") from None
-    if not 0 < value <= 1:
-        raise ScenarioError(f"option {key}={value}: must be in (0, 1]")
+    if not (0 <= value if zero else 0 < value) or value > 1:
+        raise ScenarioError(f"option {key}={value}: must be in {'[' if zero else '('}0, 1]")
     return value
+
+
+def _reference(text: str) -> str:
+    """eager, bf16_kv, a backend name (upper-cased), or empty."""
+    if text.lower() in REFERENCE_MODES:
+        return text.lower()
+    if text and not text.replace("_", "").isalnum():
+        raise ScenarioError(f"option reference={text!r}: not a backend name, eager or bf16_kv")
+    return text.upper()
 
 
 def _size(raw: Mapping[str, str], key: str) -> int:

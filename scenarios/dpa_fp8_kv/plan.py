@@ -35,7 +35,10 @@ def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
 
 
 def child_argv(python: str, child_script: Path, model_dir: Path, options: Options,
-               platform: str) -> list[str]:
+               platform: str, load_format: str = "dummy") -> list[str]:
+    """The child's command line; check=numerics adds the decode's length, top-k and the weights' format."""
+    numerics = ["--load-format", load_format, "--numerics-tokens", str(options.numerics_tokens),
+                "--numerics-topk", str(options.numerics_topk)] if options.check == "numerics" else []
     return [python, str(child_script),
             "--model", str(model_dir),
             "--tp", str(options.tp),
@@ -45,12 +48,14 @@ def child_argv(python: str, child_script: Path, model_dir: Path, options: Option
             "--max-model-len", str(options.max_model_len),
             "--gpu-memory-utilization", f"{options.gpu_memory_utilization:g}",
             "--attention-backend", options.backend_for(platform),
-            "--kv-cache-memory-bytes", str(options.kv_cache_memory_bytes)]
+            "--kv-cache-memory-bytes", str(options.kv_cache_memory_bytes),
+            *numerics, *(["--enforce-eager"] if options.enforce_eager else [])]
 
 
 def build_plan(options: Options, *, platform: str, platform_env: Mapping[str, str], python: str,
                child_script: Path, model_dir: Path, checkout: Path | None, devices: list[str],
-               base_env: Mapping[str, str], master_port: int, timeout: float | None) -> list[Launch]:
+               base_env: Mapping[str, str], master_port: int, timeout: float | None,
+               load_format: str = "dummy", first_rank: int = 0) -> list[Launch]:
     """One launch per DP rank on platform ("rocm" or "cuda"), each with platform_env on top of base_env
     (the ROCm AITER switches, or CUDA_ENV); rank r sees devices[r*tp:(r+1)*tp] and nothing else.
 
@@ -60,10 +65,11 @@ def build_plan(options: Options, *, platform: str, platform_env: Mapping[str, st
     given as physical ids in CUDA_VISIBLE_DEVICES, on ROCm also HIP_VISIBLE_DEVICES (vLLM maps
     CUDA_VISIBLE_DEVICES to amdsmi's physical devices); ROCR_VISIBLE_DEVICES is dropped, since HIP
     would index into what it leaves. Switches of the other platform in base_env are dropped too.
+    first_rank numbers the launches (the reference run of check=numerics follows the run under test).
     """
     if len(devices) < options.gpus:
         raise ValueError(f"{options.gpus} GPUs needed, {len(devices)} given")
-    argv = child_argv(python, child_script, model_dir, options, platform)
+    argv = child_argv(python, child_script, model_dir, options, platform, load_format)
     pythonpath = os.pathsep.join(filter(None, [str(checkout) if checkout else None, base_env.get("PYTHONPATH")]))
     common = {key: value for key, value in base_env.items()
               if key not in DP_VARS and key != "ROCR_VISIBLE_DEVICES"
@@ -76,5 +82,5 @@ def build_plan(options: Options, *, platform: str, platform_env: Mapping[str, st
         if options.dp > 1:
             env.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL="0", VLLM_DP_SIZE=str(options.dp),
                        VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(master_port))
-        launches.append(Launch(rank, list(argv), env, timeout or DEFAULT_TIMEOUT))
+        launches.append(Launch(first_rank + rank, list(argv), env, timeout or DEFAULT_TIMEOUT))
     return launches

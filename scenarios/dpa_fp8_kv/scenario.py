@@ -6,17 +6,18 @@ import os
 import shutil
 import socket
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from bisector.builds.native import installed_rocm_version
+from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, in_use, size_cap, touch
 from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
 from bisector.seams import FollowUp
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
-from scenarios.dpa_fp8_kv import child
-from scenarios.dpa_fp8_kv.classify import classify, combine, details, matched_lines
-from scenarios.dpa_fp8_kv.config import write_model_dir
+from scenarios.dpa_fp8_kv import child, numerics
+from scenarios.dpa_fp8_kv.classify import classify, combine, compile_details, details, matched_lines
 from scenarios.dpa_fp8_kv.environment import (
     aiter_against_pin,
     aiter_switches,
@@ -26,6 +27,7 @@ from scenarios.dpa_fp8_kv.environment import (
 )
 from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
+from scenarios.dpa_fp8_kv.model import ModelError, prepare_model
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
 from scenarios.dpa_fp8_kv.plan import CUDA_ENV, Launch, build_plan, step_devices
 
@@ -40,7 +42,8 @@ class DpaFp8KvScenario(BaseScenario):
 
     name = "dpa-fp8-kv-graph-capture"
     description = ("tiny DeepSeek-V3 on an MLA backend (ROCm: AITER MLA) with FP8 KV cache and full "
-                   "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad")
+                   "decode graphs; GPU memory fault (ROCm: or SIGABRT) is bad; with check=numerics also a "
+                   "decode that disagrees with a reference run")
     option_defaults = OPTION_DEFAULTS
     default_signature = "auto"  # a long bisection meets other crashes: blame only the bad end's fault
     # what a step's JSON records of its environment (--env per-commit)
@@ -86,42 +89,81 @@ class DpaFp8KvScenario(BaseScenario):
         if container and self.settings.dp > 1 and container.network == "none":
             return self._unrun(ctx, f"dp={self.settings.dp} runs one container per rank and the ranks talk over "
                                     f"TCP: give --container-network host")
-        with tempfile.TemporaryDirectory(prefix="bisector-dpa-fp8-kv-") as tmp:
+        root = cache_root(env)
+        try:
+            cap = size_cap(env)
+        except ValueError as exc:
+            return self._unrun(ctx, f"${SIZE_ENV}: {exc}")
+        settings = self.settings
+        compared = settings.check == "numerics"
+        reference, reference_name = settings.reference_for(platform)
+        if compared and replace(reference, attention_backend=reference.backend_for(platform)) == \
+                replace(settings, attention_backend=backend):
+            return self._unrun(ctx, f"option reference={settings.reference}: that is the run under test")
+        with tempfile.TemporaryDirectory(prefix="bisector-dpa-fp8-kv-") as tmp, in_use(root, cap):
             work = Path(tmp)
-            write_model_dir(work / "model", self.settings)
+            try:
+                model = prepare_model(root, settings, compared, ctx.python, env)
+            except ModelError as exc:
+                return self._unrun(ctx, str(exc))
+            caches = compile_env(root) if settings.compile_cache else \
+                {**compile_env(work / "private-cache"), "VLLM_DISABLE_COMPILE_CACHE": "1"}
             # A private copy, so the child's sys.path[0] holds nothing but itself.
             child_script = Path(shutil.copy(child.__file__, work / "child.py"))
             # in an image, vLLM is the image's own build: the checkout is not put on PYTHONPATH
-            launches = build_plan(self.settings, platform=platform, platform_env=platform_env,
-                                  python=ctx.python, child_script=child_script,
-                                  model_dir=work / "model", checkout=None if container else ctx.checkout,
-                                  devices=devices, base_env=env, master_port=_free_port(), timeout=ctx.timeout)
+            common = dict(platform=platform, platform_env={**platform_env, **caches}, python=ctx.python,
+                          child_script=child_script, model_dir=model.path,
+                          checkout=None if container else ctx.checkout, devices=devices, base_env=env,
+                          timeout=ctx.timeout, load_format=model.load_format)
+            launches = build_plan(settings, master_port=_free_port(), **common)
+            # check=numerics: the reference engine runs beside the one under test, on the same GPUs.
+            references = build_plan(reference, master_port=_free_port(), first_rank=len(launches),
+                                    **common) if compared else []
+            mounts = [work, model.path, root] if container else []
             started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
-                                                                           mounts=[work]), env=dict(os.environ))
-                       for launch in launches] if container else launches
+                                                                           mounts=mounts), env=dict(os.environ))
+                       for launch in launches + references] if container else launches + references
             try:
                 results = run_ranks(started, ctx.checkout, work, ctx.cancel)
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}")
-        _write_log(ctx.log_path, _merged_log(launches, results))
-        judged = [classify(result, (platform,), (backend,)) for result in results]
-        verdict, reason = combine(results, judged)
+            if settings.compile_cache:
+                touch(root, "\n".join(result.output for result in results))
+        tested, reference_results = results[:len(launches)], results[len(launches):]
+        judged = [classify(result, (platform,), (backend,)) for result in tested]
+        verdict, reason = combine(tested, judged)
         ranks = [{"rank": launch.rank, "devices": launch.env["CUDA_VISIBLE_DEVICES"],
                   "verdict": rank_verdict.value, "returncode": result.returncode,
                   "timed_out": result.timed_out}
-                 for launch, result, (rank_verdict, _) in zip(launches, results, judged)]
-        timed_out = verdict is Verdict.SKIP and any(result.timed_out for result in results)
-        failed = next((result for result, (judged_verdict, _) in zip(results, judged)
+                 for launch, result, (rank_verdict, _) in zip(launches, tested, judged)]
+        timed_out = verdict is Verdict.SKIP and any(result.timed_out for result in tested)
+        failed = next((result for result, (judged_verdict, _) in zip(tested, judged)
                        if judged_verdict is Verdict.BAD), None)
         signature = {"signature": failure_signature(failed.output, failed.returncode)} if failed else {}
-        return Outcome(verdict, reason, str(ctx.log_path),
-                       {**signature, "platform": platform, "attention_backend": backend,
-                        "gpu_targets": list(probe.targets),
-                        "heads_per_rank": self.settings.heads_per_rank, "torch": versions["torch"],
-                        **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))}
-                           if platform == "rocm" else {}),
-                        "seconds": round(results[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
-                        **details(results[0].output, (backend,))})
+        found = {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
+                 "heads_per_rank": settings.heads_per_rank, "torch": versions["torch"],
+                 **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))} if platform == "rocm" else {}),
+                 "seconds": round(tested[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
+                 **details(tested[0].output, (backend,)), "check": settings.check, "model": model.as_details(),
+                 "compile": {"cache": str(root / "compile") if settings.compile_cache else "off",
+                             **compile_details(tested[0].output)}}
+        log = _merged_log(launches + references, results)
+        if compared and verdict is Verdict.GOOD:
+            verdict, reason, extra, lines = _numerics_verdict(settings, backend, reference, reference_name,
+                                                              platform, reference_results[0], tested[0])
+            found.update(extra)
+            log += "\n" + "\n".join(lines) + "\n"
+        elif compared:
+            found["reference"] = {"name": reference_name, "not_compared": "the run under test did not finish"}
+        _write_log(ctx.log_path, log)
+        return Outcome(verdict, reason, str(ctx.log_path), found)
+
+    def calibrated_options(self, good_details: list[dict]) -> dict[str, str]:
+        """check=numerics: the bounds the good end's clean pairs call for (`scenario calibrate`)."""
+        if self.settings.check != "numerics":
+            return {}
+        return numerics.calibrated_bounds([details["numerics"] for details in good_details
+                                           if "numerics" in details])
 
     def follow_up(self, dependency: str) -> FollowUp | None:
         """Inside AITER this scenario would run the held vLLM commit, built once, against each AITER commit
@@ -175,6 +217,39 @@ class DpaFp8KvScenario(BaseScenario):
         """Skip without running anything; the log says why in one line."""
         _write_log(ctx.log_path, reason + "\n")
         return Outcome(Verdict.SKIP, reason, str(ctx.log_path))
+
+
+def _numerics_verdict(settings, backend: str, reference, reference_name: str, platform: str,
+                      reference_result: ProcessResult, tested: ProcessResult) -> tuple[Verdict, str, dict, list[str]]:
+    """The verdict of check=numerics once the run under test finished: skip when the reference did
+    not, else the comparison's. Also the details and the lines the log ends with."""
+    reference_backend = reference.backend_for(platform)
+    ref_verdict, ref_reason = classify(reference_result, (platform,), (reference_backend,))
+    about = {"name": reference_name, "attention_backend": reference_backend,
+             "enforce_eager": reference.enforce_eager, "kv_cache_dtype": reference.kv_cache_dtype,
+             "verdict": ref_verdict.value, "compile": compile_details(reference_result.output)}
+    if ref_verdict is not Verdict.GOOD:
+        return Verdict.SKIP, f"reference run ({reference_name}) did not finish: {ref_reason}", \
+            {"reference": about}, [f"===== numerics: not compared: the reference run: {ref_reason}"]
+    mine, theirs = numerics.decoded(tested.output), numerics.decoded(reference_result.output)
+    if mine is None or theirs is None:
+        which = "run under test" if mine is None else "reference run"
+        return Verdict.SKIP, f"numerics: the {which} printed no decode record", {"reference": about}, []
+    try:
+        comparison = numerics.compare(mine, theirs, settings.numerics_topk)
+    except ValueError as exc:
+        return Verdict.SKIP, f"numerics: {exc}", {"reference": about}, []
+    agrees, reason = numerics.judge(comparison, settings.min_token_agreement, settings.min_topk_overlap,
+                                    backend, reference_name)
+    extra = {"reference": about,
+             "numerics": {**comparison.summary(), "min_token_agreement": settings.min_token_agreement,
+                          "min_topk_overlap": settings.min_topk_overlap,
+                          "disagreeing": len(comparison.disagreeing(settings.min_topk_overlap)),
+                          "worst": comparison.worst(), "per_sequence": comparison.sequences}}
+    if not agrees:
+        extra["signature"] = numerics.SIGNATURE
+    return (Verdict.GOOD if agrees else Verdict.BAD), reason, extra, \
+        numerics.report_lines(comparison, backend, reference_name)
 
 
 def _merged_log(launches: list[Launch], results: list[ProcessResult]) -> str:

@@ -1,0 +1,206 @@
+"""The tool's shared GPU caches on this node: vLLM's compile caches and the scenarios' model dirs.
+
+Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `$XDG_CACHE_HOME/bisector`, else
+`~/.cache/bisector`):
+
+- `compile/vllm`, `compile/triton`, `compile/inductor`: what a step gives vLLM as VLLM_CACHE_ROOT,
+  TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR. vLLM keys its compile cache by content (config, model
+  path, traced source), so every step, slot and run on the node shares it safely; vLLM, Triton and
+  Inductor each write an entry to a temporary name and rename it into place.
+- `models/<hash>/`: model dirs written once per content (`publish`), shared like the compile cache.
+
+Steps hold a shared lock on the root while they run; trimming to the size cap (least recently used
+entry first) and `cache forget --compile` need it exclusively, so they never delete what a running step
+reads. A Ray node keeps its own root.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+ROOT_ENV = "BISECTOR_CACHE_DIR"
+SIZE_ENV = "BISECTOR_COMPILE_CACHE_SIZE"
+DEFAULT_SIZE = 10 * 1024 ** 3
+# Folders whose children are the unit of eviction (relative to the root).
+CONTAINERS = ("compile/vllm/torch_compile_cache/torch_aot_compile", "compile/vllm/torch_compile_cache",
+              "compile/vllm", "compile/triton", "compile/inductor", "models")
+
+
+class CacheBusy(RuntimeError):
+    """A running step holds the cache."""
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    given = env.get(ROOT_ENV)
+    if given:
+        return Path(given)
+    base = env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache"
+    return Path(base) / "bisector"
+
+
+def size_cap(env: Mapping[str, str] | None = None) -> int:
+    """The cap in bytes from $BISECTOR_COMPILE_CACHE_SIZE ('20G', '512M'); ValueError when it is no size."""
+    from bisector.builds import parse_size
+    text = (os.environ if env is None else env).get(SIZE_ENV)
+    return parse_size(text) if text else DEFAULT_SIZE
+
+
+def compile_env(root: Path) -> dict[str, str]:
+    """The environment that points vLLM, Triton and Inductor at root's compile caches."""
+    base = root / "compile"
+    return {"VLLM_CACHE_ROOT": str(base / "vllm"), "TRITON_CACHE_DIR": str(base / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor")}
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    size: int
+    used: float  # the newest mtime in it, or when a step last named it (touch)
+
+
+def entries(root: Path) -> list[Entry]:
+    """The evictable entries under root: the children of CONTAINERS that are no container themselves."""
+    containers = {root / rel for rel in CONTAINERS}
+    found = []
+    for container in containers:
+        if not container.is_dir():
+            continue
+        for child in container.iterdir():
+            if child in containers or child.name.startswith("."):  # .tmp: model dirs being written
+                continue
+            size, used = _measure(child)
+            found.append(Entry(child, size, used))
+    return sorted(found, key=lambda entry: entry.used)
+
+
+def touch(root: Path, text: str) -> int:
+    """Mark as just used every entry whose path text names (vLLM logs the cache dirs it reads)."""
+    count = 0
+    for entry in entries(root):
+        if str(entry.path) in text:
+            os.utime(entry.path)
+            count += 1
+    return count
+
+
+def trim(root: Path, cap: int) -> list[Entry]:
+    """Delete least recently used entries until the total is at most cap; the removed ones."""
+    found = entries(root)
+    total = sum(entry.size for entry in found)
+    removed = []
+    for entry in found:
+        if total <= cap:
+            break
+        _remove(entry.path)
+        total -= entry.size
+        removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
+    """Hold root for one step: trim it to cap first when no other step holds it, then keep a shared
+    lock until the step ends. Yields what trimming removed."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a+") as lock:
+        removed = []
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            removed = trim(root, cap)
+        except BlockingIOError:
+            pass  # other steps run: trim another time
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield removed
+
+
+def clear(root: Path) -> tuple[int, int]:
+    """Delete the compile caches and model dirs under root: (entries, bytes). CacheBusy while a step runs."""
+    if not root.is_dir():
+        return 0, 0
+    with open(root / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CacheBusy(f"{root} is in use by a running step") from None
+        found = entries(root)
+        for entry in found:
+            _remove(entry.path)
+        for top in ("compile", "models"):
+            if (root / top).is_dir():
+                shutil.rmtree(root / top, ignore_errors=True)
+        return len(found), sum(entry.size for entry in found)
+
+
+def describe(root: Path, cap: int) -> str:
+    """One line: where the caches are, their size against the cap, how many entries."""
+    if not root.is_dir():
+        return f"compile cache: {root} (empty; cap {_human(cap)})"
+    found = entries(root)
+    models = sum(1 for entry in found if entry.path.parent == root / "models")
+    return (f"compile cache: {root} ({_human(sum(entry.size for entry in found))} of {_human(cap)}, "
+            f"{len(found) - models} compile entries, {models} model dirs)")
+
+
+def publish(root: Path, name: str, fill) -> tuple[Path, bool]:
+    """root/models/name, written once: fill(tmp_dir) writes the content into a fresh temporary dir beside
+    it, which is then renamed into place (a concurrent writer's copy wins ties). (path, written here)."""
+    target = root / "models" / name
+    if target.is_dir():
+        return target, False
+    tmp = root / "models" / ".tmp" / f"{name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            return target, False
+        return target, True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(path: Path) -> tuple[int, float]:
+    try:
+        stat = path.lstat()
+    except OSError:
+        return 0, 0.0
+    if not path.is_dir() or path.is_symlink():
+        return stat.st_size, stat.st_mtime
+    size, used = 0, stat.st_mtime
+    for folder, dirs, files in os.walk(path):
+        for name in files + dirs:
+            try:
+                item = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            used = max(used, item.st_mtime)
+            if name in files:
+                size += item.st_size
+    return size, used
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
