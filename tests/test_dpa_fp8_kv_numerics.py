@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bisector.builds import NoBuild
+from bisector.builds.builder import NoBuild
 from bisector.compile_cache import cache_root
-from bisector.engine import Judge, calibrate
+from bisector.engine.judge import Judge
+from bisector.engine.run import calibrate
 from scenarios import create
 from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv import numerics
