@@ -3,14 +3,19 @@ well-formed whatever the output held; credentials never reach an output or the r
 to their run. Each test runs the real CLI on real repositories."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+
+from bisector.formats import FORMATS
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,3 +77,90 @@ def test_a_sigterm_ends_a_run_whose_step_left_a_daemon_on_its_output(make_repo, 
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+def report(cli, repo, state: Path, fmt: str, run: str = "1") -> str:
+    proc = cli("report", run, "--repo", str(repo.path), "--state-dir", str(state), "--format", fmt)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+class _StrictHTML(HTMLParser):
+    """html.parser, counting the tags it opens (it raises on nothing it cannot read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags = 0
+
+    def handle_starttag(self, tag, attrs):
+        self.tags += 1
+
+
+# 4. Every report is well-formed whatever the step output and the commit subjects held.
+def test_every_report_format_renders_ansi_control_characters_and_binary_output(make_repo, tmp_path, cli):
+    repo = make_repo()
+    good = repo.linear(2, bad_from=None)
+    culprit = repo.commit("break \x1b[31mit\x1b[0m \x01\x02\x7f here", {"state": "bad\n"})
+    bad = repo.linear(1, bad_from=0, start=5)
+    state = tmp_path / "state"
+    step = script(tmp_path / "colour.sh", """\
+        printf '\\033[1;31mFAILED\\033[0m test_x \\001\\002 \\377\\376 \\000 end\\n'
+        grep -q good state
+        """)
+    proc = cli("run", "--repo", str(repo.path), "--good", good[0], "--bad", bad[-1],
+               "--state-dir", str(state), "--", step)
+    assert proc.returncode == 0, proc.stderr
+    assert culprit in proc.stdout
+    for fmt in FORMATS:
+        text = report(cli, repo, state, fmt)
+        assert "\x1b" not in text and "\x00" not in text and "\x01" not in text, fmt
+        if fmt == "junit":
+            root = ET.fromstring(text.encode())
+            outputs = [out.text or "" for out in root.iter("system-out")]
+            assert any("FAILED test_x" in out for out in outputs), outputs
+            assert any("break it \\x01\\x02" in out for out in outputs), outputs
+        elif fmt == "html":
+            parser = _StrictHTML()
+            parser.feed(text)
+            parser.close()
+            assert parser.tags and "FAILED test_x" in text
+        elif fmt == "json":
+            assert json.loads(text)["first_bad"]["sha"] == culprit
+
+
+# 5. Credentials in URLs reach no output and not the record.
+SECRETS = ("SECRETPW", "SECRETTOK", "SECRETSIG")
+
+
+def test_credentials_in_urls_reach_no_output_report_or_record(make_repo, tmp_path, cli):
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=1)
+    state = tmp_path / "state"
+    url = "https://user:SECRETPW@wheels.example.com/{commit}/?token=SECRETTOK&X-Amz-Signature=SECRETSIG"
+    step = script(tmp_path / "fetch.sh", f"""\
+        echo "fatal: could not read {url}"
+        grep -q good state
+        """)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--wheels", url, "--json", str(tmp_path / "run.json"), "--markdown", str(tmp_path / "run.md"),
+               "--", step)
+    assert proc.returncode == 0, proc.stderr
+    assert "https://***@wheels.example.com/{commit}/?token=***&X-Amz-Signature=***" in proc.stdout
+    outputs = {"stdout": proc.stdout, "stderr": proc.stderr,
+               "--json": (tmp_path / "run.json").read_text(), "--markdown": (tmp_path / "run.md").read_text()}
+    outputs.update({fmt: report(cli, repo, state, fmt) for fmt in FORMATS})
+    runs = cli("runs", "--repo", str(repo.path), "--state-dir", str(state))
+    outputs["runs"] = runs.stdout + runs.stderr
+    refused = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+                  str(state), "--build", "precompiled", "--wheels", url.replace("{commit}", "x"), "--", step)
+    assert refused.returncode == 2 and "https://***@wheels.example.com/x/?token=***" in refused.stderr
+    outputs["error"] = refused.stderr
+    for name, text in outputs.items():
+        for secret in SECRETS:
+            assert secret not in text, f"{secret} in {name}"
+    assert "fatal: could not read https://***@" in outputs["html"]
+    records = b"".join(path.read_bytes() for path in state.glob("bisector.sqlite*"))
+    assert records and b"wheels.example.com" in records
+    for secret in SECRETS:
+        assert secret.encode() not in records
+
