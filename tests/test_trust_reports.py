@@ -164,3 +164,30 @@ def test_credentials_in_urls_reach_no_output_report_or_record(make_repo, tmp_pat
     for secret in SECRETS:
         assert secret.encode() not in records
 
+
+# 6. Logs belong to their run: a --no-cache rerun leaves the earlier run's logs as they were.
+def test_a_no_cache_rerun_keeps_the_earlier_runs_logs(make_repo, tmp_path, cli):
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=1)
+    state = tmp_path / "state"
+    counter = tmp_path / "counter"
+    step = script(tmp_path / "count.sh", f"""\
+        echo x >> {counter}
+        echo "output $(wc -l < {counter})"
+        grep -q good state
+        """)
+    args = ("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+            "--no-cache", "--", step)
+    first = cli(*args)
+    assert first.returncode == 0, first.stderr
+    printed = len(counter.read_text().splitlines())
+    second = cli(*args)
+    assert second.returncode == 0, second.stderr
+    assert len(counter.read_text().splitlines()) == 2 * printed
+    logs = {run: [step["log"] for step in json.loads(report(cli, repo, state, "json", str(run)))["steps"]]
+            for run in (1, 2)}
+    assert logs[1] and not set(logs[1]) & set(logs[2])
+    outputs = {run: {int(Path(log).read_text().split()[1]) for log in paths} for run, paths in logs.items()}
+    assert outputs[1] == set(range(1, printed + 1))
+    assert outputs[2] == set(range(printed + 1, 2 * printed + 1))
+    assert all(log in report(cli, repo, state, "html", "1") for log in logs[1])
