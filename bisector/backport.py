@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import RunContext
 from bisector.engine.judge import Judge
+from bisector.engine.run import run_logs
 from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
@@ -157,8 +158,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                   "command_line": list(cfg.command_line), "no_cache": cfg.no_cache}
         key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
         try:
-            executor.start(pool, state_dir / "logs")
             with store.recording("backport", key, params) as run:
+                executor.start(pool, run_logs(state_dir, run.id))
                 ctx = RunContext(store, judge, executor, run.id, no_cache=cfg.no_cache) if judge else None
                 checker = _BranchChecker(repo, pool, ctx, fix, cfg.create_branches)
                 entries = []

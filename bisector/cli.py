@@ -39,6 +39,7 @@ from bisector.errors import (
 )
 from bisector.executor import EXECUTORS
 from bisector.formats import FORMATS
+from bisector.redact import redact, redact_all
 from bisector.registry import Registry
 from bisector.results import BranchEntry, StoredRun
 from bisector.steps import Handler, Step
@@ -61,7 +62,8 @@ class StderrConsole:
         return Console(stderr=True, highlight=False, soft_wrap=True)  # one event, one line: never wrapped
 
     def print(self, *objects: Any, **settings: Any) -> None:
-        self.rich.print(*objects, **settings)
+        """Print objects, credentials in text redacted (bisector.redact)."""
+        self.rich.print(*(redact(o) if isinstance(o, str) else o for o in objects), **settings)
 
 
 def escape(text: str) -> str:
@@ -82,7 +84,7 @@ class BisectorGroup(click.Group):
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.ClickException as exc:
             message = " ".join(exc.format_message().split())
-            click.echo(f"bisector: error: {message}", err=True)
+            click.echo(f"bisector: error: {redact(message)}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("bisector: interrupted", err=True)
@@ -93,7 +95,7 @@ class BisectorGroup(click.Group):
         try:
             return super().invoke(ctx)
         except BisectorError as exc:
-            click.echo(f"bisector: error: {exc.message()}", err=True)
+            click.echo(f"bisector: error: {redact(exc.message())}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
@@ -554,8 +556,9 @@ def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:
 
 
 def command_line() -> list[str]:
-    """How this bisector was invoked, as an argument list (stored with the run, shown in reports)."""
-    return ["bisector", *sys.argv[1:]]
+    """How this bisector was invoked, as an argument list (stored with the run, shown in reports), its
+    credentials redacted (bisector.redact)."""
+    return ["bisector", *redact_all(sys.argv[1:])]
 
 
 class BackportProgress:

@@ -25,6 +25,7 @@ from typing import Iterator, Mapping, Sequence
 LEADER = Path(__file__).with_name("step_leader.py")
 DEFAULT_LOG_LIMIT = 20 * 1024 * 1024
 CHUNK = 1 << 16
+DRAIN_SECONDS = 2.0  # output read after the leader's exit, at most (a setsid daemon may never close it)
 LINE_KEPT = 500  # characters of a marked line kept for reasons and reports
 
 
@@ -202,8 +203,7 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
             status = os.read(status_read, 64).strip()  # the command's exit, written as the leader ended
             if not status and GROUPS.stopping and not timed_out:
                 raise Cancelled()
-            while _pump(read_fd, log, scan, 0.2):  # the rest of the output (a setsid grandchild may hold the pipe)
-                pass
+            _drain(read_fd, log, scan, cancel)
     finally:
         os.close(read_fd)
         os.close(status_read)
@@ -227,6 +227,23 @@ def interruptible() -> Iterator[None]:
     finally:
         if previous is not None:  # None: a handler set outside Python, which cannot be put back
             signal.signal(signal.SIGINT, previous)
+
+
+def _drain(fd: int, log: "CappedLog", scan: "MarkerScan", cancel: threading.Event | None) -> None:
+    """The output left once the leader is gone, read until its end but for DRAIN_SECONDS at most: a
+    process that left the group (a `setsid` daemon) may hold the pipe open and write forever. Cancel and
+    driver stop (Ctrl-C, SIGTERM) raise Cancelled."""
+    until = time.monotonic() + DRAIN_SECONDS
+    while (left := until - time.monotonic()) > 0:
+        if cancel is not None and cancel.is_set() or GROUPS.stopping:
+            raise Cancelled()
+        ready, _, _ = select.select([fd], [], [], min(0.05, left))
+        if ready:
+            data = os.read(fd, CHUNK)
+            if not data:
+                return
+            log.write(data)
+            scan.feed(data)
 
 
 def _pump(fd: int, log: "CappedLog", scan: "MarkerScan", wait: float) -> bool:

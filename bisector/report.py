@@ -6,10 +6,12 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
+from functools import wraps
 from typing import Any, Callable, Mapping, Sequence
 
 from bisector.errors import ReportError
 from bisector.formats import FORMATS
+from bisector.redact import redact
 from bisector.results import (
     VERDICTS,
     BackportResult,
@@ -24,6 +26,31 @@ from bisector.results import (
 
 LOG_TAIL_CHARS = 6000
 MARKDOWN_FILES = 30  # files listed for a culprit in Markdown; the rest are counted
+ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+# what XML 1.0 cannot hold (HTML neither): all but #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] | [#x10000-]
+NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def printable(text: str) -> str:
+    """text without ANSI colour sequences, each character XML 1.0 cannot hold written as its escape
+    (`\\x01`, `\\ud800`): step output and commit subjects may hold both."""
+    return NOT_XML.sub(lambda m: ascii(m[0])[1:-1], ANSI_ESCAPE.sub("", text))
+
+
+def published(renderer: Callable[..., str]) -> Callable[..., str]:
+    """A document renderer whose output is printable and holds no credentials (bisector.redact)."""
+    @wraps(renderer)
+    def render_published(*args: Any, **kwargs: Any) -> str:
+        return redact(printable(renderer(*args, **kwargs)))
+    return render_published
+
+
+def redacted(renderer: Callable[..., str]) -> Callable[..., str]:
+    """A renderer (JSON: it escapes control characters itself) whose output holds no credentials."""
+    @wraps(renderer)
+    def render_redacted(*args: Any, **kwargs: Any) -> str:
+        return redact(renderer(*args, **kwargs))
+    return render_redacted
 
 
 def render(row: Mapping, fmt: str, pr_url_template: str | None = None) -> str:
@@ -56,6 +83,7 @@ def _command_line(result: Result) -> str | None:
     return shlex.join(result.command_line) if result.command_line else None
 
 
+@published
 def run_line(row: Mapping) -> str:
     """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer."""
     run = StoredRun.from_row(row)
@@ -179,6 +207,7 @@ def _no_answer(result: BisectResult) -> str:
     return "stopped" if result.stopped else "inconclusive"
 
 
+@published
 def bisect_text(result: BisectResult) -> str:
     """The run's text report; with --follow-pins levels, the answer across them, then each level's."""
     if not result.levels:
@@ -232,6 +261,7 @@ def md_code(value: object, in_table: bool = False) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+@published
 def bisect_markdown(result: BisectResult, pr_url_template: str | None = None) -> str:
     """pr_url_template: a URL with {pr} where the PR number goes; PR numbers are links with one.
     Commit subjects, authors and file names are untrusted: each is one literal code span.
@@ -278,6 +308,7 @@ def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[s
     return out
 
 
+@redacted
 def bisect_json(result: BisectResult) -> str:
     return json.dumps(result.to_json(published=True), indent=2) + "\n"
 
@@ -296,6 +327,7 @@ def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
     return ("…" + text) if size > limit else text
 
 
+@published
 def bisect_junit(result: BisectResult) -> str:
     """A found culprit is a result, not a failure: every step is a passing testcase carrying its verdict
     as a property (and its log tail); one more testcase, "answer", fails only when the run found no
@@ -399,6 +431,7 @@ def _page(title: str, body: str) -> str:
             f"<body>\n{body}\n<script>{_JS}</script>\n</body></html>\n")
 
 
+@published
 def bisect_html(result: BisectResult) -> str:
     """The range as a timeline coloured by verdict; click a tested commit for its steps and log tail.
     With --follow-pins levels: the answer across them, then each level's timeline and steps."""
@@ -498,6 +531,7 @@ def _equivalent(entry: BranchEntry) -> str:
     return f"<code>{html.escape(entry.equivalent[:12])}</code>" if entry.equivalent else "—"
 
 
+@published
 def backport_html(result: BackportResult) -> str:
     """The branch matrix of a backport run; click a branch for its conflicts."""
     e = html.escape
@@ -555,6 +589,7 @@ def _backport_summary(result: BackportResult) -> str:
     return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
 
 
+@published
 def backport_text(result: BackportResult) -> str:
     rows = [BACKPORT_COLUMNS, *_backport_rows(result)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(BACKPORT_COLUMNS) - 1)]
@@ -573,6 +608,7 @@ def backport_text(result: BackportResult) -> str:
     return "\n".join(lines)
 
 
+@published
 def backport_markdown(result: BackportResult) -> str:
     out = ["## bisector backport", "",
            f"Fix {md_code(result.fix[:12])} ({md_code(result.fix_ref)}): {md_code(result.fix_subject)}",
@@ -592,6 +628,7 @@ def backport_markdown(result: BackportResult) -> str:
     return "\n".join(out) + "\n"
 
 
+@published
 def backport_junit(result: BackportResult) -> str:
     """One test case per branch: failure for conflict and fix-ineffective, error for untestable."""
     entries = result.branches
@@ -610,10 +647,12 @@ def backport_junit(result: BackportResult) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
+@redacted
 def backport_json(result: BackportResult) -> str:
     return json.dumps(result.to_json(), indent=2) + "\n"
 
 
+@published
 def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
     imaged = f", {plan.imaged} of them with an image" if plan.imaged is not None else ""

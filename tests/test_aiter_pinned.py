@@ -147,7 +147,7 @@ def test_pinned_builds_each_aiter_once_and_finds_the_pin_change(stand_in, tmp_pa
         assert f"AITER v{want} (" in step["build"]
     wheels = sorted(p.name for p in (tmp_path / "state" / "aiter" / "builds").glob("*/dist/*.whl"))
     assert wheels == ["amd_aiter-0.1.12-py3-none-any.whl", "amd_aiter-0.1.13-py3-none-any.whl"]
-    built = list((tmp_path / "state" / "logs").glob("build-*-aiter-wheel.log"))
+    built = list((tmp_path / "state" / "logs").glob("run-1/build-*-aiter-wheel.log"))
     assert len(built) == 2  # one wheel build per AITER commit, however many commits pin it
     assert sum("installed before" in step["build"] or "from the stored wheel" in step["build"]
                for step in result["steps"]) == len(result["steps"]) - 2

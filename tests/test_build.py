@@ -100,7 +100,7 @@ def run_auto(cli):
 
 def gcc_runs(state_dir: Path) -> int:
     """Build logs in which the system compiler really ran."""
-    return sum("gcc" in log.read_text() for log in (state_dir / "logs").glob("build-*-develop.log"))
+    return sum("gcc" in log.read_text() for log in (state_dir / "logs").rglob("build-*-develop.log"))
 
 
 def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv_python, tmp_path, cli,

@@ -55,7 +55,7 @@ def test_bisects_through_ray_with_a_gpu_per_step(cluster, make_repo, tmp_path, s
     assert result.culprit.sha == shas[17]
     assert set(seen.read_text().splitlines()) <= {"0|0|0", "0|1|0"}  # HIP|ROCR|CUDA
     for step in result.steps:
-        log = (tmp_path / "state" / "logs" / os.path.basename(step.log))
+        log = (tmp_path / "state" / "logs" / "run-1" / os.path.basename(step.log))
         assert step.log == str(log)
         assert log.read_text() == f"checked {shas.index(step.sha)}\n"
 

@@ -235,7 +235,7 @@ def test_step_logs_are_capped_with_head_and_tail(make_repo, tmp_path, state_is_g
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                     "--no-verify-endpoints", "--state-dir", str(state), "--log-limit", "64k", "--", chatty)
     assert proc.returncode == 0, proc.stderr
-    [log] = [p for p in (state / "logs").iterdir() if p.suffix == ".log"]
+    [log] = [p for p in (state / "logs" / "run-1").iterdir() if p.suffix == ".log"]
     text = log.read_text()
     assert log.stat().st_size < 64 * 1024 + 500
     assert text.startswith("FIRST-LINE") and text.rstrip().endswith("LAST-LINE")

@@ -41,6 +41,12 @@ def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> st
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def run_logs(state_dir: Path, run_id: int) -> Path:
+    """Where a run's step and build logs go: its own folder, so a later run (--no-cache, a rerun) never
+    overwrites the logs an earlier run's report links to."""
+    return state_dir / "logs" / f"run-{run_id}"
+
+
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
             cost: Callable[[str], float], untestable: Sequence[str] = ()) -> SearchPolicy:
     """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists).
@@ -95,9 +101,10 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                   **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
-            executor.start(pool, state_dir / "logs")
             with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key), params) as run:
-                handler.started(run.id, len(asked.commits), run.resumed_from, state_dir / "logs")
+                logs = run_logs(state_dir, run.id)
+                executor.start(pool, logs)
+                handler.started(run.id, len(asked.commits), run.resumed_from, logs)
                 ctx = RunContext(store, judge, executor, run.id, handler, cfg.no_cache)
                 policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
                                  world.untestable([sha for sha, _ in asked.commits]))

@@ -1,0 +1,25 @@
+"""Credentials kept out of every output and the record: a URL's userinfo and token-like query values.
+
+`https://user:TOKEN@host/x?token=T&sig=S` reads `https://***@host/x?token=***&sig=***`, also where a
+path's normalisation left `https:/user:TOKEN@host`. The query rule also matches after `;`, so
+`&amp;token=` in rendered HTML and XML is redacted too.
+"""
+from __future__ import annotations
+
+import re
+
+REDACTED = "***"
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})[^/\s@?#'\"<>]+@")
+_SECRET_KEYS = (r"[\w.-]*(?:token|secret|passw(?:or)?d|signature|credential)[\w.-]*|sig|pwd|auth|"
+                r"api[_-]?key|key|client[_-]?secret")
+_QUERY = re.compile(rf"([?&;](?:{_SECRET_KEYS})=)[^&;\s#'\"<>\\]+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """text with every URL's userinfo and every token-like query value replaced by ***."""
+    return _QUERY.sub(rf"\1{REDACTED}", _USERINFO.sub(rf"\1{REDACTED}@", text))
+
+
+def redact_all(items: "list[str] | tuple[str, ...]") -> list[str]:
+    """Each of items redacted (an argument list, such as the command line a run stores)."""
+    return [redact(item) for item in items]
