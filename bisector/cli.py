@@ -37,7 +37,7 @@ from bisector.errors import (
     GitError,
     UsageError,
 )
-from bisector.executor import EXECUTORS
+from bisector.executor import EXECUTORS, checked_git_source
 from bisector.formats import FORMATS
 from bisector.registry import Registry
 from bisector.results import BranchEntry, StoredRun
@@ -285,7 +285,7 @@ def world_options(command):
                      help=f"--aiter pinned: AITER builds and layers kept (default {DEFAULT_AITER_CACHE_SIZE})."),
         click.option("--aiter-prebuild", is_flag=True, default=None,
                      help="--aiter pinned: prebuild AITER's kernels as vLLM's images do (default: JIT mode)."),
-        click.option("--aiter-repo", metavar="PATH|URL", default=None,
+        click.option("--aiter-repo", metavar="PATH|URL", default=None, callback=checked_git_source,
                      help="--aiter pinned: clone AITER from here instead of the pin's repository."),
     ]
 
@@ -509,6 +509,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
 
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    if options and not scenario_name:
+        raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
     check_writable("--json", json_file)
@@ -654,6 +656,8 @@ def demo(directory, commits, culprit, python, keep):
         directory = scratch / "vllm-demo"
     elif directory.exists():
         raise UsageError(f"{directory} already exists; pick a new --dir")
+    else:
+        check_writable("--dir", directory)
     good, bad, planted = make_demo_repo(directory, commits, culprit)
     kept = "kept" if keep or scratch is None else "removed at the end; --keep keeps it"
     console.print(f"demo repository: {directory} ({commits} commits, q_dtype bug planted at "
@@ -827,6 +831,7 @@ def env_create(repo, ref, state_dir, python, json_file):
     """Create (or find) the environment a commit runs in with --env per-commit."""
     from bisector.refs import GitRepo
 
+    check_writable("--json", json_file)
     git_repo = GitRepo(Path(repo))
     sha = git_repo.resolve(ref)
     store = open_env_store(repo, state_dir, python)
@@ -834,7 +839,7 @@ def env_create(repo, ref, state_dir, python, json_file):
     if not environment.ok:
         raise EnvironmentFailed(environment.reason)
     if json_file:
-        json_file.write_text(json.dumps(environment.as_dict(), indent=2) + "\n")
+        write_output("--json", json_file, json.dumps(environment.as_dict(), indent=2) + "\n")
     click.echo(f"{environment.key} {'created' if environment.created else 'exists'}: {environment.python}")
 
 

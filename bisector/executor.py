@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bisector.errors import ExecutorError, UsageError
 from bisector.gpus import gpu_env, gpu_slots, parse_gpus, visible_gpus
+from bisector.pins import unsafe_git_source
 from bisector.process import interruptible
 from bisector.registry import Option, Registry
 from bisector.seams import BuildConfig, Executor
@@ -138,6 +139,9 @@ class RayExecutor:
     def from_placement(cls, placement: Placement) -> "RayExecutor":
         if placement.gpus is not None:
             raise UsageError("--gpus is for --executor local (Ray assigns GPUs on each node)")
+        problem = unsafe_git_source(placement.remote) if placement.remote else None
+        if problem:
+            raise UsageError(f"--remote {placement.remote!r}: {problem}")
         if importlib.util.find_spec("ray") is None:
             raise UsageError("--executor ray needs Ray: pip install 'bisector[ray]'")
         return cls(placement)
@@ -286,12 +290,25 @@ def _read(path: str | None) -> str | None:
     return None
 
 
+def checked_git_source(ctx, param, value: str | None) -> str | None:
+    """A repository location option (--remote, --aiter-repo), refused at parsing when git could run a
+    command from it or read it as an option (see pins.unsafe_git_source)."""
+    problem = unsafe_git_source(value) if value is not None else None
+    if problem:
+        import click
+
+        raise click.BadParameter(f"{value!r}: {problem}", ctx, param)
+    return value
+
+
 EXECUTORS: Registry[Callable[[Placement], Executor]] = Registry("executor")
 EXECUTORS.register("local", LocalExecutor.from_placement, options=[
     Option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")])
 EXECUTORS.register("ray", RayExecutor.from_placement, options=[
     Option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a local one)."),
-    Option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")])
+    Option("--remote", callback=checked_git_source,
+           help="Where Ray workers fetch the repo: an https, ssh, git or file URL, or a shared path "
+                "(default: --repo).")])
 
 
 def create_executor(kind: str, placement: Placement) -> Executor:
