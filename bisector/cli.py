@@ -908,6 +908,9 @@ def repo_root(repo: str) -> str | None:
         return None
 
 
+SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
+
+
 @main.command("report")
 @click.argument("run_id", metavar="RUN_ID|latest")
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
@@ -923,8 +926,9 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
     `latest` is the last finished run of --repo (and of --scenario when given)."""
     from bisector import report
 
-    if run_id != "latest" and not run_id.isdigit():
+    if run_id != "latest" and not (run_id.isascii() and run_id.isdigit()):
         raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    check_writable("--output", output)
     pr_url_template = pr_links(repo, pr_url_template)
     store = open_record(repo, state_dir)
     try:
@@ -936,7 +940,7 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
                                  + (f" with scenario {scenario_name}" if scenario_name else "")
                                  + f" in {store.path}")
         else:
-            row = store.run(run_id)
+            row = store.run(run_id) if int(run_id) <= SQLITE_MAX_INTEGER else None
             if row is None:
                 raise UsageError(f"no run {run_id} in {store.path}")
         text = report.render(row, fmt, pr_url_template)
