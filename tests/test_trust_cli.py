@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from bisector.errors import EXIT_INCONCLUSIVE, EXIT_USAGE
-from bisector.pins import unsafe_git_source
+from bisector.pins import pins_at, unsafe_git_source
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +134,13 @@ def test_a_partial_clone_without_its_remote_skips_the_commits_it_cannot_check_ou
     assert os.listdir(state / "worktrees") == []
     cached = cli("cache", "list", "--state-dir", str(state), "--repo", str(clone))
     assert cached.returncode == 0 and "0 cached verdict(s)" in cached.stderr  # a missing object is no verdict
+
+
+def test_a_commit_that_reads_as_an_option_never_reaches_git_as_one(make_repo, tmp_path):
+    """pins_at reads a file at a commit with `git show`: a commit string `--output=FILE` must not make git
+    write FILE."""
+    repo = make_repo()
+    repo.commit("pin", {"docker/Dockerfile.rocm_base": "ARG AITER_BRANCH=v0.1.12\n"})
+    (tmp_path / "out:docker").mkdir()
+    assert pins_at(repo.path, f"--output={tmp_path}/out") == {}
+    assert not (tmp_path / "out:docker" / "Dockerfile.rocm_base").exists()
