@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
 from bisector.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
+from bisector.pins import unsafe_git_source
 from bisector.probe_env import run_probe
 from bisector.process import run_process
 
@@ -116,11 +117,14 @@ class AiterInstalls:
         with self.lock:
             if repo in self.fetched:
                 return self.fetched[repo]
+            problem = unsafe_git_source(repo)
+            if problem:
+                raise AiterUnavailable(f"not cloning AITER from {repo!r}: {problem}")
             with _locked(self.root / ".locks" / f"clone-{name}.lock", fcntl.LOCK_EX):
                 if not (target / "HEAD").is_file():
                     shutil.rmtree(target, ignore_errors=True)
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    done = _git(None, "clone", "--bare", "--quiet", repo, str(target))
+                    done = _git(None, "clone", "--bare", "--quiet", "--", repo, str(target))
                     if done.returncode != 0:
                         shutil.rmtree(target, ignore_errors=True)
                         raise AiterUnavailable(f"cannot clone AITER from {repo}: {_last(done.stderr)}")
@@ -131,7 +135,7 @@ class AiterInstalls:
         """The commit ref names in repo's clone, fetching once when the clone lacks it."""
         clone = self.clone(repo)
         for attempt in range(2):
-            done = _git(clone, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+            done = _git(clone, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
             if done.returncode == 0:
                 return done.stdout.strip()
             if attempt == 0:

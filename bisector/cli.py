@@ -37,7 +37,7 @@ from bisector.errors import (
     GitError,
     UsageError,
 )
-from bisector.executor import EXECUTORS
+from bisector.executor import EXECUTORS, checked_git_source
 from bisector.formats import FORMATS
 from bisector.redact import redact, redact_all
 from bisector.registry import Registry
@@ -287,7 +287,7 @@ def world_options(command):
                      help=f"--aiter pinned: AITER builds and layers kept (default {DEFAULT_AITER_CACHE_SIZE})."),
         click.option("--aiter-prebuild", is_flag=True, default=None,
                      help="--aiter pinned: prebuild AITER's kernels as vLLM's images do (default: JIT mode)."),
-        click.option("--aiter-repo", metavar="PATH|URL", default=None,
+        click.option("--aiter-repo", metavar="PATH|URL", default=None, callback=checked_git_source,
                      help="--aiter pinned: clone AITER from here instead of the pin's repository."),
     ]
 
@@ -511,6 +511,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
 
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    if options and not scenario_name:
+        raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
     check_writable("--json", json_file)
@@ -657,6 +659,8 @@ def demo(directory, commits, culprit, python, keep):
         directory = scratch / "vllm-demo"
     elif directory.exists():
         raise UsageError(f"{directory} already exists; pick a new --dir")
+    else:
+        check_writable("--dir", directory)
     good, bad, planted = make_demo_repo(directory, commits, culprit)
     kept = "kept" if keep or scratch is None else "removed at the end; --keep keeps it"
     console.print(f"demo repository: {directory} ({commits} commits, q_dtype bug planted at "
@@ -830,6 +834,7 @@ def env_create(repo, ref, state_dir, python, json_file):
     """Create (or find) the environment a commit runs in with --env per-commit."""
     from bisector.refs import GitRepo
 
+    check_writable("--json", json_file)
     git_repo = GitRepo(Path(repo))
     sha = git_repo.resolve(ref)
     store = open_env_store(repo, state_dir, python)
@@ -837,7 +842,7 @@ def env_create(repo, ref, state_dir, python, json_file):
     if not environment.ok:
         raise EnvironmentFailed(environment.reason)
     if json_file:
-        json_file.write_text(json.dumps(environment.as_dict(), indent=2) + "\n")
+        write_output("--json", json_file, json.dumps(environment.as_dict(), indent=2) + "\n")
     click.echo(f"{environment.key} {'created' if environment.created else 'exists'}: {environment.python}")
 
 
@@ -906,6 +911,9 @@ def repo_root(repo: str) -> str | None:
         return None
 
 
+SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
+
+
 @main.command("report")
 @click.argument("run_id", metavar="RUN_ID|latest")
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
@@ -921,8 +929,9 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
     `latest` is the last finished run of --repo (and of --scenario when given)."""
     from bisector import report
 
-    if run_id != "latest" and not run_id.isdigit():
+    if run_id != "latest" and not (run_id.isascii() and run_id.isdigit()):
         raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    check_writable("--output", output)
     pr_url_template = pr_links(repo, pr_url_template)
     store = open_record(repo, state_dir)
     try:
@@ -934,7 +943,7 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
                                  + (f" with scenario {scenario_name}" if scenario_name else "")
                                  + f" in {store.path}")
         else:
-            row = store.run(run_id)
+            row = store.run(run_id) if int(run_id) <= SQLITE_MAX_INTEGER else None
             if row is None:
                 raise UsageError(f"no run {run_id} in {store.path}")
         text = report.render(row, fmt, pr_url_template)

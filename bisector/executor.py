@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import os
 import queue
+import subprocess
 import tempfile
 import threading
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -19,11 +20,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bisector.errors import ExecutorError, UsageError
 from bisector.gpus import gpu_env, gpu_slots, parse_gpus, visible_gpus
+from bisector.pins import unsafe_git_source
 from bisector.process import interruptible
 from bisector.registry import Option, Registry
-from bisector.seams import BuildConfig, Executor
+from bisector.seams import BuildConfig, Executor, Verdict
 
 if TYPE_CHECKING:
+    from bisector.store import Execution
     from bisector.worktrees import WorktreePool
 
 
@@ -93,9 +96,18 @@ class LocalExecutor:
 
     def _on_slot(self, judge, sha: str, done: list, cancel: threading.Event) -> list:
         assert self.worktrees is not None, "start() binds the worktree pool before the first step"
+        import git
+
         slot = self.slots.get()
         try:
-            with self.worktrees.checkout(sha) as worktree:
+            with contextlib.ExitStack() as stack:
+                try:
+                    worktree = stack.enter_context(self.worktrees.checkout(sha))
+                except git.GitCommandError as exc:
+                    skipped = checkout_skip(sha, str(exc.stderr), self.worktrees.repo.common_dir)
+                    if skipped is None:
+                        raise
+                    return [skipped]
                 return judge.test(worktree, sha, done, self.logs, slot, cancel)
         finally:
             self.slots.put(slot)
@@ -138,6 +150,9 @@ class RayExecutor:
     def from_placement(cls, placement: Placement) -> "RayExecutor":
         if placement.gpus is not None:
             raise UsageError("--gpus is for --executor local (Ray assigns GPUs on each node)")
+        problem = unsafe_git_source(placement.remote) if placement.remote else None
+        if problem:
+            raise UsageError(f"--remote {placement.remote!r}: {problem}")
         if importlib.util.find_spec("ray") is None:
             raise UsageError("--executor ray needs Ray: pip install 'bisector[ray]'")
         return cls(placement)
@@ -253,12 +268,41 @@ def node_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bisector" / "repos"
 
 
+def promisor_remotes(git_dir: Path) -> list[str]:
+    """The URLs of the promisor remotes of a partial clone (where git fetches the objects it lacks)."""
+    listed = subprocess.run(["git", "--git-dir", str(git_dir), "config", "--get-regexp",
+                             r"^remote\..*\.promisor$"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    names = [line.split()[0][len("remote."):-len(".promisor")] for line in listed.stdout.splitlines()
+             if line.split()[-1:] == ["true"]]
+    return [subprocess.run(["git", "--git-dir", str(git_dir), "config", "--get", f"remote.{name}.url"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout.strip() or name
+            for name in names]
+
+
+def checkout_skip(sha: str, stderr: str, git_dir: Path | None) -> Execution | None:
+    """A skip, not cached, for a checkout that failed because a partial clone's objects cannot be fetched
+    (its promisor remote is gone or unreachable); None for any other checkout failure."""
+    if "promisor remote" not in stderr:
+        return None
+    from bisector.store import Execution
+
+    urls = promisor_remotes(git_dir) if git_dir is not None else []
+    where = f" {', '.join(urls)}" if urls else ""
+    return Execution(sha, Verdict.SKIP, f"objects missing from a partial clone whose remote{where} is unreachable",
+                     None, 0.0, None, {"world_failed": True, "checkout_failed": _last_line(stderr)})
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
+
+
 def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judge) -> list:
     """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs.
 
     The node's clone and build artifacts live under its cache dir; judge.builder holds build
     settings, opened here against that clone.
     """
+    import git
     import ray
 
     from bisector.worktrees import NodeCheckout
@@ -268,7 +312,14 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judg
     with interruptible(), tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp, \
             contextlib.ExitStack() as stack:
         try:
-            checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
+            try:
+                checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
+            except git.GitCommandError as exc:
+                skipped = checkout_skip(sha, str(exc.stderr), None)
+                if skipped is None:
+                    raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: cannot check out "
+                                        f"{sha[:12]} from {source}: {_last_line(str(exc.stderr))}") from None
+                return [(skipped, None)]
             builder = judge.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
             envs = judge.envs.open(cache / f"{checkout.clone_path.name}-state")
             world = judge.world.settings.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
@@ -286,12 +337,25 @@ def _read(path: str | None) -> str | None:
     return None
 
 
+def checked_git_source(ctx, param, value: str | None) -> str | None:
+    """A repository location option (--remote, --aiter-repo), refused at parsing when git could run a
+    command from it or read it as an option (see pins.unsafe_git_source)."""
+    problem = unsafe_git_source(value) if value is not None else None
+    if problem:
+        import click
+
+        raise click.BadParameter(f"{value!r}: {problem}", ctx, param)
+    return value
+
+
 EXECUTORS: Registry[Callable[[Placement], Executor]] = Registry("executor")
 EXECUTORS.register("local", LocalExecutor.from_placement, options=[
     Option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")])
 EXECUTORS.register("ray", RayExecutor.from_placement, options=[
     Option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a local one)."),
-    Option("--remote", help="Where Ray workers fetch the repo: URL or shared path (default: --repo).")])
+    Option("--remote", callback=checked_git_source,
+           help="Where Ray workers fetch the repo: an https, ssh, git or file URL, or a shared path "
+                "(default: --repo).")])
 
 
 def create_executor(kind: str, placement: Placement) -> Executor:

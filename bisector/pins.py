@@ -49,8 +49,8 @@ def pins_in_tree(checkout: Path) -> dict[str, Pin]:
 
 def pins_at(repo: Path, commit: str) -> dict[str, Pin]:
     """The pins at commit, read from git objects (no checkout); empty when the file is absent there."""
-    shown = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{DOCKERFILE}"], capture_output=True,
-                           text=True, errors="replace")
+    shown = subprocess.run(["git", "-C", str(repo), "show", "--end-of-options", f"{commit}:{DOCKERFILE}"],
+                           capture_output=True, text=True, errors="replace")
     return parse_pins(shown.stdout) if shown.returncode == 0 else {}
 
 
@@ -67,8 +67,8 @@ def pin_change(repo: Path, before: str, after: str, name: str = "aiter") -> dict
 def shares_history(dependency_repo: Path, ref_a: str, ref_b: str) -> bool:
     """Whether two refs of the dependency's repository have a common ancestor (ROCm/aiter's tags up to
     v0.1.11.post1 and from v0.1.12 on do not: different root commits)."""
-    return subprocess.run(["git", "-C", str(dependency_repo), "merge-base", f"{ref_a}^{{commit}}",
-                           f"{ref_b}^{{commit}}"], capture_output=True).returncode == 0
+    return subprocess.run(["git", "-C", str(dependency_repo), "merge-base", "--end-of-options",
+                           f"{ref_a}^{{commit}}", f"{ref_b}^{{commit}}"], capture_output=True).returncode == 0
 
 
 def release_tags_between(dependency_repo: Path, low: str, high: str) -> list[str]:
@@ -132,6 +132,30 @@ def installed_against_pin(pin_ref: str, installed: str | None) -> str | None:
 
 
 
+SAFE_URL_SCHEMES = ("https", "http", "ssh", "git", "file")  # transports that cannot run a command
+
+
+def unsafe_git_source(source: str) -> str | None:
+    """Why git must not be given source as a repository to clone or fetch (None when it may): an option
+    (a leading -), a transport that runs commands (ext::, fd::, any <transport>::), or a scheme other than
+    https, http, ssh, git and file. A local path and scp-like [user@]host:path are taken."""
+    if not source:
+        return "an empty repository location"
+    if source.startswith("-"):
+        return "it starts with '-' (git would read it as an option)"
+    if "::" in source:
+        return "a <transport>:: location runs a command (ext::, fd::): give a URL or a path"
+    scheme, sep, rest = source.partition("://")
+    if sep:
+        if scheme.lower() not in SAFE_URL_SCHEMES:
+            return f"URL scheme {scheme!r} is not one of {', '.join(SAFE_URL_SCHEMES)}"
+        if rest.rpartition("@")[2].startswith("-"):
+            return "its host starts with '-' (ssh would read it as an option)"
+    elif ":" in source.split("/", 1)[0] and source.split("@")[-1].startswith("-"):
+        return "its host starts with '-' (ssh would read it as an option)"
+    return None
+
+
 class DependencyUnavailable(Exception):
     """The dependency's repository cannot be had (a failed clone, a ref it does not have)."""
 
@@ -145,6 +169,9 @@ def dependency_checkout(source: str, refs: tuple[str, ...]) -> Path:
     """A repository with a work tree holding refs, to bisect the dependency in: source itself when it is a
     local repository with a work tree, else (a URL or a bare repository) a clone without checkout in the
     cache, made once and fetched when a ref is missing."""
+    problem = unsafe_git_source(source)
+    if problem:
+        raise DependencyUnavailable(f"not cloning {source!r}: {problem}")
     path = Path(source).expanduser()
     if path.exists() and _git(path, "rev-parse", "--is-bare-repository") == "false":
         return Path(_git(path, "rev-parse", "--show-toplevel") or path)
@@ -174,9 +201,10 @@ def tag_chain(dependency_repo: Path, old: str, new: str) -> list[str]:
     old_key, new_key = version_key(old), version_key(new)
     if old_key and new_key and old_key > new_key:
         tags.reverse()
-    chain, seen = [old], {_git(dependency_repo, "rev-parse", f"{ref}^{{commit}}") for ref in (old, new)}
+    chain = [old]
+    seen = {_git(dependency_repo, "rev-parse", "--end-of-options", f"{ref}^{{commit}}") for ref in (old, new)}
     for tag in tags:
-        sha = _git(dependency_repo, "rev-parse", f"{tag}^{{commit}}")
+        sha = _git(dependency_repo, "rev-parse", "--end-of-options", f"{tag}^{{commit}}")
         if tag not in (old, new) and sha not in seen:
             chain.append(tag)
             seen.add(sha)

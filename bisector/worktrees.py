@@ -148,7 +148,11 @@ class WorktreePool:
         slot.mkdir(parents=True)
         tree = slot / "tree"
         _mark(tree, None)
-        self.repo.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+        try:
+            self.repo.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+        except git.GitCommandError:  # e.g. a partial clone's missing objects: no slot is left behind
+            self._remove(tree)
+            raise
         _mark(tree, _admin_of(tree))
         self._check(tree)
         return tree

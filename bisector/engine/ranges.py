@@ -1,6 +1,7 @@
 """The asked range, validated and resolved: its ends in git's terms, the merge bases to test first, its commits."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,12 +29,34 @@ def _refs(value: str | Sequence[str]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+GLOB_CHARACTERS = "*?[]\\"
+
+
+def check_paths(paths: Sequence[str]) -> None:
+    """Refuse a --path git would not take as one literal path inside the repository (UsageError).
+
+    A --path is relative to the repository's top (not the current directory) and names a file or folder
+    as written: no pathspec magic (`:(glob)`, `:!`), no wildcards, nothing absolute or above the top. A path
+    need not exist at the bad end: one that only earlier commits touch is fine.
+    """
+    for path in paths:
+        if not path:
+            raise UsageError("--path '': give a file or folder relative to the repository's top ('.' for all)")
+        if path.startswith(":"):
+            raise UsageError(f"--path {path!r}: pathspec magic is not taken; give a file or folder as written")
+        if any(char in path for char in GLOB_CHARACTERS):
+            raise UsageError(f"--path {path!r}: wildcards are not taken; give a file or folder as written")
+        if os.path.isabs(path) or os.path.normpath(path).split(os.sep)[0] == "..":
+            raise UsageError(f"--path {path!r}: give a path inside the repository, relative to its top")
+
+
 def resolve_range(cfg: RunConfig) -> Range:
     """Validate the asked range, or raise UsageError.
 
     As git bisect does: many old refs (good; bad with --find-fix) and one new ref; when an old ref is
     not an ancestor of the new one, their merge bases must be tested first (Endpoints.merge_bases).
     """
+    check_paths(cfg.paths)
     repo = GitRepo(cfg.repo)
     old_name, new_name = ("bad", "good") if cfg.find_fix else ("good", "bad")
     old_refs, new_refs = _refs(getattr(cfg, old_name)), _refs(getattr(cfg, new_name))
@@ -60,7 +83,8 @@ def resolve_range(cfg: RunConfig) -> Range:
     commits = repo.range_commits(olds, new, cfg.first_parent, cfg.paths)
     shown_olds = " ".join(old_refs)
     if len(commits) <= 1 and cfg.paths:
-        raise UsageError(f"empty range: no commit in {shown_olds}..{new_refs[0]} touches {' '.join(cfg.paths)}")
+        raise UsageError(f"empty range: no commit in {shown_olds}..{new_refs[0]} touches {' '.join(cfg.paths)} "
+                         f"(paths are relative to the repository's top)")
     if not commits:
         raise UsageError(f"empty range: no commits between {shown_olds} and {new_refs[0]}")
     resolved = {old_name: tuple(olds), new_name: (new,)}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import cast
 
 from bisector.errors import ScenarioError
+from bisector.pins import unsafe_git_source
 from bisector.probe_env import python_environment
 from bisector.process import run_process
 from bisector.seams import FollowUp, Scenario
@@ -37,6 +38,13 @@ class AiterMLAProbe(BaseScenario):
         if bool(self.options["vllm_repo"]) != bool(self.options["vllm_ref"]):
             raise ScenarioError("options vllm_repo and vllm_ref go together: they hold vLLM at one commit "
                                 "while the repository bisected is AITER")
+        for key in ("aiter_ref", "vllm_ref"):
+            if self.options[key].startswith("-"):
+                raise ScenarioError(f"option {key}={self.options[key]!r}: a ref cannot start with '-'")
+        for key in ("aiter_repo", "vllm_repo"):
+            problem = unsafe_git_source(self.options[key]) if self.options[key] else None
+            if problem:
+                raise ScenarioError(f"option {key}={self.options[key]!r}: {problem}")
 
     def identity(self, python: str) -> dict:
         """The scenario's identity plus the refs of the AITER repository named or cached: a pin that could

@@ -17,7 +17,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bisector.pins import cache_root, pins_in_tree
+from bisector.pins import cache_root, pins_in_tree, unsafe_git_source
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 PACKAGE = "aiter"
@@ -89,12 +89,15 @@ def local_repository(repo: str) -> Path:
         if _git(path, "rev-parse", "--git-dir") is None:
             raise SourceUnavailable(f"{repo} is not a git repository")
         return path
+    problem = unsafe_git_source(repo)
+    if problem:
+        raise SourceUnavailable(f"not cloning {repo!r}: {problem}")
     clone = cache_root() / "repos" / (hashlib.sha256(repo.encode()).hexdigest()[:16] + ".git")
     if not clone.exists():
         partial = _partial(clone)
         partial.parent.mkdir(parents=True, exist_ok=True)
-        cloned = subprocess.run(["git", "clone", "--quiet", "--bare", repo, str(partial)], capture_output=True,
-                                text=True, stdin=subprocess.DEVNULL)
+        cloned = subprocess.run(["git", "clone", "--quiet", "--bare", "--", repo, str(partial)],
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if cloned.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             last = (cloned.stderr.strip().splitlines() or ["git clone failed"])[-1]
