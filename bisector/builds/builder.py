@@ -6,6 +6,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
+import git
+
 from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import (
     FREE_COST,
@@ -18,6 +20,7 @@ from bisector.builds.base import (
     remove_outputs,
 )
 from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
+from bisector.builds.version import release_version
 from bisector.envs import Environment
 
 if TYPE_CHECKING:
@@ -67,6 +70,7 @@ class Builder:
         self.candidates = sorted(chosen, key=lambda strategy: strategy.cost)
         self.trees: dict[str, dict[str, str]] = {}
         self.vllm_trees: dict[str, bool] = {}
+        self.versions: dict[str, str] = {}
         self.hash_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
 
@@ -83,6 +87,19 @@ class Builder:
                 self.vllm_trees[sha] = bool(self.repo.tree_ids(sha, ["vllm"]))
             return self.vllm_trees[sha]
 
+    def version(self, sha: str) -> str:
+        """The version sha's build is told: from the nearest release tag, never a user's own tag."""
+        with self.lock:
+            if sha not in self.versions:
+                self.versions[sha] = release_version(self._git_output, sha)
+            return self.versions[sha]
+
+    def _git_output(self, *args: str) -> str | None:
+        try:
+            return self.repo.git.execute(["git", *args])
+        except git.GitCommandError:
+            return None
+
     def native(self, sha: str) -> str:
         return native_hash(self.native_trees(sha), self.toolchain)
 
@@ -92,7 +109,7 @@ class Builder:
             environment = Environment("")
         return Target(sha, self.native(sha), self.native_trees(sha),
                       worktree or self.state_dir / "worktrees" / "slot-N", environment.python or self.settings.python,
-                      environment.installer, environment.env)
+                      environment.installer, environment.env, self.version(sha))
 
     def cost(self, sha: str) -> float:
         """0 when no compile is needed (built before, or a wheel), 1 for a compile, 2 for a known failure."""
