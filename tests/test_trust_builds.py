@@ -90,3 +90,67 @@ def test_the_told_version_is_setuptools_scms_own_guess_without_the_users_tags(ma
     own = get_version(root=str(repo.path))  # setuptools-scm itself, the user's tags gone
     assert told[1].split("+")[0] == own.split("+")[0] == "0.24.1.dev1"
     assert told == ["0.24.0+g" + shas[0][:12], "0.24.1.dev1+g" + shas[1][:12], "0.24.1.dev2+g" + shas[2][:12]]
+
+
+def fake_vllm_history(repo) -> list[str]:
+    """Three commits of a tree `--build auto` takes for vLLM, whose ROCm build would first pip install
+    torch==2.10.0 from requirements/rocm-build.txt (as vLLM's does)."""
+    shas = [repo.commit("base", {"setup.py": "from setuptools import setup\nsetup(name='vllm', packages=['vllm'])\n",
+                                 "vllm/__init__.py": "", "csrc/native.c": "int native = 0;\n",
+                                 "requirements/rocm-build.txt": "torch==2.10.0\nsetuptools\n",
+                                 ".gitignore": "build/\n*.egg-info/\n"})]
+    shas += [repo.commit(f"change {i}", {"vllm/work.py": f"x = {i}\n"}) for i in (1, 2)]
+    return shas
+
+
+@pytest.fixture
+def users_python(tmp_path) -> Path:
+    """The user's own interpreter: a virtual environment no step may install into."""
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "user-venv")], check=True)
+    return tmp_path / "user-venv" / "bin" / "python"
+
+
+def installed(python: Path) -> list[str]:
+    """Everything in python's site-packages, and its `pip freeze`."""
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    freeze = subprocess.run([str(python), "-m", "pip", "freeze", "--all"], check=True, capture_output=True,
+                            text=True).stdout
+    return sorted(str(p.relative_to(purelib)) for p in Path(purelib).rglob("*")) + freeze.splitlines()
+
+
+def test_the_gpu_scenario_on_a_machine_without_gpu_skips_before_any_build_or_install(make_repo, users_python,
+                                                                                     tmp_path, cli):
+    if Path("/dev/kfd").exists() or Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has a GPU: the scenario would run")
+    repo = make_repo()
+    shas = fake_vllm_history(repo)
+    before, site_before = repo.snapshot(), installed(users_python)
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--scenario",
+               "dpa-fp8-kv-graph-capture", "--python", str(users_python), "--state-dir", str(state),
+               "--json", str(tmp_path / "r.json"), env={"PIP_NO_INDEX": "1"})  # at its defaults: auto, shared
+    # the good end cannot be judged here: the run stops at its endpoint check, saying why
+    assert proc.returncode == 3, proc.stderr
+    assert "this machine cannot run it: no usable GPU (rocm: /dev/kfd missing" in proc.stderr, proc.stderr
+    assert not list((state / "logs").glob("build-*")), "a build ran (or pip installed) on a machine without GPU"
+    assert installed(users_python) == site_before
+    assert repo.snapshot() == before
+
+
+def test_a_build_never_installs_into_the_users_python_without_the_opt_in(make_repo, users_python, tmp_path, cli):
+    repo = make_repo()
+    shas = fake_vllm_history(repo)
+    site_before = installed(users_python)
+    common = ("scenario", "run", "command", "--repo", str(repo.path), "--ref", shas[-1], "--build", "source",
+              "--python", str(users_python), "--state-dir", str(tmp_path / "state"))
+    refused = cli(*common, "--", "true", env={"PIP_NO_INDEX": "1"})
+    assert refused.returncode == 125, refused.stderr
+    assert "source build refused" in refused.stdout and "-m pip install -r requirements/rocm-build.txt" \
+        in refused.stdout and "--allow-install-into-python" in refused.stdout, refused.stdout
+    assert not list((tmp_path / "state" / "logs").glob("build-*"))
+    assert installed(users_python) == site_before
+    # with the opt-in the build installs what the commit asks (here: offline, so pip fails and says so)
+    allowed = cli(*common, "--allow-install-into-python", "--", "true", env={"PIP_NO_INDEX": "1"})
+    assert allowed.returncode == 125 and "build-requirements exited 1" in allowed.stdout, allowed.stdout
+    assert list((tmp_path / "state" / "logs").glob("build-*-build-requirements.log"))

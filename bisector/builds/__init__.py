@@ -28,7 +28,11 @@ REGISTRY.register("precompiled", "bisector.builds.precompiled:Precompiled", opti
     Option("--wheels", metavar="DIR|URL-TEMPLATE",
            help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}.")])
 REGISTRY.register("source", "bisector.builds.source:SourceBuild", options=[
-    Option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942.")])
+    Option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942."),
+    Option("--allow-install-into-python", is_flag=True,
+           help="Let a build install the commit's build requirements (pip install -r) into --python itself "
+                "under --env shared; without it such a build is refused (--env per-commit installs into the "
+                "tool's own environments).")])
 STRATEGIES = ("auto", *REGISTRY, "none")
 DEFAULT_CACHE_SIZE = "50G"  # --cache-size: the cap on stored compiled artifacts
 
@@ -51,6 +55,7 @@ class BuildSettings:
     wheels: str | None = None
     cache_size: int = parse_size(DEFAULT_CACHE_SIZE)
     max_jobs: int = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
+    install_into_python: bool = False  # --allow-install-into-python: pip may write into --python (--env shared)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", REGISTRY.canonical(self.strategy))

@@ -32,6 +32,12 @@ KNOWN_FAILURE_COST = 2.0
 FAILED_BEFORE = "failed-before"
 
 
+def installs_packages(argv: tuple[str, ...]) -> bool:
+    """Whether a command installs packages (pip install, uv pip install), as a build's requirements step does."""
+    names = [Path(part).name for part in argv]
+    return "install" in names and any(name == "pip" or name.startswith("pip3") for name in names)
+
+
 class NoBuild:
     """The tree runs as checked out (the CPU probe, or a command that builds for itself)."""
 
@@ -157,6 +163,11 @@ class Builder:
         with hash_lock:  # two slots never build the same native inputs at once
             failed: list[BuildResult] = []
             for decision in self._decisions(target):
+                refusal = self._writes_into_python(decision, environment)
+                if refusal:  # the user's own interpreter: not the tool's to change unless allowed
+                    result = BuildResult(decision.strategy, False, refusal)
+                    failed.append(result)
+                    continue
                 remove_outputs(worktree)  # a previous step's, or the failed strategy's
                 result = self._prepare(target, decision, log_dir)
                 if failed:
@@ -166,6 +177,18 @@ class Builder:
                     return result
                 failed.append(result)
             return result
+
+    def _writes_into_python(self, decision: Decision, environment: Environment | None) -> str | None:
+        """Why decision may not run: it installs packages into --python itself (the shared environment,
+        no environment of the tool's own) and --allow-install-into-python was not given. None: it may."""
+        if self.settings.install_into_python or (environment is not None and environment.path is not None):
+            return None
+        installs = [command for command in decision.commands if installs_packages(command.argv)]
+        if not installs:
+            return None
+        return (f"{decision.strategy} build refused: `{' '.join(installs[0].argv)}` would install into --python "
+                f"{self.settings.python} (--env shared); --env per-commit builds in the tool's own environments, "
+                f"--allow-install-into-python allows it")
 
     def _prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         if decision.strategy == "none":

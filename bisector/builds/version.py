@@ -14,7 +14,8 @@ from typing import Callable
 RELEASE_TAGS = "v[0-9]*"  # git describe --match: vLLM's and AITER's release tags
 # setuptools-scm reads the first for the named distribution, the second for any (vLLM's setup.py calls
 # get_version() without a name, so only the generic one reaches it).
-PRETEND_VARIABLES = ("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_VLLM", "SETUPTOOLS_SCM_PRETEND_VERSION")
+PRETEND_ANY = "SETUPTOOLS_SCM_PRETEND_VERSION"
+PRETEND_VARIABLES = ("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_VLLM", PRETEND_ANY)
 
 Git = Callable[..., "str | None"]  # runs git with an argument list: its output, None when git fails
 
@@ -43,6 +44,6 @@ def version_from_describe(described: str, sha: str) -> str:
     return f"{base}.dev{distance}+g{sha[:12]}"
 
 
-def pretend_env(version: str) -> dict[str, str]:
-    """The variables that make setuptools-scm answer version instead of asking git."""
-    return dict.fromkeys(PRETEND_VARIABLES, version) if version else {}
+def pretend_env(version: str, names: tuple[str, ...] = PRETEND_VARIABLES) -> dict[str, str]:
+    """The variables that make setuptools-scm answer version instead of asking git (vLLM's by default)."""
+    return dict.fromkeys(names, version) if version else {}
