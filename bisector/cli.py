@@ -341,13 +341,12 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
 
 
 def build_settings(build: str | None, python: str, rocm_arch: str | None, wheels: str | None,
-                   cache_size: str, command: tuple[str, ...] = (), install_into_python: bool = False) -> BuildSettings:
+                   cache_size: str, command: tuple[str, ...] = ()) -> BuildSettings:
     """The build options; without --build a -- CMD run builds nothing, as `git bisect run` does."""
     if build is None:
         build = "none" if command else "auto"
     try:
-        return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size),
-                             install_into_python=install_into_python)
+        return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
     except ValueError as exc:
         raise UsageError(f"--cache-size: {exc}") from None
 
@@ -524,7 +523,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
     pr_url_template = pr_links(repo, pr_url_template)
-    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command, allow_install_into_python)
+    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command) \
+        .allowing_install(allow_install_into_python)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
         builder))
@@ -625,8 +625,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     world_asked = world_settings(world, scenario, env_mode, rocm_arch)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command,
-                                                               allow_install_into_python),
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
+                         .allowing_install(allow_install_into_python),
                          log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line(),
                          envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
     result = run_backport(cfg, BackportProgress())
@@ -771,8 +771,8 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size,
-                                           install_into_python=allow_install_into_python), timeout, python,
+    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size)
+                  .allowing_install(allow_install_into_python), timeout, python,
                   world=world_settings(world, scenario, "shared", rocm_arch))
     result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
     if json_file:

@@ -8,6 +8,7 @@ with the command-line options it reads from BuildSettings. Settings are opened (
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -63,6 +64,10 @@ class BuildSettings:
     @property
     def name(self) -> str:
         return self.strategy
+
+    def allowing_install(self, allowed: bool) -> BuildSettings:
+        """These settings with --allow-install-into-python given (allowed) or not."""
+        return dataclasses.replace(self, install_into_python=allowed)
 
     def open(self, repo: GitRepo, state_dir: Path) -> Build:
         """The build of this run; ValueError when the strategy is unknown or its options are bad."""
