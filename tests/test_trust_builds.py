@@ -47,12 +47,15 @@ def scm_python(tmp_path_factory) -> str:
 
 
 def scm_tree(repo) -> list[str]:
-    """v0.24.0, then two commits: the last carries the user's lightweight tags s16 and try2."""
+    """v0.24.0, then two commits: the first carries the user's tag v2-good (the release glob's, no release),
+    the last the user's lightweight tags s16 and try2."""
     shas = [repo.commit("release", {"setup.py": SCM_SETUP, "pyproject.toml": SCM_PYPROJECT, "vllm/__init__.py": "",
                                     "check_version.py": CHECK_VERSION,
                                     ".gitignore": "build/\n*.egg-info/\nvllm/_version.py\n"})]
     repo.git("tag", "-a", "-m", "v0.24.0", "v0.24.0")
-    shas += [repo.commit("work", {"vllm/work.py": "x = 1\n"}), repo.commit("more work", {"vllm/work.py": "x = 2\n"})]
+    shas.append(repo.commit("work", {"vllm/work.py": "x = 1\n"}))
+    repo.git("tag", "v2-good")
+    shas.append(repo.commit("more work", {"vllm/work.py": "x = 2\n"}))
     repo.git("tag", "s16")
     repo.git("tag", "try2")
     return shas
@@ -85,7 +88,7 @@ def test_the_told_version_is_setuptools_scms_own_guess_without_the_users_tags(ma
     shas = scm_tree(repo)
     git = GitRepo(repo.path).git
     told = [release_version(lambda *args: git.execute(["git", *args]), sha) for sha in shas]
-    repo.git("tag", "-d", "s16", "try2")
+    repo.git("tag", "-d", "s16", "try2", "v2-good")
     repo.git("checkout", "-q", shas[1])
     own = get_version(root=str(repo.path))  # setuptools-scm itself, the user's tags gone
     assert told[1].split("+")[0] == own.split("+")[0] == "0.24.1.dev1"
@@ -154,3 +157,21 @@ def test_a_build_never_installs_into_the_users_python_without_the_opt_in(make_re
     allowed = cli(*common, "--allow-install-into-python", "--", "true", env={"PIP_NO_INDEX": "1"})
     assert allowed.returncode == 125 and "build-requirements exited 1" in allowed.stdout, allowed.stdout
     assert list((tmp_path / "state" / "logs").glob("build-*-build-requirements.log"))
+
+
+def test_a_develop_in_the_users_python_fetches_no_missing_requirement(make_repo, users_python, tmp_path, cli):
+    """setuptools' `setup.py develop` would fetch install_requires missing from --python into it."""
+    repo = make_repo()
+    sha = repo.commit("tree", {"vllm/__init__.py": "", ".gitignore": "build/\n*.egg-info/\n",
+                               "setup.py": "from setuptools import setup\nsetup(name='vllm', version='0', "
+                                           "packages=['vllm'], install_requires=['bisector-absent-pkg'])\n"})
+    freeze = [str(users_python), "-m", "pip", "freeze", "--all"]
+    before = subprocess.run(freeze, check=True, capture_output=True, text=True).stdout
+    proc = cli("scenario", "run", "command", "--repo", str(repo.path), "--ref", sha, "--build", "source",
+               "--python", str(users_python), "--state-dir", str(tmp_path / "state"),
+               "--", str(users_python), "-c", "import vllm", env={"PIP_NO_INDEX": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = subprocess.run(freeze, check=True, capture_output=True, text=True).stdout
+    assert "absent" not in after
+    # what stays is the worktree's link (an egg-link), no package
+    assert [line for line in after.splitlines() if "vllm" not in line] == before.splitlines()

@@ -2,6 +2,7 @@
 over the artifact cache of one state dir; NoBuild when the tree runs as checked out."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
@@ -163,11 +164,12 @@ class Builder:
         with hash_lock:  # two slots never build the same native inputs at once
             failed: list[BuildResult] = []
             for decision in self._decisions(target):
-                refusal = self._writes_into_python(decision, environment)
-                if refusal:  # the user's own interpreter: not the tool's to change unless allowed
-                    result = BuildResult(decision.strategy, False, refusal)
+                kept = self._in_users_python(decision, environment)
+                if isinstance(kept, str):  # the user's own interpreter: not the tool's to change unless allowed
+                    result = BuildResult(decision.strategy, False, kept)
                     failed.append(result)
                     continue
+                decision = kept
                 remove_outputs(worktree)  # a previous step's, or the failed strategy's
                 result = self._prepare(target, decision, log_dir)
                 if failed:
@@ -178,17 +180,22 @@ class Builder:
                 failed.append(result)
             return result
 
-    def _writes_into_python(self, decision: Decision, environment: Environment | None) -> str | None:
-        """Why decision may not run: it installs packages into --python itself (the shared environment,
-        no environment of the tool's own) and --allow-install-into-python was not given. None: it may."""
+    def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:
+        """decision as it may run in environment. In --python itself (the shared environment, none of the
+        tool's own) without --allow-install-into-python nothing is installed there: a package install is
+        refused (why, as a string), `setup.py develop` runs with --no-deps (it would fetch missing
+        install_requires into --python; it still links the worktree there)."""
         if self.settings.install_into_python or (environment is not None and environment.path is not None):
-            return None
+            return decision
         installs = [command for command in decision.commands if installs_packages(command.argv)]
-        if not installs:
-            return None
-        return (f"{decision.strategy} build refused: `{' '.join(installs[0].argv)}` would install into --python "
-                f"{self.settings.python} (--env shared); --env per-commit builds in the tool's own environments, "
-                f"--allow-install-into-python allows it")
+        if installs:
+            return (f"{decision.strategy} build refused: `{' '.join(installs[0].argv)}` would install into "
+                    f"--python {self.settings.python} (--env shared); --env per-commit builds in the tool's own "
+                    f"environments, --allow-install-into-python allows it")
+        return dataclasses.replace(decision, commands=tuple(
+            dataclasses.replace(command, argv=(*command.argv, "--no-deps"))
+            if command.argv[1:3] == ("setup.py", "develop") and "--no-deps" not in command.argv else command
+            for command in decision.commands))
 
     def _prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         if decision.strategy == "none":

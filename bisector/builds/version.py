@@ -12,6 +12,9 @@ import re
 from typing import Callable
 
 RELEASE_TAGS = "v[0-9]*"  # git describe --match: vLLM's and AITER's release tags
+# What a release tag is, beyond the glob (a user's `v2-good` matches the glob, not this).
+RELEASE = re.compile(r"v(\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?)")
+TRIES = 20  # tags passed over (not releases) before giving up on the nearest release
 # setuptools-scm reads the first for the named distribution, the second for any (vLLM's setup.py calls
 # get_version() without a name, so only the generic one reaches it).
 PRETEND_ANY = "SETUPTOOLS_SCM_PRETEND_VERSION"
@@ -22,26 +25,29 @@ Git = Callable[..., "str | None"]  # runs git with an argument list: its output,
 
 def release_version(git: Git, sha: str) -> str:
     """sha's version from the nearest release tag before it; 0.1.dev<commits> without one."""
-    described = git("describe", "--tags", "--long", "--abbrev=12", "--match", RELEASE_TAGS, sha)
-    if described is None:  # no release tag reaches sha
-        return f"0.1.dev{(git('rev-list', '--count', sha) or '0').strip()}+g{sha[:12]}"
-    return version_from_describe(described.strip(), sha)
+    passed_over: list[str] = []
+    for _ in range(TRIES):
+        described = git("describe", "--tags", "--long", "--abbrev=12", "--match", RELEASE_TAGS,
+                        *(f"--exclude={tag}" for tag in passed_over), sha)
+        if described is None:  # no release tag reaches sha
+            break
+        tag, _, distance = described.strip().rpartition("-g")[0].rpartition("-")
+        release = RELEASE.fullmatch(tag)
+        if release:
+            return version_after(release.group(1), int(distance), sha)
+        passed_over.append(tag)
+    return f"0.1.dev{(git('rev-list', '--count', sha) or '0').strip()}+g{sha[:12]}"
 
 
-def version_from_describe(described: str, sha: str) -> str:
-    """`v0.24.0-3-g<hex>` -> 0.24.1.dev3+g<sha12>; at the tag itself 0.24.0+g<sha12>.
+def version_after(release: str, distance: int, sha: str) -> str:
+    """Release 0.24.0 and 3 commits -> 0.24.1.dev3+g<sha12>; at the release itself 0.24.0+g<sha12>.
 
-    The next version bumps the tag's last number (setuptools-scm's guess-next-dev: 0.10.1rc1 -> 0.10.1rc2).
+    The next version bumps the release's last number (setuptools-scm's guess-next-dev: 0.10.1rc1 -> 0.10.1rc2).
     """
-    match = re.fullmatch(r"[vV]?(.+)-(\d+)-g[0-9a-f]+", described)
-    if not match:
-        raise ValueError(f"not a `git describe --long` output: {described!r}")
-    tag, distance = match.group(1).split("+", 1)[0], int(match.group(2))
     if distance == 0:
-        return f"{tag}+g{sha[:12]}"
-    bumped = re.fullmatch(r"(.*?)(\d+)", tag)
-    base = f"{bumped.group(1)}{int(bumped.group(2)) + 1}" if bumped else tag
-    return f"{base}.dev{distance}+g{sha[:12]}"
+        return f"{release}+g{sha[:12]}"
+    head = release.rstrip("0123456789")  # a release ends in digits
+    return f"{head}{int(release[len(head):]) + 1}.dev{distance}+g{sha[:12]}"
 
 
 def pretend_env(version: str, names: tuple[str, ...] = PRETEND_VARIABLES) -> dict[str, str]:
