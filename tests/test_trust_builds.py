@@ -71,7 +71,7 @@ def test_a_users_tag_on_the_commit_never_decides_the_built_version(make_repo, sc
                "--python", scm_python, "--state-dir", str(state), "--json", str(tmp_path / "o.json"),
                "--", scm_python, "check_version.py", expected)
     outcome = json.loads((tmp_path / "o.json").read_text())
-    develop = "".join(log.read_text() for log in (state / "logs").glob("build-*-develop.log"))
+    develop = "".join(log.read_text() for log in state.rglob("build-*-develop.log"))
     assert "Can't parse version from tag" not in develop, develop[-2000:]
     assert proc.returncode == 0, (outcome, proc.stderr)
     assert outcome["verdict"] == "good" and "running develop" in develop
@@ -136,7 +136,7 @@ def test_the_gpu_scenario_on_a_machine_without_gpu_skips_before_any_build_or_ins
     # the good end cannot be judged here: the run stops at its endpoint check, saying why
     assert proc.returncode == 3, proc.stderr
     assert "this machine cannot run it: no usable GPU (rocm: /dev/kfd missing" in proc.stderr, proc.stderr
-    assert not list((state / "logs").glob("build-*")), "a build ran (or pip installed) on a machine without GPU"
+    assert not list(state.rglob("build-*")), "a build ran (or pip installed) on a machine without GPU"
     assert installed(users_python) == site_before
     assert repo.snapshot() == before
 
@@ -151,12 +151,12 @@ def test_a_build_never_installs_into_the_users_python_without_the_opt_in(make_re
     assert refused.returncode == 125, refused.stderr
     assert "source build refused" in refused.stdout and "-m pip install -r requirements/rocm-build.txt" \
         in refused.stdout and "--allow-install-into-python" in refused.stdout, refused.stdout
-    assert not list((tmp_path / "state" / "logs").glob("build-*"))
+    assert not list((tmp_path / "state").rglob("build-*"))
     assert installed(users_python) == site_before
     # with the opt-in the build installs what the commit asks (here: offline, so pip fails and says so)
     allowed = cli(*common, "--allow-install-into-python", "--", "true", env={"PIP_NO_INDEX": "1"})
     assert allowed.returncode == 125 and "build-requirements exited 1" in allowed.stdout, allowed.stdout
-    assert list((tmp_path / "state" / "logs").glob("build-*-build-requirements.log"))
+    assert list((tmp_path / "state").rglob("build-*-build-requirements.log"))
 
 
 def test_a_develop_in_the_users_python_fetches_no_missing_requirement(make_repo, users_python, tmp_path, cli):
