@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
+from bisector.builds.version import PRETEND_ANY, pretend_env, release_version
 from bisector.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
 from bisector.pins import unsafe_git_source
 from bisector.probe_env import run_probe
@@ -173,7 +175,9 @@ class AiterInstalls:
         python = str(layer / "venv" / "bin" / "python")
         install = (uv_binary(), "pip", "install", "--python", python, "--excludes", str(layer / "excludes.txt"))
         clone = self.root / "clones" / f"{hashlib.sha256(build.repo.encode()).hexdigest()[:16]}.git"
-        env = {"GPU_ARCHS": build.arch, "PREBUILD_KERNELS": "1" if build.prebuild else "0"}
+        # the wheel's version from AITER's release tags, never from a tag of whoever's clone --aiter-repo is
+        env = {"GPU_ARCHS": build.arch, "PREBUILD_KERNELS": "1" if build.prebuild else "0",
+               **pretend_env(release_version(functools.partial(_git_output, clone), build.commit), (PRETEND_ANY,))}
         return (Command("aiter-checkout", ("git", "clone", "--quiet", "--no-checkout", str(clone), str(src)), {}),
                 Command("aiter-switch", ("git", "-C", str(src), "checkout", "--quiet", "--detach", build.commit), {}),
                 Command("aiter-submodules", ("git", "-C", str(src), "submodule", "update", "--init", "--recursive"),
@@ -326,6 +330,11 @@ def _probe(python: str) -> dict:
         return run_probe(python, ("torch",))
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         raise AiterUnavailable(f"cannot run {python}: {exc}") from None
+
+
+def _git_output(cwd: Path, *args: str) -> str | None:
+    done = _git(cwd, *args)
+    return done.stdout if done.returncode == 0 else None
 
 
 def _git(cwd: Path | None, *args: str) -> subprocess.CompletedProcess:

@@ -497,7 +497,8 @@ def _sigterm(signum, frame):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
-        confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature,
+        confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
+        signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, no_cache, world, follow_pins, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
@@ -522,7 +523,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
     pr_url_template = pr_links(repo, pr_url_template)
-    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command)
+    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command) \
+        .allowing_install(allow_install_into_python)
     step_executor = create_executor(executor_kind, Placement(
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
         builder))
@@ -599,7 +601,8 @@ class BackportProgress:
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, cache_size, log_limit, env_mode,
+             markdown_file, junit_file, python, build, rocm_arch, wheels, allow_install_into_python, cache_size,
+             log_limit, env_mode,
              env_cache_size, no_cache, world, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     from bisector import report
@@ -622,7 +625,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     world_asked = world_settings(world, scenario, env_mode, rocm_arch)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command),
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
+                         .allowing_install(allow_install_into_python),
                          log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line(),
                          envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
     result = run_backport(cfg, BackportProgress())
@@ -713,7 +717,7 @@ def scenario_list() -> None:
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
-                 log_limit, env_mode, env_cache_size, world, command):
+                 allow_install_into_python, log_limit, env_mode, env_cache_size, world, command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     from bisector.engine.judge import Judge
     from bisector.engine.run import judge_one
@@ -725,7 +729,8 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = Judge(scenario, BuildSettings(build, python, rocm_arch, wheels), timeout, python,
+    judge = Judge(scenario, BuildSettings(build, python, rocm_arch, wheels,
+                                          install_into_python=allow_install_into_python), timeout, python,
                   envs=EnvSettings(env_mode, python, env_cache_size),
                   world=world_settings(world, scenario, env_mode, rocm_arch))
     outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit))
@@ -752,7 +757,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir, json_file, python, build,
-                       rocm_arch, wheels, cache_size, world, command):
+                       rocm_arch, wheels, allow_install_into_python, cache_size, world, command):
     """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
 
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
@@ -766,7 +771,8 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size), timeout, python,
+    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size)
+                  .allowing_install(allow_install_into_python), timeout, python,
                   world=world_settings(world, scenario, "shared", rocm_arch))
     result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
     if json_file:

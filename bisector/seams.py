@@ -158,6 +158,16 @@ class FollowsPins(Protocol):
 
 
 @runtime_checkable
+class ChecksMachine(Protocol):
+    """A scenario that says, before anything is built or installed, why this machine can never run it
+    for the step (no GPU, a torch of another flavour): the judge then skips the step with that reason."""
+
+    def machine_check(self, ctx: StepContext) -> str | None:
+        """Why the step cannot run here (ctx as the scenario's run would get it, before the build); None: it can."""
+        ...
+
+
+@runtime_checkable
 class LearnsOptions(Protocol):
     """A scenario whose options `scenario calibrate` can set from the good end's step details."""
 

@@ -59,6 +59,11 @@ class BaseScenario(ABC):
         """
         return python_environment(python)
 
+    def machine_check(self, ctx: StepContext) -> str | None:
+        """Why this machine cannot run the step, checked before the build (bisector.seams.ChecksMachine):
+        override when the scenario needs what a machine may lack (a GPU, a torch flavour). None: nothing."""
+        return None
+
     def follow_up(self, dependency: str) -> FollowUp | None:
         """How the hunt continues inside `dependency` (e.g. "aiter") when the answer moves its pin: the
         repository and the options this scenario carries over. None (the default): nothing of its own."""

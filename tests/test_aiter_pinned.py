@@ -70,6 +70,8 @@ def test_plan_installs_each_commits_pinned_aiter_with_its_commands_and_key(relea
         switch = next(c for c in probe["commands"] if c["label"] == "aiter-switch")
         assert switch["argv"][-1] == commit
         wheel = next(c for c in probe["commands"] if c["label"] == "aiter-wheel")
+        told = wheel["env"].pop("SETUPTOOLS_SCM_PRETEND_VERSION")  # from AITER's release tags, not a user's
+        assert told.endswith(f"+g{commit[:12]}")
         assert wheel["env"] == {"GPU_ARCHS": "gfx942", "PREBUILD_KERNELS": "0"}
         assert wheel["argv"][1:3] == ["setup.py", "bdist_wheel"] and key in wheel["argv"][3]
         assert "AITER wheel ~5 min" in probe["estimate"]

@@ -93,7 +93,8 @@ def run_auto(cli):
     def run(repo, shas, python, state_dir, *extra):
         return cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
                    "--state-dir", str(state_dir), "--python", python, "--json", str(state_dir / "r.json"),
-                   "--build", "auto", *extra, "--", python, "check.py", env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+                   "--build", "auto", "--allow-install-into-python", *extra, "--", python, "check.py",
+                   env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
 
     return run
 
@@ -142,7 +143,7 @@ def test_failed_build_is_remembered_with_its_log(make_repo, venv_python, tmp_pat
     repo = make_repo()
     shas = stand_in(repo, 6, native_at={2}, bad_from=5, broken={2})
     state = tmp_path / "state"
-    builder = BuildSettings("auto", venv_python).open(GitRepo(repo.path), state)
+    builder = BuildSettings("auto", venv_python, install_into_python=True).open(GitRepo(repo.path), state)
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(repo.path), str(work)], check=True)
     subprocess.run(["git", "-C", str(work), "checkout", "-q", shas[2]], check=True)
@@ -150,7 +151,7 @@ def test_failed_build_is_remembered_with_its_log(make_repo, venv_python, tmp_pat
     assert not first.ok and first.strategy == "source"
     assert "error" in Path(first.log_path).read_text()
     # a Python-only child has the same native hash: skipped at once, pointing at the original log
-    builder = BuildSettings("auto", venv_python).open(GitRepo(repo.path), state)
+    builder = BuildSettings("auto", venv_python, install_into_python=True).open(GitRepo(repo.path), state)
     second = builder.prepare(work, shas[3], state / "logs")
     assert not second.ok and "failed to build before" in second.reason
     assert second.log_path == first.log_path
@@ -165,7 +166,7 @@ def test_stale_extension_from_another_native_hash_is_never_used(make_repo, venv_
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(repo.path), str(work)], check=True)
     subprocess.run(["git", "-C", str(work), "checkout", "-q", shas[0]], check=True)
-    assert BuildSettings("source", venv_python).open(GitRepo(repo.path), state) \
+    assert BuildSettings("source", venv_python, install_into_python=True).open(GitRepo(repo.path), state) \
         .prepare(work, shas[0], state / "logs").ok
     stale = list((work / "fixturepkg").glob("_C*.so"))
     assert stale
@@ -385,7 +386,8 @@ def test_a_wheel_that_fails_falls_back_to_a_compile_in_auto_only(make_repo, venv
     broken = precompiled.prepare(work, shas[1], state / "logs")
     assert (broken.ok, broken.strategy) == (False, "precompiled")
     assert gcc_runs(state) == 0
-    auto = BuildSettings("auto", venv_python, wheels=str(wheels)).open(GitRepo(repo.path), state)
+    auto = BuildSettings("auto", venv_python, wheels=str(wheels), install_into_python=True).open(GitRepo(repo.path),
+                                                                                                 state)
     assert auto.decide(shas[1]).strategy == "precompiled"
     result = auto.prepare(work, shas[1], state / "logs")
     assert (result.ok, result.strategy) == (True, "source"), result.reason

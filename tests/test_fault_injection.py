@@ -119,8 +119,8 @@ def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
     while kills < KILLS:
         rounds += 1
         args = ["run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
-                "--build", "source", "--python", str(python), "--jobs", str(1 + rounds % 2),
-                "--json", str(tmp_path / "r.json"), "--", str(step), f"round{rounds}"]
+                "--build", "source", "--allow-install-into-python", "--python", str(python),
+                "--jobs", str(1 + rounds % 2), "--json", str(tmp_path / "r.json"), "--", str(step), f"round{rounds}"]
         for _ in range(rng.randint(4, 8)):
             driver = subprocess.Popen([sys.executable, "-m", "bisector.cli", *args], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,6 +8,7 @@ with the command-line options it reads from BuildSettings. Settings are opened (
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -28,7 +29,11 @@ REGISTRY.register("precompiled", "bisector.builds.precompiled:Precompiled", opti
     Option("--wheels", metavar="DIR|URL-TEMPLATE",
            help="Per-commit wheels for precompiled builds: a directory, or a URL with {commit}.")])
 REGISTRY.register("source", "bisector.builds.source:SourceBuild", options=[
-    Option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942.")])
+    Option("--rocm-arch", help="PYTORCH_ROCM_ARCH for source builds. Default: the GPUs', else gfx942."),
+    Option("--allow-install-into-python", is_flag=True,
+           help="Let a build install the commit's build requirements (pip install -r) into --python itself "
+                "under --env shared; without it such a build is refused (--env per-commit installs into the "
+                "tool's own environments).")])
 STRATEGIES = ("auto", *REGISTRY, "none")
 DEFAULT_CACHE_SIZE = "50G"  # --cache-size: the cap on stored compiled artifacts
 
@@ -51,6 +56,7 @@ class BuildSettings:
     wheels: str | None = None
     cache_size: int = parse_size(DEFAULT_CACHE_SIZE)
     max_jobs: int = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
+    install_into_python: bool = False  # --allow-install-into-python: pip may write into --python (--env shared)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", REGISTRY.canonical(self.strategy))
@@ -58,6 +64,10 @@ class BuildSettings:
     @property
     def name(self) -> str:
         return self.strategy
+
+    def allowing_install(self, allowed: bool) -> BuildSettings:
+        """These settings with --allow-install-into-python given (allowed) or not."""
+        return dataclasses.replace(self, install_into_python=allowed)
 
     def open(self, repo: GitRepo, state_dir: Path) -> Build:
         """The build of this run; ValueError when the strategy is unknown or its options are bad."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol
 
+from bisector.builds.version import pretend_env
 from bisector.process import run_process
 from bisector.worktrees import untracked_files
 
@@ -66,6 +67,7 @@ class Target:
     python: str = "python3"  # the interpreter of the environment the build runs in
     installer: tuple[str, ...] = ()  # installs requirement files there; () = `python -m pip install`
     variables: Mapping[str, str] = field(default_factory=dict)  # select that environment (PATH, VIRTUAL_ENV)
+    version: str = ""  # what the tree's build is told its version is (bisector.builds.version); "": ask git
 
     @property
     def install(self) -> tuple[str, ...]:
@@ -79,6 +81,11 @@ class Target:
     def env(self) -> dict:
         """The scenario's environment once built: the worktree's package importable."""
         return {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.worktree), os.environ.get("PYTHONPATH")]))}
+
+    @property
+    def version_env(self) -> dict[str, str]:
+        """The variables of a command that builds the tree itself: its version, never a user's tag."""
+        return pretend_env(self.version)
 
     def refuse(self, reason: str) -> Decision:
         """A strategy's answer when it cannot serve this commit."""

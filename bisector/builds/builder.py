@@ -2,9 +2,12 @@
 over the artifact cache of one state dir; NoBuild when the tree runs as checked out."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
+
+import git
 
 from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import (
@@ -18,6 +21,7 @@ from bisector.builds.base import (
     remove_outputs,
 )
 from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
+from bisector.builds.version import release_version
 from bisector.envs import Environment
 
 if TYPE_CHECKING:
@@ -27,6 +31,12 @@ if TYPE_CHECKING:
 # Worse than any compile: the commit cannot be built (it failed before, or the chosen strategy cannot serve).
 KNOWN_FAILURE_COST = 2.0
 FAILED_BEFORE = "failed-before"
+
+
+def installs_packages(argv: tuple[str, ...]) -> bool:
+    """Whether a command installs packages (pip install, uv pip install), as a build's requirements step does."""
+    names = [Path(part).name for part in argv]
+    return "install" in names and any(name == "pip" or name.startswith("pip3") for name in names)
 
 
 class NoBuild:
@@ -67,6 +77,7 @@ class Builder:
         self.candidates = sorted(chosen, key=lambda strategy: strategy.cost)
         self.trees: dict[str, dict[str, str]] = {}
         self.vllm_trees: dict[str, bool] = {}
+        self.versions: dict[str, str] = {}
         self.hash_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
 
@@ -83,6 +94,19 @@ class Builder:
                 self.vllm_trees[sha] = bool(self.repo.tree_ids(sha, ["vllm"]))
             return self.vllm_trees[sha]
 
+    def version(self, sha: str) -> str:
+        """The version sha's build is told: from the nearest release tag, never a user's own tag."""
+        with self.lock:
+            if sha not in self.versions:
+                self.versions[sha] = release_version(self._git_output, sha)
+            return self.versions[sha]
+
+    def _git_output(self, *args: str) -> str | None:
+        try:
+            return self.repo.git.execute(["git", *args])
+        except git.GitCommandError:
+            return None
+
     def native(self, sha: str) -> str:
         return native_hash(self.native_trees(sha), self.toolchain)
 
@@ -92,7 +116,7 @@ class Builder:
             environment = Environment("")
         return Target(sha, self.native(sha), self.native_trees(sha),
                       worktree or self.state_dir / "worktrees" / "slot-N", environment.python or self.settings.python,
-                      environment.installer, environment.env)
+                      environment.installer, environment.env, self.version(sha))
 
     def cost(self, sha: str) -> float:
         """0 when no compile is needed (built before, or a wheel), 1 for a compile, 2 for a known failure."""
@@ -140,6 +164,12 @@ class Builder:
         with hash_lock:  # two slots never build the same native inputs at once
             failed: list[BuildResult] = []
             for decision in self._decisions(target):
+                kept = self._in_users_python(decision, environment)
+                if isinstance(kept, str):  # the user's own interpreter: not the tool's to change unless allowed
+                    result = BuildResult(decision.strategy, False, kept)
+                    failed.append(result)
+                    continue
+                decision = kept
                 remove_outputs(worktree)  # a previous step's, or the failed strategy's
                 result = self._prepare(target, decision, log_dir)
                 if failed:
@@ -149,6 +179,23 @@ class Builder:
                     return result
                 failed.append(result)
             return result
+
+    def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:
+        """decision as it may run in environment. In --python itself (the shared environment, none of the
+        tool's own) without --allow-install-into-python nothing is installed there: a package install is
+        refused (why, as a string), `setup.py develop` runs with --no-deps (it would fetch missing
+        install_requires into --python; it still links the worktree there)."""
+        if self.settings.install_into_python or (environment is not None and environment.path is not None):
+            return decision
+        installs = [command for command in decision.commands if installs_packages(command.argv)]
+        if installs:
+            return (f"{decision.strategy} build refused: `{' '.join(installs[0].argv)}` would install into "
+                    f"--python {self.settings.python} (--env shared); --env per-commit builds in the tool's own "
+                    f"environments, --allow-install-into-python allows it")
+        return dataclasses.replace(decision, commands=tuple(
+            dataclasses.replace(command, argv=(*command.argv, "--no-deps"))
+            if command.argv[1:3] == ("setup.py", "develop") and "--no-deps" not in command.argv else command
+            for command in decision.commands))
 
     def _prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         if decision.strategy == "none":

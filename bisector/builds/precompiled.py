@@ -8,6 +8,7 @@ import threading
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Mapping
 
 from bisector.builds.base import (
     FREE_COST,
@@ -34,17 +35,18 @@ class Precompiled:
         if not wheel:
             return target.refuse(f"no wheel for {target.sha[:12]}")
         return Decision(self.name, f"native {target.short} not built, wheel {Path(wheel).name}", target.native,
-                        tuple(precompiled_plan(target.python, wheel)))
+                        tuple(precompiled_plan(target.python, wheel, target.version_env)))
 
     def prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         built = run_commands(target, decision, log_dir)
         return keep_outputs(self.cache, target, built) if built.ok else built
 
 
-def precompiled_plan(python: str, wheel: str) -> list[Command]:
-    """Install the commit's Python over compiled files taken from a wheel (vLLM's precompiled path)."""
+def precompiled_plan(python: str, wheel: str, version_env: Mapping[str, str] | None = None) -> list[Command]:
+    """Install the commit's Python over compiled files taken from a wheel (vLLM's precompiled path);
+    version_env tells the build its version (Target.version_env)."""
     return [Command("develop-precompiled", (python, "setup.py", "develop"),
-                    {"VLLM_USE_PRECOMPILED": "1", "VLLM_PRECOMPILED_WHEEL_LOCATION": wheel})]
+                    {"VLLM_USE_PRECOMPILED": "1", "VLLM_PRECOMPILED_WHEEL_LOCATION": wheel, **(version_env or {})})]
 
 
 class WheelSource:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Mapping
 
 from bisector.builds.base import (
     COMPILE_COST,
@@ -35,8 +36,9 @@ class SourceBuild:
             f"native {target.short} not built" + (", no wheel" if self.settings.wheels else "")
         return Decision(self.name, why, target.native,
                         tuple(source_plan(target.python, requirements, self.toolchain, self.settings.max_jobs,
-                                          compiler_cache_env(compiler_launcher(), self.compiler_cache,
-                                                             target.worktree), target.install)))
+                                          {**compiler_cache_env(compiler_launcher(), self.compiler_cache,
+                                                                target.worktree), **target.version_env},
+                                          target.install)))
 
     def prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         clean_ignored(target.worktree)  # an earlier commit's build dir may hold stale objects and modules
@@ -62,10 +64,12 @@ def compiler_cache_env(launcher: str | None, cache_dir: Path, worktree: Path) ->
 
 
 def source_plan(python: str, requirements: str | None, toolchain: Toolchain, max_jobs: int,
-                cache_env: dict, install: tuple[str, ...] = ()) -> list[Command]:
+                develop_env: Mapping[str, str], install: tuple[str, ...] = ()) -> list[Command]:
     """vLLM's documented ROCm build in python's environment: install the commit's build requirements
-    (with `install`, default `python -m pip install`), `setup.py develop`."""
-    env = {"PYTORCH_ROCM_ARCH": toolchain.arch, "MAX_JOBS": str(max_jobs), **cache_env}
+    (with `install`, default `python -m pip install`), `setup.py develop` with develop_env besides the arch
+    and jobs (the compiler cache's variables, Target.version_env: never given to the requirement installs,
+    whose own sdists would take the version too)."""
+    env = {"PYTORCH_ROCM_ARCH": toolchain.arch, "MAX_JOBS": str(max_jobs), **develop_env}
     commands = []
     if requirements:
         install = install or (python, "-m", "pip", "install")

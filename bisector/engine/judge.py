@@ -137,6 +137,10 @@ class Judge:
         settings until the verdict is decided."""
         fresh: list[Execution] = []
         worktree, logs = template.checkout, template.log_path
+        unfit = self._unfit(template) if self.scenario.needs_build and place.build else None
+        if unfit:  # before the build: nothing is built or installed for a step that cannot run here
+            return [Execution(sha, Verdict.SKIP, f"this machine cannot run it: {unfit}", None, 0.0, None,
+                              {**place.details, "machine_unfit": True})]
         if not self.scenario.needs_build:
             build = BuildResult("none", True, "scenario needs no build")
         elif not place.build:
@@ -162,6 +166,12 @@ class Judge:
             fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                    summary, {**place.details, **details}))
         return fresh
+
+    def _unfit(self, template: StepContext) -> str | None:
+        """What the scenario says this machine lacks for the step (bisector.seams.ChecksMachine)."""
+        from bisector.seams import ChecksMachine
+        return self.scenario.machine_check(template) if isinstance(self.scenario, ChecksMachine) else None
+
 
 
 class _MachineAsItIs:

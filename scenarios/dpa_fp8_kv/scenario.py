@@ -8,6 +8,7 @@ import socket
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from bisector.builds.native import installed_rocm_version
 from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, in_use, size_cap, touch
@@ -30,6 +31,16 @@ from scenarios.dpa_fp8_kv.launch import run_ranks
 from scenarios.dpa_fp8_kv.model import ModelError, prepare_model
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
 from scenarios.dpa_fp8_kv.plan import CUDA_ENV, Launch, build_plan, step_devices
+
+
+class _Fit(NamedTuple):
+    """What a step of this scenario runs on: its environment's variables and versions, platform, GPUs."""
+
+    env: dict
+    versions: dict
+    platform: str
+    probe: GpuProbe
+    devices: list[str]
 
 
 class DpaFp8KvScenario(BaseScenario):
@@ -65,30 +76,45 @@ class DpaFp8KvScenario(BaseScenario):
         return {**python_environment(python, ("torch", "amd-aiter", "aiter", "triton")),
                 "rocm": installed_rocm_version()}
 
-    def run(self, ctx: StepContext) -> Outcome:
+    def machine_check(self, ctx: StepContext) -> str | None:
+        """Before the build: a usable GPU, a torch of its platform's flavour meeting the checkout's pins, the
+        GPUs this step needs (what `run` checks first, so nothing is built for a step that would skip)."""
+        fit = self._fit(ctx)
+        return fit if isinstance(fit, str) else None
+
+    def _fit(self, ctx: StepContext) -> _Fit | str:
+        """What the step runs on, or why this machine cannot run it."""
         container = ctx.container  # --image: every process runs inside the commit's image
         env = dict(ctx.env) if container else {**os.environ, **ctx.env}
         versions = probe_environment(ctx.python, env, container, ctx.checkout)
         if isinstance(versions, str):
-            return self._unrun(ctx, versions)
+            return versions
         platform, probe = self.resolve_platform(versions)
         if probe.problem:
-            return self._unrun(ctx, probe.problem)
+            return probe.problem
         problems = pin_violations(checkout_pins(ctx.checkout, platform), versions)
         if problems:
-            return self._unrun(ctx, "environment does not meet the checkout's pins: " + "; ".join(problems))
-        platform_env = aiter_switches(ctx.checkout) if platform == "rocm" else CUDA_ENV
-        backend = self.settings.backend_for(platform)
+            return "environment does not meet the checkout's pins: " + "; ".join(problems)
         try:
             devices = step_devices(env, len(probe.targets))
         except ValueError as exc:
-            return self._unrun(ctx, str(exc))
+            return str(exc)
         if len(devices) < self.gpus_per_run:
-            return self._unrun(ctx, f"needs {self.gpus_per_run} GPUs (dp={self.settings.dp} x "
-                                    f"tp={self.settings.tp}), this step has {len(devices)}")
+            return f"needs {self.gpus_per_run} GPUs (dp={self.settings.dp} x tp={self.settings.tp}), " \
+                   f"this step has {len(devices)}"
         if container and self.settings.dp > 1 and container.network == "none":
-            return self._unrun(ctx, f"dp={self.settings.dp} runs one container per rank and the ranks talk over "
-                                    f"TCP: give --container-network host")
+            return f"dp={self.settings.dp} runs one container per rank and the ranks talk over TCP: " \
+                   f"give --container-network host"
+        return _Fit(env, versions, platform, probe, devices)
+
+    def run(self, ctx: StepContext) -> Outcome:
+        fit = self._fit(ctx)
+        if isinstance(fit, str):
+            return self._unrun(ctx, fit)
+        container = ctx.container
+        env, versions, platform, probe, devices = fit
+        platform_env = aiter_switches(ctx.checkout) if platform == "rocm" else CUDA_ENV
+        backend = self.settings.backend_for(platform)
         root = cache_root(env)
         try:
             cap = size_cap(env)
