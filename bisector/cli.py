@@ -39,6 +39,7 @@ from bisector.errors import (
 )
 from bisector.executor import EXECUTORS, checked_git_source
 from bisector.formats import FORMATS
+from bisector.process import forget_caller_git
 from bisector.redact import redact, redact_all
 from bisector.registry import Registry
 from bisector.results import BranchEntry, StoredRun
@@ -80,6 +81,7 @@ class BisectorGroup(click.Group):
     interrupt into 130."""
 
     def main(self, args=None, prog_name=None, **extra):
+        forget_caller_git()
         try:
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.ClickException as exc:
@@ -196,8 +198,17 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return options
 
 
-state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-                                callback=absolute_path,
+def state_dir_path(ctx, param, value: str | None) -> Path | None:
+    """--state-dir made absolute once; an empty one (an unset variable, `--state-dir "$STATE"`) refused
+    rather than taken as the cwd."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty (an unset variable?); give a directory, or leave the option out "
+                                 "for the default <git dir>/bisector")
+    return absolute_path(ctx, param, value)
+
+
+state_dir_option = click.option("--state-dir", type=click.Path(), envvar="BISECTOR_STATE_DIR",
+                                callback=state_dir_path,
                                 help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
 
 pr_url_template_option = click.option(

@@ -23,6 +23,14 @@ from bisector.errors import GitError
 from bisector.refs import GitRepo
 
 MARKER = "bisector-slot"
+NO_HOOKS = "core.hooksPath=/dev/null"  # the user's hooks (git-lfs's post-checkout, ...) never run on tool checkouts
+
+
+def hookless_git(work_dir: Path) -> git.Git:
+    """git in work_dir that runs none of the repository's hooks."""
+    bare = git.Git(str(work_dir))
+    bare.set_persistent_git_options(c=NO_HOOKS)
+    return bare
 
 
 class SlotError(Exception):
@@ -38,7 +46,7 @@ def slot_git(worktree: Path) -> git.Git:
     if not (worktree.parent / MARKER).is_file():
         if not (worktree / ".git").exists():
             raise SlotError(f"{worktree}: not a git work tree")
-        bounded = git.Git(str(worktree))
+        bounded = hookless_git(worktree)
         bounded.update_environment(GIT_CEILING_DIRECTORIES=str(worktree.parent))
         return bounded
     try:
@@ -48,7 +56,7 @@ def slot_git(worktree: Path) -> git.Git:
     if not (admin / "commondir").is_file() or admin.parent.name != "worktrees":
         raise SlotError(f"{worktree}: its git dir {admin} is gone")
     pinned = git.Git(str(worktree))
-    pinned.set_persistent_git_options(git_dir=str(admin), work_tree=str(worktree))
+    pinned.set_persistent_git_options(c=NO_HOOKS, git_dir=str(admin), work_tree=str(worktree))
     pinned.update_environment(GIT_CEILING_DIRECTORIES=str(worktree.parent))
     return pinned
 
@@ -88,7 +96,8 @@ class WorktreePool:
 
     def __init__(self, repo: GitRepo, state_dir: Path):
         self.repo = repo
-        self.base = Path(state_dir).absolute() / "worktrees"
+        self.git = hookless_git(repo.root)
+        self.base = Path(state_dir).resolve() / "worktrees"  # resolved: git records slots by their real path
         self.free: list[Path] = []
         self.all: list[Path] = []
         self.lock = threading.Lock()
@@ -127,7 +136,7 @@ class WorktreePool:
         """Remove one of the tool's slots by path: its registration, then its folder."""
         admin = _admin_of(tree)
         try:
-            self.repo.git.worktree("remove", "--force", "--force", str(tree))
+            self.git.worktree("remove", "--force", "--force", str(tree))
         except git.GitCommandError:
             pass
         if admin is not None and admin.parent == self.repo.common_dir / "worktrees" and admin.is_dir():
@@ -149,7 +158,7 @@ class WorktreePool:
         tree = slot / "tree"
         _mark(tree, None)
         try:
-            self.repo.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+            self.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
         except git.GitCommandError:  # e.g. a partial clone's missing objects: no slot is left behind
             self._remove(tree)
             raise
@@ -248,7 +257,8 @@ class NodeCheckout:
                                     "+refs/heads/*:refs/remotes/origin/*")
                 if not _has_commit(clone, self.sha):
                     clone.git.fetch("--quiet", "origin", self.sha)
-                clone.git.worktree("add", "--detach", "--force", "--quiet", str(self.path), self.sha)
+                hookless_git(self.clone_path).worktree("add", "--detach", "--force", "--quiet", str(self.path),
+                                                       self.sha)
                 _mark(self.path, _admin_of(self.path))
             except git.GitCommandError as exc:
                 detail = (exc.stderr or "").strip().splitlines() or [str(exc)]
