@@ -20,7 +20,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+
+from bisector.errors import AbortError
 
 LEADER = Path(__file__).with_name("step_leader.py")
 DEFAULT_LOG_LIMIT = 20 * 1024 * 1024
@@ -57,6 +59,10 @@ class ProcessResult:
 
 class Cancelled(Exception):
     """The step was cancelled (its answer is no longer needed, or the driver stops); its processes are gone."""
+
+
+class StateDirRemoved(AbortError):
+    """The run's state dir was removed while the run was on: its record, slots and logs are gone."""
 
 
 class RunningGroups:
@@ -99,6 +105,13 @@ class RunningGroups:
                 with contextlib.suppress(FileNotFoundError):
                     (self.directory / str(proc.pid)).unlink()
 
+    def check_state_dir(self) -> None:
+        """Raise StateDirRemoved when the state dir this run records in is gone."""
+        directory = self.directory
+        if directory is not None and not directory.parent.is_dir():
+            raise StateDirRemoved(f"state dir removed while the run was on: {directory.parent} (its record, "
+                                  f"slots and logs went with it; run again to start over)")
+
     def stop(self) -> None:
         """Kill every running group (the driver is stopping): their run_process calls raise Cancelled."""
         with self.lock:
@@ -108,6 +121,20 @@ class RunningGroups:
 
 
 GROUPS = RunningGroups()
+Result = TypeVar("Result")
+
+
+def _state_dir_kept(start: Callable[..., Result]) -> Callable[..., Result]:
+    """A step's process that cannot start or finish because the state dir is gone (its slot, its log)
+    stops the run with StateDirRemoved rather than being judged a step that could not start."""
+    def guarded(*args, **kwargs) -> Result:
+        try:
+            return start(*args, **kwargs)
+        except OSError:
+            GROUPS.check_state_dir()
+            raise
+    guarded.__doc__, guarded.__name__ = start.__doc__, start.__name__
+    return guarded
 
 
 def forget_caller_git() -> None:
@@ -166,6 +193,7 @@ def watch_for(*markers: str) -> None:
     MARKERS.update(m for m in markers if m)
 
 
+@_state_dir_kept
 def start_group(argv: list[str], cwd: Path, env: Mapping[str, str], output) -> subprocess.Popen:
     """Start argv in a process group of its own and record it (killed by GROUPS.stop and by a resumed
     run); stop it with stop_group. For scenarios that run several processes at once (data-parallel
@@ -183,6 +211,7 @@ def stop_group(proc: subprocess.Popen) -> None:
     GROUPS.remove(proc)
 
 
+@_state_dir_kept
 def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
                 env: Mapping[str, str] | None = None, cancel: threading.Event | None = None) -> ProcessResult:
     """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,

@@ -154,7 +154,8 @@ class WorktreePool:
         while (self.base / f"slot-{n}").exists():
             n += 1
         slot = self.base / f"slot-{n}"
-        slot.mkdir(parents=True)
+        self.base.mkdir(exist_ok=True)  # not its parents: a state dir removed meanwhile is not made again
+        slot.mkdir()
         tree = slot / "tree"
         _mark(tree, None)
         try:

@@ -205,3 +205,24 @@ def test_a_state_dir_in_another_linked_worktree_is_refused(make_repo, tmp_path, 
     assert "work tree" in one_line_error(proc)
     assert not (other / "cache").exists()
     assert git(other, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+# Issue 31: the state dir removed in the middle of a run stops it in one line, not as steps that could
+# not start; no slot stays registered in the user's repository.
+def test_a_state_dir_removed_mid_run_stops_the_run_in_one_line(make_repo, tmp_path, cli):
+    repo = make_repo()
+    shas = repo.linear(6, bad_from=3)
+    before = repo.snapshot()
+    state = tmp_path / "state"
+    step = script(tmp_path / "step.sh", f"""\
+        rm -rf {state}
+        grep -q good state
+        """)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--", step)
+    assert proc.returncode == 4, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("bisector: error: ")]
+    assert len(errors) == 1 and "state dir removed" in errors[0], proc.stderr
+    assert "cannot start" not in proc.stdout + proc.stderr
+    assert not state.exists()
+    assert repo.snapshot() == before
