@@ -505,12 +505,15 @@ def _sigterm(signum, frame):
 @click.option("--follow-pins", is_flag=True,
               help="When the answer moves the AITER pin, go on bisecting inside AITER with this repository held "
                    "at the answer (a level of its own, in the same record).")
+@click.option("--isolate", is_flag=True,
+              help="Run each step in a clone of its own (objects borrowed from the repository), for scripts "
+                   "that change refs, the stash or worktrees: those stay out of the repository.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, cache_size, signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, no_cache, world, follow_pins, command):
+        gpus_per_run, ray_address, remote, no_cache, world, follow_pins, isolate, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     from bisector import report
     from bisector.engine.config import RunConfig
@@ -545,7 +548,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
                     signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
                     envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                    follow_pins=follow_pins)
+                    follow_pins=follow_pins, isolate=isolate)
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)

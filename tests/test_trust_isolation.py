@@ -226,3 +226,31 @@ def test_a_state_dir_removed_mid_run_stops_the_run_in_one_line(make_repo, tmp_pa
     assert "cannot start" not in proc.stdout + proc.stderr
     assert not state.exists()
     assert repo.snapshot() == before
+
+
+# Issue 30.9: --isolate: a step script that changes refs, the stash and worktrees does so in a clone of
+# its own (made under the state dir, reused across steps, removed by the tool), not in the repository.
+def test_isolate_keeps_a_step_scripts_refs_stash_and_worktrees_out_of_the_repository(make_repo, tmp_path, cli):
+    repo = make_repo()
+    shas = repo.linear(6, bad_from=3)
+    before = repo.snapshot()
+    git_dirs = tmp_path / "git-dirs"
+    step = script(tmp_path / "step.sh", f"""\
+        git rev-parse --absolute-git-dir >> {git_dirs}
+        n=$(cat counter.txt)
+        git checkout -q -b "step-$n" && git tag "tag-$n" && git worktree prune || exit 125
+        echo dirty >> counter.txt && git stash -q || exit 125
+        git push -q origin "step-$n" 2>/dev/null && exit 125
+        grep -q good state
+        """)
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--isolate", "--", step)
+    assert proc.returncode == 0, proc.stderr
+    assert shas[3] in proc.stdout
+    assert repo.snapshot() == before
+    assert repo.git("stash", "list") == ""
+    used = set(git_dirs.read_text().split())
+    assert len(git_dirs.read_text().split()) >= 4 and 1 <= len(used) <= 2  # slots reused (two endpoints at once)
+    assert all(Path(d).parent.parent.parent == state / "worktrees" for d in used), used
+    assert list((state / "worktrees").iterdir()) == []

@@ -150,8 +150,9 @@ class RepoLock:
 
 @contextlib.contextmanager
 def open_state(repo: GitRepo, given: Path | str | None, on_wait: Callable[[str], None] = lambda holder: None,
-               log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[tuple[Path, WorktreePool, Store]]:
-    """The run's state: locks taken, process groups a killed run left killed, worktree pool, store.
+               log_limit: int = DEFAULT_LOG_LIMIT, isolate: bool = False) -> Iterator[tuple[Path, WorktreePool, Store]]:
+    """The run's state: locks taken, process groups a killed run left killed, worktree pool (slots that are
+    clones of their own with isolate), store.
 
     Yields (state dir, pool, store); on the way out every step process still running is killed.
     """
@@ -159,7 +160,7 @@ def open_state(repo: GitRepo, given: Path | str | None, on_wait: Callable[[str],
     with RepoLock(repo, state_dir, on_wait):
         running = state_dir / "running"
         kill_recorded_groups(running)
-        with GROUPS.recording(running, log_limit), WorktreePool(repo, state_dir) as pool:
+        with GROUPS.recording(running, log_limit), WorktreePool(repo, state_dir, isolate) as pool:
             store = Store(state_dir / "bisector.sqlite")
             try:
                 yield state_dir, pool, store
