@@ -64,6 +64,10 @@ class Cancelled(Exception):
 class StateDirRemoved(AbortError):
     """The run's state dir was removed while the run was on: its record, slots and logs are gone."""
 
+    def __init__(self, state_dir: Path):
+        super().__init__(f"state dir removed while the run was on: {state_dir} (its record, slots and logs "
+                         f"went with it; run again to start over)")
+
 
 class RunningGroups:
     """The process groups this driver runs now; recorded as files in a directory while a run is on."""
@@ -109,8 +113,7 @@ class RunningGroups:
         """Raise StateDirRemoved when the state dir this run records in is gone."""
         directory = self.directory
         if directory is not None and not directory.parent.is_dir():
-            raise StateDirRemoved(f"state dir removed while the run was on: {directory.parent} (its record, "
-                                  f"slots and logs went with it; run again to start over)")
+            raise StateDirRemoved(directory.parent)
 
     def stop(self) -> None:
         """Kill every running group (the driver is stopping): their run_process calls raise Cancelled."""

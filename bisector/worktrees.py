@@ -20,6 +20,7 @@ from typing import Iterator
 import git
 
 from bisector.errors import GitError
+from bisector.process import StateDirRemoved
 from bisector.refs import GitRepo
 
 MARKER = "bisector-slot"
@@ -162,7 +163,9 @@ class WorktreePool:
         while (self.base / f"slot-{n}").exists():
             n += 1
         slot = self.base / f"slot-{n}"
-        self.base.mkdir(exist_ok=True)  # not its parents: a state dir removed meanwhile is not made again
+        if not self.base.parent.is_dir():  # a state dir removed meanwhile is not made again
+            raise StateDirRemoved(self.base.parent)
+        self.base.mkdir(exist_ok=True)
         slot.mkdir()
         tree = slot / "tree"
         _mark(tree, None)
