@@ -39,6 +39,7 @@ from bisector.errors import (
 )
 from bisector.executor import EXECUTORS, checked_git_source
 from bisector.formats import FORMATS
+from bisector.process import forget_caller_git
 from bisector.redact import redact, redact_all
 from bisector.registry import Registry
 from bisector.results import BranchEntry, StoredRun
@@ -80,6 +81,7 @@ class BisectorGroup(click.Group):
     interrupt into 130."""
 
     def main(self, args=None, prog_name=None, **extra):
+        forget_caller_git()
         try:
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.ClickException as exc:
@@ -196,8 +198,17 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return options
 
 
-state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="BISECTOR_STATE_DIR",
-                                callback=absolute_path,
+def state_dir_path(ctx, param, value: str | None) -> Path | None:
+    """--state-dir made absolute once; an empty one (an unset variable, `--state-dir "$STATE"`) refused
+    rather than taken as the cwd."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty (an unset variable?); give a directory, or leave the option out "
+                                 "for the default <git dir>/bisector")
+    return absolute_path(ctx, param, value)
+
+
+state_dir_option = click.option("--state-dir", type=click.Path(), envvar="BISECTOR_STATE_DIR",
+                                callback=state_dir_path,
                                 help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
 
 pr_url_template_option = click.option(
@@ -494,13 +505,16 @@ def _sigterm(signum, frame):
 @click.option("--follow-pins", is_flag=True,
               help="When the answer moves the AITER pin, go on bisecting inside AITER with this repository held "
                    "at the answer (a level of its own, in the same record).")
+@click.option("--isolate", is_flag=True,
+              help="Run each step in a clone of its own (objects borrowed from the repository), for scripts "
+                   "that change refs, the stash or worktrees: those stay out of the repository.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
         signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, no_cache, world, follow_pins, command):
+        gpus_per_run, ray_address, remote, no_cache, world, follow_pins, isolate, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     from bisector import report
     from bisector.engine.config import RunConfig
@@ -536,7 +550,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                     max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
                     signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
                     envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                    follow_pins=follow_pins)
+                    follow_pins=follow_pins, isolate=isolate)
     if plan:
         step_executor.shutdown()
         planned = plan_bisection(cfg)

@@ -20,13 +20,23 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+
+from bisector.errors import AbortError
 
 LEADER = Path(__file__).with_name("step_leader.py")
 DEFAULT_LOG_LIMIT = 20 * 1024 * 1024
 CHUNK = 1 << 16
 DRAIN_SECONDS = 2.0  # output read after the leader's exit, at most (a setsid daemon may never close it)
 LINE_KEPT = 500  # characters of a marked line kept for reasons and reports
+# git's repository-locating variables (`git rev-parse --local-env-vars`, less the GIT_CONFIG* ones that only
+# carry configuration) and the discovery limits: a caller's value would point the tool's git, or a step's,
+# at the caller's repository, index or objects
+CALLER_GIT_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR",
+                        "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_GRAFT_FILE",
+                        "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE", "GIT_PREFIX", "GIT_INTERNAL_SUPER_PREFIX",
+                        "GIT_SHALLOW_FILE", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES",
+                        "GIT_DISCOVERY_ACROSS_FILESYSTEM")
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,14 @@ class ProcessResult:
 
 class Cancelled(Exception):
     """The step was cancelled (its answer is no longer needed, or the driver stops); its processes are gone."""
+
+
+class StateDirRemoved(AbortError):
+    """The run's state dir was removed while the run was on: its record, slots and logs are gone."""
+
+    def __init__(self, state_dir: Path):
+        super().__init__(f"state dir removed while the run was on: {state_dir} (its record, slots and logs "
+                         f"went with it; run again to start over)")
 
 
 class RunningGroups:
@@ -91,6 +109,12 @@ class RunningGroups:
                 with contextlib.suppress(FileNotFoundError):
                     (self.directory / str(proc.pid)).unlink()
 
+    def check_state_dir(self) -> None:
+        """Raise StateDirRemoved when the state dir this run records in is gone."""
+        directory = self.directory
+        if directory is not None and not directory.parent.is_dir():
+            raise StateDirRemoved(directory.parent)
+
     def stop(self) -> None:
         """Kill every running group (the driver is stopping): their run_process calls raise Cancelled."""
         with self.lock:
@@ -100,13 +124,44 @@ class RunningGroups:
 
 
 GROUPS = RunningGroups()
+Result = TypeVar("Result")
+
+
+def _state_dir_kept(start: Callable[..., Result]) -> Callable[..., Result]:
+    """A step's process that cannot start or finish because the state dir is gone (its slot, its log)
+    stops the run with StateDirRemoved rather than being judged a step that could not start."""
+    def guarded(*args, **kwargs) -> Result:
+        try:
+            return start(*args, **kwargs)
+        except OSError:
+            GROUPS.check_state_dir()
+            raise
+    guarded.__doc__, guarded.__name__ = start.__doc__, start.__name__
+    return guarded
+
+
+def forget_caller_git() -> None:
+    """Drop the caller's repository-locating git variables from this process (the tool's own git, through
+    GitPython and subprocesses, then finds only the repository it is given)."""
+    for name in CALLER_GIT_VARIABLES:
+        os.environ.pop(name, None)
+
+
+def step_environment(cwd: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a step's command gets: env without the caller's git variables, and git's discovery
+    stopped at cwd's parent, so git in a checkout whose .git is gone finds no repository (not the user's,
+    above a slot in the default state dir)."""
+    full = {name: value for name, value in env.items() if name not in CALLER_GIT_VARIABLES}
+    full["GIT_CEILING_DIRECTORIES"] = str(Path(cwd).resolve().parent)
+    return full
 
 
 def kill_recorded_groups(directory: Path) -> list[int]:
     """Kill the process groups recorded in directory by a driver that is gone; returns their ids.
 
     A group is killed when its leader still runs (same start time as recorded), or when the leader
-    is gone but members remain (Linux reuses no pid that still names a group).
+    is gone but members remain (Linux reuses no pid that still names a group). Only files holding a
+    record this tool wrote (named by their group id) are read and removed; others are left alone.
     """
     killed: list[int] = []
     if not directory.is_dir():
@@ -115,12 +170,14 @@ def kill_recorded_groups(directory: Path) -> list[int]:
         try:
             record = json.loads(path.read_text())
             pgid, start = int(record["pgid"]), record["start"]
+            ours = path.name == str(pgid) and isinstance(record["driver"], int)
         except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
-            continue
+            ours = False
+        if not ours:
+            continue  # not a record this tool wrote: left as it is
         leader_start = _start_time(pgid)
-        ours = leader_start == start if leader_start is not None else bool(_group_members(pgid))
-        if ours and pgid > 1:
+        alive = leader_start == start if leader_start is not None else bool(_group_members(pgid))
+        if alive and pgid > 1:
             _kill_group(pgid)
             deadline = time.monotonic() + 5
             while _group_members(pgid) and time.monotonic() < deadline:
@@ -139,11 +196,12 @@ def watch_for(*markers: str) -> None:
     MARKERS.update(m for m in markers if m)
 
 
+@_state_dir_kept
 def start_group(argv: list[str], cwd: Path, env: Mapping[str, str], output) -> subprocess.Popen:
     """Start argv in a process group of its own and record it (killed by GROUPS.stop and by a resumed
     run); stop it with stop_group. For scenarios that run several processes at once (data-parallel
     ranks): unlike run_process there is no leader, so they do not die with a SIGKILLed driver at once."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=output, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, cwd=cwd, env=step_environment(cwd, env), stdout=output, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     GROUPS.add(proc, argv)
     return proc
@@ -156,13 +214,14 @@ def stop_group(proc: subprocess.Popen) -> None:
     GROUPS.remove(proc)
 
 
+@_state_dir_kept
 def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
                 env: Mapping[str, str] | None = None, cancel: threading.Event | None = None) -> ProcessResult:
     """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,
     cancel or driver stop kill the group. Lines holding a watched marker are collected as they stream."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    full_env = step_environment(cwd, {**os.environ, **(env or {})})
     _check_program(argv[0], Path(cwd), full_env.get("PATH", os.defpath))
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout

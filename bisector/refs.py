@@ -31,6 +31,17 @@ class GitRepo:
         self.git = self.repo.git
         self.root = Path(work_tree)
         self.common_dir = Path(self.repo.common_dir).resolve()
+        self._check_git_accepts()
+
+    def _check_git_accepts(self) -> None:
+        """Raise GitError with git's own reason when git refuses the repository (e.g. its safe.directory
+        check: "detected dubious ownership"), rather than failing later as an unknown ref."""
+        try:
+            self.git.rev_parse("--git-dir")
+        except git.GitCommandError as exc:
+            text = (exc.stderr or "").strip().removeprefix("stderr: '").removesuffix("'")
+            fatal = [line.partition("fatal: ")[2] for line in text.splitlines() if "fatal: " in line]
+            raise GitError(f"git refuses {self.root}: {(fatal or [text or str(exc)])[0]}") from None
 
     def resolve(self, ref: str) -> str:
         """Full sha of the commit ref names."""

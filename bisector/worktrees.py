@@ -20,9 +20,18 @@ from typing import Iterator
 import git
 
 from bisector.errors import GitError
+from bisector.process import StateDirRemoved
 from bisector.refs import GitRepo
 
 MARKER = "bisector-slot"
+NO_HOOKS = "core.hooksPath=/dev/null"  # the user's hooks (git-lfs's post-checkout, ...) never run on tool checkouts
+
+
+def hookless_git(work_dir: Path) -> git.Git:
+    """git in work_dir that runs none of the repository's hooks."""
+    bare = git.Git(str(work_dir))
+    bare.set_persistent_git_options(c=NO_HOOKS)
+    return bare
 
 
 class SlotError(Exception):
@@ -38,17 +47,21 @@ def slot_git(worktree: Path) -> git.Git:
     if not (worktree.parent / MARKER).is_file():
         if not (worktree / ".git").exists():
             raise SlotError(f"{worktree}: not a git work tree")
-        bounded = git.Git(str(worktree))
+        bounded = hookless_git(worktree)
         bounded.update_environment(GIT_CEILING_DIRECTORIES=str(worktree.parent))
         return bounded
     try:
-        admin = Path(json.loads((worktree.parent / MARKER).read_text())["admin"])
+        marker = json.loads((worktree.parent / MARKER).read_text())
+        admin = Path(marker["admin"])
     except (OSError, ValueError, KeyError, TypeError):
         raise SlotError(f"{worktree}: unreadable bisector slot marker") from None
-    if not (admin / "commondir").is_file() or admin.parent.name != "worktrees":
+    if marker.get("clone"):
+        if admin != worktree / ".git" or not (admin / "objects").is_dir():
+            raise SlotError(f"{worktree}: its clone's git dir {admin} is gone")
+    elif not (admin / "commondir").is_file() or admin.parent.name != "worktrees":
         raise SlotError(f"{worktree}: its git dir {admin} is gone")
     pinned = git.Git(str(worktree))
-    pinned.set_persistent_git_options(git_dir=str(admin), work_tree=str(worktree))
+    pinned.set_persistent_git_options(c=NO_HOOKS, git_dir=str(admin), work_tree=str(worktree))
     pinned.update_environment(GIT_CEILING_DIRECTORIES=str(worktree.parent))
     return pinned
 
@@ -74,21 +87,26 @@ def _admin_of(tree: Path) -> Path | None:
     return Path(rest) if not head and rest else None
 
 
-def _mark(tree: Path, admin: Path | None) -> None:
-    """Write the marker beside a tool-made work tree: it is the tool's, and this is its git dir."""
-    (tree.parent / MARKER).write_text(json.dumps({"admin": str(admin) if admin else None}))
+def _mark(tree: Path, admin: Path | None, clone: bool = False) -> None:
+    """Write the marker beside a tool-made work tree: it is the tool's, this is its git dir, and whether
+    it is a clone of its own (--isolate) rather than a linked worktree."""
+    (tree.parent / MARKER).write_text(json.dumps({"admin": str(admin) if admin else None, "clone": clone}))
 
 
 class WorktreePool:
     """Detached worktrees owned by the tool under state_dir/worktrees, reused between steps.
 
     Use as a context manager: the slots it made are removed on exit, Ctrl-C included; folders
-    without the tool's marker and other worktrees of the repository are never touched.
+    without the tool's marker and other worktrees of the repository are never touched. With isolate
+    each slot is a clone of its own instead of a linked worktree (`git clone --shared`: objects
+    borrowed from the repository, refs, stash, config and worktree list its own, no remote), so what
+    a step's git does to refs stays in the slot.
     """
 
-    def __init__(self, repo: GitRepo, state_dir: Path):
-        self.repo = repo
-        self.base = Path(state_dir).absolute() / "worktrees"
+    def __init__(self, repo: GitRepo, state_dir: Path, isolate: bool = False):
+        self.repo, self.isolate = repo, isolate
+        self.git = hookless_git(repo.root)
+        self.base = Path(state_dir).resolve() / "worktrees"  # resolved: git records slots by their real path
         self.free: list[Path] = []
         self.all: list[Path] = []
         self.lock = threading.Lock()
@@ -127,7 +145,7 @@ class WorktreePool:
         """Remove one of the tool's slots by path: its registration, then its folder."""
         admin = _admin_of(tree)
         try:
-            self.repo.git.worktree("remove", "--force", "--force", str(tree))
+            self.git.worktree("remove", "--force", "--force", str(tree))
         except git.GitCommandError:
             pass
         if admin is not None and admin.parent == self.repo.common_dir / "worktrees" and admin.is_dir():
@@ -145,21 +163,36 @@ class WorktreePool:
         while (self.base / f"slot-{n}").exists():
             n += 1
         slot = self.base / f"slot-{n}"
-        slot.mkdir(parents=True)
+        if not self.base.parent.is_dir():  # a state dir removed meanwhile is not made again
+            raise StateDirRemoved(self.base.parent)
+        self.base.mkdir(exist_ok=True)
+        slot.mkdir()
         tree = slot / "tree"
         _mark(tree, None)
         try:
-            self.repo.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+            if self.isolate:
+                self.git.clone("--shared", "--no-checkout", "--quiet", "--", str(self.repo.common_dir), str(tree))
+                _mark(tree, tree / ".git", clone=True)
+                clone = slot_git(tree)
+                clone.remote("remove", "origin")  # a step's `git push` reaches no repository of the user's
+                clone.checkout("--detach", "--force", "--quiet", sha)
+            else:
+                self.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+                _mark(tree, _admin_of(tree))
         except git.GitCommandError:  # e.g. a partial clone's missing objects: no slot is left behind
             self._remove(tree)
             raise
-        _mark(tree, _admin_of(tree))
         self._check(tree)
         return tree
 
     def _check(self, tree: Path) -> None:
         """Raise SlotError unless tree is still the worktree this pool registered."""
-        admin = Path(json.loads((tree.parent / MARKER).read_text())["admin"] or "")
+        marker = json.loads((tree.parent / MARKER).read_text())
+        admin = Path(marker["admin"] or "")
+        if marker.get("clone"):
+            if admin != tree / ".git" or not (admin / "objects" / "info" / "alternates").is_file():
+                raise SlotError(f"{tree}: its clone's git dir is missing or changed")
+            return
         if admin.parent != self.repo.common_dir / "worktrees":
             raise SlotError(f"{tree}: registered outside {self.repo.common_dir}")
         if _admin_of(tree) != admin:
@@ -248,7 +281,8 @@ class NodeCheckout:
                                     "+refs/heads/*:refs/remotes/origin/*")
                 if not _has_commit(clone, self.sha):
                     clone.git.fetch("--quiet", "origin", self.sha)
-                clone.git.worktree("add", "--detach", "--force", "--quiet", str(self.path), self.sha)
+                hookless_git(self.clone_path).worktree("add", "--detach", "--force", "--quiet", str(self.path),
+                                                       self.sha)
                 _mark(self.path, _admin_of(self.path))
             except git.GitCommandError as exc:
                 detail = (exc.stderr or "").strip().splitlines() or [str(exc)]

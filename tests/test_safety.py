@@ -74,11 +74,13 @@ def test_unmarked_folders_under_the_worktrees_dir_are_kept(make_repo, tmp_path, 
     repo = make_repo()
     shas = repo.linear(4, bad_from=2)
     state = tmp_path / "state"
+    args = ("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+            "--", *state_is_good)
+    assert cli(*args).returncode == 0  # the tool's state dir, made and marked by a first run
     keep = state / "worktrees" / "slot-0"
     keep.mkdir(parents=True)
     (keep / "notes.txt").write_text("mine\n")
-    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                    "--state-dir", str(state), "--", *state_is_good)
+    proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
     assert (keep / "notes.txt").read_text() == "mine\n"
     assert [p.name for p in (state / "worktrees").iterdir()] == ["slot-0"]

@@ -82,7 +82,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
         seeds, prefilter = _prefilter_seeds(cfg, cfg.prefilter, asked, handler)
     else:
         seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
-    with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit) as (state_dir, pool, store):
+    with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store):
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
         judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,

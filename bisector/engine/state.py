@@ -21,6 +21,7 @@ def default_state_dir(repo: GitRepo) -> Path:
     return repo.common_dir / "bisector"
 
 
+STATE_MARKER = "bisector-state"  # marks a dir the tool made (or took over) as its state dir
 GIT_OWNED = ("worktrees", "refs", "objects", "hooks", "info", "logs", "modules", "lfs")
 
 
@@ -28,7 +29,8 @@ def choose_state_dir(repo: GitRepo, given: Path | str | None) -> Path:
     """The state dir: `given` made absolute against the cwd (once), else the default.
 
     Refuses (UsageError) a path where the tool's files would mix with the user's: git's own
-    directories, or the work tree outside git's directory unless git ignores the path.
+    directories, or a work tree of the repository (this one or another linked worktree) outside git's
+    directory unless git ignores the path there.
     """
     path = Path(os.path.abspath(given)) if given else default_state_dir(repo)
     real = path.resolve()
@@ -37,9 +39,10 @@ def choose_state_dir(repo: GitRepo, given: Path | str | None) -> Path:
     if real in (common, git_dir) or (_within(real, common) and real.relative_to(common).parts[0] in GIT_OWNED):
         raise UsageError(f"state dir {path} is git's own directory; give another --state-dir "
                          f"(default: {default_state_dir(repo)})")
-    if _within(real, repo.root.resolve()) and not inside_git and not _ignored(repo, real):
-        raise UsageError(f"state dir {path} is inside the work tree of {repo.root}; give a path outside it "
-                         f"(or one git ignores)")
+    for work_tree in _work_trees(repo):
+        if _within(real, work_tree) and not inside_git and not _ignored(git.Git(str(work_tree)), real):
+            raise UsageError(f"state dir {path} is inside the work tree of {work_tree}; give a path outside it "
+                             f"(or one git ignores)")
     return path
 
 
@@ -47,18 +50,53 @@ def _within(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def _ignored(repo: GitRepo, path: Path) -> bool:
+def _work_trees(repo: GitRepo) -> list[Path]:
+    """Every work tree of the repository (this one and its linked worktrees), resolved."""
+    listed = repo.git.worktree("list", "--porcelain").splitlines()
+    trees = {Path(line.removeprefix("worktree ")).resolve() for line in listed if line.startswith("worktree ")}
+    return sorted(trees | {repo.root.resolve()})
+
+
+def _ignored(work_tree_git: git.Git, path: Path) -> bool:
     try:
-        repo.git.check_ignore("-q", "--no-index", str(path) + "/")
+        work_tree_git.check_ignore("-q", "--no-index", str(path) + "/")
         return True
     except git.GitCommandError:
         return False
 
 
+def _is_default_state_dir(path: Path) -> bool:
+    """Whether path is `bisector` right inside a git directory (the default, made by earlier versions)."""
+    parent = path.parent
+    return path.name == "bisector" and (parent / "HEAD").is_file() and (parent / "objects").is_dir()
+
+
+def _claim(path: Path) -> None:
+    """Mark path as this tool's state dir, or raise UsageError when it holds files the tool did not make.
+
+    Ours: a new or empty dir, one carrying the marker, one holding an earlier version's bisector.sqlite,
+    or the default `<git dir>/bisector` (both then get the marker).
+    """
+    marker = path / STATE_MARKER
+    if marker.is_file():
+        return
+    if path.is_dir():
+        try:
+            holds_files = any(path.iterdir())
+        except OSError as exc:
+            raise UsageError(f"state dir not readable: {path} ({exc.strerror})") from None
+        if holds_files and not (path / "bisector.sqlite").is_file() and not _is_default_state_dir(path):
+            raise UsageError(f"state dir {path} holds files bisector did not make (no {STATE_MARKER} marker); "
+                             f"give a new or empty directory")
+    path.mkdir(parents=True, exist_ok=True)
+    marker.write_text("This directory is a bisector state dir: the tool made and manages its files.\n")
+
+
 def prepare_state_dir(path: Path) -> Path:
-    """Create the state dir and prove it writable, or raise UsageError."""
+    """Create (or take over) the state dir, marked as the tool's, and prove it writable; or raise UsageError
+    (a dir holding files the tool did not make is refused: the tool deletes and rewrites files in it)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        _claim(path)
         probe = path / f".write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
@@ -112,8 +150,9 @@ class RepoLock:
 
 @contextlib.contextmanager
 def open_state(repo: GitRepo, given: Path | str | None, on_wait: Callable[[str], None] = lambda holder: None,
-               log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[tuple[Path, WorktreePool, Store]]:
-    """The run's state: locks taken, process groups a killed run left killed, worktree pool, store.
+               log_limit: int = DEFAULT_LOG_LIMIT, isolate: bool = False) -> Iterator[tuple[Path, WorktreePool, Store]]:
+    """The run's state: locks taken, process groups a killed run left killed, worktree pool (slots that are
+    clones of their own with isolate), store.
 
     Yields (state dir, pool, store); on the way out every step process still running is killed.
     """
@@ -121,7 +160,7 @@ def open_state(repo: GitRepo, given: Path | str | None, on_wait: Callable[[str],
     with RepoLock(repo, state_dir, on_wait):
         running = state_dir / "running"
         kill_recorded_groups(running)
-        with GROUPS.recording(running, log_limit), WorktreePool(repo, state_dir) as pool:
+        with GROUPS.recording(running, log_limit), WorktreePool(repo, state_dir, isolate) as pool:
             store = Store(state_dir / "bisector.sqlite")
             try:
                 yield state_dir, pool, store
