@@ -14,6 +14,7 @@ from bisector.errors import EndpointError, UsageError
 from bisector.results import Evidence, FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
+from bisector.store import is_verdict
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ class FlakyPolicy:
         return self.settings.verify_endpoints
 
     def observe(self, step: Step) -> None:
-        if any(step.details.get(kind) for kind in ("build_failed", "env_failed", "world_failed")):  # not stored
+        if not is_verdict(step.details):  # not stored
             self.search.skip(step.sha)
         self._take_history(step.sha)
 
