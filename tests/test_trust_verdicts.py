@@ -178,3 +178,68 @@ def test_a_version_1_record_file_gains_the_run_columns(tmp_path):
         second, resumed = store.start_run("bisect", "key", {}, 1)
         assert resumed == first and store.lineage(second) == (second, first)
         assert store.db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+# -- item 3: --flaky when good commits fail now and then too ------------------------------------------------
+
+def flaky_hunt(q: float, p: float, seed: int, commits: int = 30, culprit: int = 20) -> tuple[str | None, float]:
+    """A seeded --flaky hunt through FlakyPolicy as the engine drives it (endpoint checks included): every
+    run fails falsely with probability q, and from the culprit on faults with probability p too. Returns
+    the commit named (None: inconclusive) and the confidence claimed."""
+    import random
+
+    from bisector.errors import EndpointError
+    from bisector.policies import Endpoints, FlakyPolicy, FlakySettings
+    from bisector.search import FlakyModel
+    from bisector.steps import Step
+    from bisector.store import Execution
+
+    rng = random.Random(seed)
+    shas = [f"c{i}" for i in range(commits)]
+    ends = Endpoints(old="old", new=shas[-1], old_name="good", new_name="bad", old_ref="old", new_ref=shas[-1])
+    history: dict[str, list] = {}
+    policy = FlakyPolicy([(sha, (shas[i - 1],) if i else ("old",)) for i, sha in enumerate(shas)], ends,
+                         FlakySettings(FlakyModel(false_failures=True), 1, True), lambda sha: history.get(sha, []))
+    batches = policy.batches()
+    batch = next(batches, None)
+    try:
+        while batch is not None:
+            [(sha, role)] = batch.commits
+            at = -1 if sha == "old" else shas.index(sha)
+            verdict = Verdict.BAD if rng.random() < q or (at >= culprit and rng.random() < p) else Verdict.GOOD
+            history.setdefault(sha, []).append(Execution(sha, verdict, "", None, 0.0, None, {}))
+            step = Step(sha=sha, role=role, round=batch.round, verdict=verdict, reason="", cached=False,
+                        seconds=0.0, log_path=None, build=None)
+            policy.observe(step)
+            try:
+                batch = batches.send([step])
+            except StopIteration:
+                batch = None
+    except EndpointError:
+        return None, 0.0
+    answer, found = policy.answer()
+    return answer.first_new, found["flaky"].confidence
+
+
+@pytest.mark.unit
+def test_flaky_with_false_failures_on_the_good_side_never_names_a_wrong_commit():
+    named = [flaky_hunt(0.25, 1.0, seed)[0] for seed in range(20)]
+    assert not [sha for sha in named if sha not in (None, "c20")]  # right, or inconclusive: never wrong
+    assert named.count("c20") >= 16
+
+
+def test_flaky_cli_learns_false_failures_from_the_good_end(make_repo, tmp_path, cli, project_root):
+    repo = make_repo()
+    shas = repo.linear(12, bad_from=7)
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    env = {"FLAKY_COUNTER_DIR": str(counters), "FLAKY_SEED": "2", "FLAKY_P": "1.0", "FLAKY_FALSE": "0.25"}
+    out = tmp_path / "r.json"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--flaky", "--json", str(out),
+               "--", sys.executable, str(project_root / "bench" / "flaky_fault.py"), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["first_bad"]["sha"] == shas[7] and result["confidence"] >= 0.95
+    good_end = result["evidence"][shas[0]]
+    assert good_end["faults"] and good_end["runs"] == 20  # it failed falsely, so it ran on to learn how often
+    assert "warning: false failures: the clean end faulted in " in proc.stdout

@@ -59,7 +59,7 @@ def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContex
         if len(asked.ends.olds) > 1 or asked.ends.merge_bases:
             raise UsageError(f"--flaky needs one --{asked.ends.old_name} that is an ancestor of "
                              f"--{asked.ends.new_name}")
-        model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit)
+        model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit, false_failures=True)
         flaky = FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
                             ctx.history, priors)
         for sha in blind:
