@@ -224,7 +224,7 @@ def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, sta
     if good_sha == bad_sha:
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
     policy = CalibratePolicy(good_sha, bad_sha, runs)
-    with single_commit_context(repo, state_dir, judge) as ctx:
+    with single_commit_context(repo, state_dir, keyed_on_environment(judge)) as ctx:
         ctx.drive(policy)
     learned = judge.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
         if isinstance(judge.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end
