@@ -53,12 +53,16 @@ def test_a_command_verdict_is_not_served_after_a_sourced_file_changed(make_repo,
     lib = tmp_path / "lib.sh"
     lib.write_text("T=7\n")
     script = tmp_path / "check.sh"
-    script.write_text(THRESHOLD.format(source=f". {lib}\n"))
+    script.write_text(THRESHOLD.format(source=f". {lib}\necho threshold $T\n"))
     state = tmp_path / "state"
-    assert bisect(cli, repo, shas, state, tmp_path / "1.json", "--", "sh", str(script))["first_bad"]["sha"] == shas[7]
+    first = bisect(cli, repo, shas, state, tmp_path / "1.json", "--", "sh", str(script))
+    assert first["first_bad"]["sha"] == shas[7]
     lib.write_text("T=4\n")  # the command's argv and files it names are unchanged
     second = bisect(cli, repo, shas, state, tmp_path / "2.json", "--", "sh", str(script))
     assert second["first_bad"]["sha"] == shas[4] and second["executions"] > 0
+    # each run's steps keep their own logs: the second run wrote new ones beside the first's
+    assert all("threshold 7" in Path(step["log"]).read_text() for step in first["steps"])
+    assert not {step["log"] for step in first["steps"]} & {step["log"] for step in second["steps"]}
 
 
 def test_reuse_verdicts_serves_earlier_runs_keyed_on_the_environment(make_repo, tmp_path, cli):

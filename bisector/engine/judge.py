@@ -162,6 +162,15 @@ class Judge:
                         "versions": envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
+    def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
+        """The log of sha's next run: numbered from its attempt, never over a log an earlier run (whose
+        executions this run is not served) wrote."""
+        while True:
+            path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+            if not path.exists():
+                return path
+            attempt += 1
+
     def _runs(self, builder: Build, sha: str, done: list[Execution], template: StepContext,
               environment: Environment, place: Place) -> list[Execution]:
         """Build in environment (unless the image holds the build), then scenario runs with template's
@@ -180,8 +189,7 @@ class Judge:
             build = builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
-            attempt = len(done) + len(fresh)
-            log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+            log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
             if not build.ok:  # not a scenario run: the builder remembers its own failures
                 outcome_verdict, reason, log = Verdict.SKIP, f"build failed: {build.reason}", \
