@@ -4,7 +4,8 @@ Simulated in-process over the pure searches (the same classes the engine drives)
 COMMITS, a uniformly drawn culprit, bad commits faulting with probability P per run, seeded per trial.
 Executions count every scenario run the search asks for (endpoint checks excluded for both).
 --flaky runs at `bisector run --flaky`'s own defaults (--confidence, --max-runs-per-commit,
---fault-rate), read from the CLI's options.
+--fault-rate), read from the CLI's options, and learns a false-failure rate as the CLI does (without the
+clean end's runs, which the endpoint checks make: bench/flaky_false.py counts those).
 
     PYTHONPATH=. python bench/flaky.py [--trials 100] [--p 0.3] [--commits 64]
 """
@@ -36,7 +37,7 @@ def plain(commits: list[str], culprit: int, p: float, repeat: int, rng: random.R
 def flaky(commits: list[str], culprit: int, p: float, rng: random.Random) -> tuple[bool, int, float]:
     search = FlakyBisection(commits, "old", model=FlakyModel(
         fault_rate=RUN_DEFAULTS["fault_rate"], confidence=RUN_DEFAULTS["confidence"],
-        max_runs_per_commit=RUN_DEFAULTS["max_runs_per_commit"]))
+        max_runs_per_commit=RUN_DEFAULTS["max_runs_per_commit"], false_failures=True))
     runs = 0
     while not search.done:
         sha = search.next_probes(1)[0]

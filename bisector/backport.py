@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.builds.builder import NoBuild
-from bisector.engine.driver import RunContext
-from bisector.engine.judge import Judge
+from bisector.engine.driver import CacheUse, RunContext
+from bisector.engine.judge import Judge, keyed_on_environment
 from bisector.engine.run import run_logs
 from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
@@ -50,6 +50,7 @@ class BackportConfig:
     builder: object = field(default_factory=NoBuild)
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
     no_cache: bool = False
+    reuse_verdicts: bool = False  # serve a command's verdicts of earlier runs too
     command_line: Sequence[str] = ()
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
@@ -147,9 +148,9 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         raise UsageError(f"fix {cfg.fix} ({fix[:12]}) is a merge commit; give the commit to pick")
     branches = matching_branches(repo, cfg.branches)
     with open_state(repo, cfg.state_dir, log_limit=cfg.log_limit) as (state_dir, pool, store):
-        judge = Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout, cfg.python,
-                      cfg.repeat, envs=cfg.envs.open(state_dir), world=cfg.world.open(repo, state_dir)) \
-            if cfg.scenario else None
+        judge = keyed_on_environment(Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout,
+                                           cfg.python, cfg.repeat, envs=cfg.envs.open(state_dir),
+                                           world=cfg.world.open(repo, state_dir))) if cfg.scenario else None
         executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
@@ -160,7 +161,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         try:
             with store.recording("backport", key, params) as run:
                 executor.start(pool, run_logs(state_dir, run.id))
-                ctx = RunContext(store, judge, executor, run.id, no_cache=cfg.no_cache) if judge else None
+                ctx = RunContext(store, judge, executor, run.id, cache=CacheUse(cfg.no_cache, cfg.reuse_verdicts)) \
+                    if judge else None
                 checker = _BranchChecker(repo, pool, ctx, fix, cfg.create_branches)
                 entries = []
                 for name, tip in branches:

@@ -447,6 +447,12 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+reuse_verdicts_option = click.option(
+    "--reuse-verdicts", is_flag=True,
+    help="Serve `-- CMD` verdicts of earlier runs too (keyed on the environment, volatile variables aside); "
+         "by default a command's verdicts serve only its own run and that run's resumptions.")
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
               help="Repository to bisect (never modified).")
@@ -501,6 +507,7 @@ def _sigterm(signum, frame):
 @click.option("--gpus-per-run", type=click.IntRange(min=0),
               help="GPUs each step gets (default: the scenario's need; 0 = CPU slots).")
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
+@reuse_verdicts_option
 @world_options
 @click.option("--follow-pins", is_flag=True,
               help="When the answer moves the AITER pin, go on bisecting inside AITER with this repository held "
@@ -514,7 +521,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
         signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, no_cache, world, follow_pins, isolate, command):
+        gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     from bisector import report
     from bisector.engine.config import RunConfig
@@ -543,7 +550,8 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
         builder))
     cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
-                    first_parent=first_parent, no_cache=no_cache, command_line=command_line(),
+                    first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
+                    command_line=command_line(),
                     paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
                     verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
                     fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
@@ -612,12 +620,13 @@ class BackportProgress:
 @log_limit_option
 @env_options
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
+@reuse_verdicts_option
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
              markdown_file, junit_file, python, build, rocm_arch, wheels, allow_install_into_python, cache_size,
              log_limit, env_mode,
-             env_cache_size, no_cache, world, command):
+             env_cache_size, no_cache, reuse_verdicts, world, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     from bisector import report
     from bisector.backport import BackportConfig, run_backport
@@ -641,7 +650,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
                          python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
                          .allowing_install(allow_install_into_python),
-                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, command_line=command_line(),
+                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, reuse_verdicts=reuse_verdicts,
+                         command_line=command_line(),
                          envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
     result = run_backport(cfg, BackportProgress())
     click.echo(report.backport_text(result))
@@ -729,9 +739,10 @@ def scenario_list() -> None:
 @log_limit_option
 @env_options
 @world_options
+@reuse_verdicts_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
-                 allow_install_into_python, log_limit, env_mode, env_cache_size, world, command):
+                 allow_install_into_python, log_limit, env_mode, env_cache_size, world, reuse_verdicts, command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     from bisector.engine.judge import Judge
     from bisector.engine.run import judge_one
@@ -747,7 +758,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
                                           install_into_python=allow_install_into_python), timeout, python,
                   envs=EnvSettings(env_mode, python, env_cache_size),
                   world=world_settings(world, scenario, env_mode, rocm_arch))
-    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit))
+    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit), reuse_verdicts)
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")

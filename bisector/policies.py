@@ -14,6 +14,7 @@ from bisector.errors import EndpointError, UsageError
 from bisector.results import Evidence, FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
+from bisector.store import is_verdict
 
 
 @dataclass(frozen=True)
@@ -175,10 +176,15 @@ class FlakySettings:
 class FlakyPolicy:
     """--flaky: one run at a time on the commit FlakyBisection picks, until it is confident.
 
-    The old endpoint must stay clean for `repeat` runs; the new one must fault within
-    max_runs_per_commit runs (with --find-fix the roles swap). Every run is stored, so a resumed
-    or repeated run starts from all earlier evidence (`history`).
+    The clean endpoint (the old one; with --find-fix the new one) runs `repeat` times, and with
+    `model.false_failures` at least CLEAN_END_RUNS times, which teach the search how often a run faults
+    where the fault is not: a fault there is then evidence of false failures, and the clean end runs on up
+    to max_runs_per_commit to learn their rate (without false failures it contradicts the user: an
+    EndpointError). The faulty endpoint must fault within max_runs_per_commit runs. Every run is stored,
+    so a resumed or repeated run starts from all earlier evidence (`history`).
     """
+
+    CLEAN_END_RUNS = 10
 
     rerun = True
     confirmed = False
@@ -214,9 +220,12 @@ class FlakyPolicy:
         search, max_runs = self.search, self.settings.model.max_runs_per_commit
         faulty, clean = (self.ends.old, self.ends.new) if self.ends.find_fix else (self.ends.new, self.ends.old)
         if self.settings.verify_endpoints:
-            while search.runs[search.index[clean]] < self.settings.repeat:
+            learning = self.settings.model.false_failures
+            clean_runs = max(self.settings.repeat, self.CLEAN_END_RUNS if learning else 0)
+            while search.runs[search.index[clean]] < clean_runs or \
+                    learning and search.faults[search.index[clean]] and search.runs[search.index[clean]] < max_runs:
                 yield Batch(0, ((clean, "endpoint"),))
-            if search.faults[search.index[clean]]:
+            if search.faults[search.index[clean]] and not learning:
                 raise EndpointError(f"endpoint check failed: {clean[:12]} faulted, so it cannot be the "
                                     f"{'good' if clean == self.ends.old else 'fixed'} end")
             while not search.faults[search.index[faulty]]:
@@ -233,7 +242,7 @@ class FlakyPolicy:
         return self.settings.verify_endpoints
 
     def observe(self, step: Step) -> None:
-        if any(step.details.get(kind) for kind in ("build_failed", "env_failed", "world_failed")):  # not stored
+        if not is_verdict(step.details):  # not stored
             self.search.skip(step.sha)
         self._take_history(step.sha)
 
@@ -250,7 +259,11 @@ class FlakyPolicy:
         found = confidence >= self.settings.model.confidence
         evidence = {sha: Evidence(runs=seen["runs"], faults=seen["faults"])
                     for sha, seen in self.search.evidence().items()}
-        return Answer(best if found else None, tuple(ranked[:10])), {"flaky": FlakyAnswer(
+        clean = evidence.get(self.ends.new if self.ends.find_fix else self.ends.old)
+        warnings = (f"false failures: the clean end faulted in {clean.faults} of {clean.runs} runs; about "
+                    f"{self.search.false_failure_rate():.0%} of runs fault where the fault is not (the "
+                    f"confidence counts them)",) if clean and clean.faults else ()
+        return Answer(best if found else None, tuple(ranked[:10])), {"warnings": warnings, "flaky": FlakyAnswer(
             confidence=round(confidence, 6), best_guess=best,
             posterior={sha: round(posterior[sha], 6) for sha in ranked[:10]}, evidence=evidence)}
 

@@ -240,7 +240,7 @@ def _level_text(result: BisectResult) -> str:
     lines.append(f"steps: {len(result.steps)}, scenario executions: {result.executions}, "
                  f"rounds: {result.rounds}")
     for step in result.steps:
-        cached = " (cached)" if step.cached else ""
+        cached = (" (cached from an earlier run)" if step.from_earlier_run else " (cached)") if step.cached else ""
         shown = step.build and not step.build.startswith("none")
         build = f"  [build {step.build}]" if shown else ""
         lines.append(f"  {step.sha[:12]} {step.role:<8} {step.verdict:<4} "

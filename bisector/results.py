@@ -69,17 +69,20 @@ class StepRecord:
     build: str | None = None
     details: dict = field(default_factory=dict)
     cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
+    from_earlier_run: bool = False  # cached from an earlier run (not this run nor one it resumed)
 
     def to_json(self) -> dict:
         return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
                 "reason": self.reason, "cached": self.cached, "seconds": self.seconds, "log": self.log,
-                "build": self.build, "details": self.details, "cache_key": self.cache_key}
+                "build": self.build, "details": self.details, "cache_key": self.cache_key,
+                **({"from_earlier_run": True} if self.from_earlier_run else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> StepRecord:
         return cls(sha=data["sha"], role=data["role"], round=data["round"], verdict=data["verdict"],
                    reason=data["reason"], cached=data["cached"], seconds=data["seconds"], log=data.get("log"),
-                   build=data.get("build"), details=data.get("details", {}), cache_key=data.get("cache_key", {}))
+                   build=data.get("build"), details=data.get("details", {}), cache_key=data.get("cache_key", {}),
+                   from_earlier_run=data.get("from_earlier_run", False))
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -110,6 +110,10 @@ class Scenario(Protocol):
     needs_build: ClassVar[bool]  # False: the checkout runs as it is (no build step)
     option_defaults: ClassVar[Mapping[str, str]]
     default_signature: ClassVar[str]  # --signature when not given: any | auto | a regex
+    # False: what decides a verdict cannot be known (a command may read any file or variable), so its
+    # verdicts are reused only by the run that recorded them (and its resumptions), or on request
+    # (`--reuse-verdicts`, the environment then in the key); True: identity() names every input.
+    inputs_known: ClassVar[bool]
 
     @property
     def gpus_per_run(self) -> int: ...

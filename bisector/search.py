@@ -170,15 +170,33 @@ class Bisection:
 
 @dataclass(frozen=True)
 class FlakyModel:
-    """--flaky's knobs: the fault rate (None: estimated), when to stop, and runs per commit at most."""
+    """--flaky's knobs: the fault rate (None: estimated), when to stop, runs per commit at most, and whether
+    runs before the change may fault too (false failures, at a rate learned from the runs)."""
 
     fault_rate: float | None = None
     confidence: float = 0.95
     max_runs_per_commit: int = 20
+    false_failures: bool = False
 
     def __post_init__(self):
         if self.fault_rate is not None and not 0 < self.fault_rate < 1:
             raise ValueError("fault rate must be between 0 and 1")
+
+
+# With false failures: the rates a run before the change may fault at (besides none), evenly weighted, and
+# the prior weight of none at all.
+FALSE_RATES = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3, 0.35,
+               0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
+NO_FALSE_FAILURES = 0.5
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The posterior by position and, per hypothesis, the chance a next run faults on either side."""
+
+    posterior: list[float]
+    faulty_side: list[float]  # a run on a commit that may fault under the hypothesis
+    clean_side: list[float]   # a run on the others (0 without false failures)
 
 
 class FlakyBisection:
@@ -188,7 +206,10 @@ class FlakyBisection:
     before it a run never faults -- a fault never appears falsely. With `faults_mean_new=False` (fix
     hunt) it is the other way round: commits before the change fault with probability p. p is
     `model.fault_rate` when given, otherwise integrated over a uniform prior (estimated from the runs, and
-    conservative while runs are few). `shas` lists the range oldest first, ending with the new endpoint;
+    conservative while runs are few). With `model.false_failures` a run on the clean side faults too, at
+    a rate q (none, or one of FALSE_RATES) learned from the runs, the old endpoint's first of all; a run
+    on the faulty side then faults with probability 1 - (1-q)(1-p) (p given), or at a rate of its own
+    (p estimated). `shas` lists the range oldest first, ending with the new endpoint;
     `old` is the old endpoint. Each probe is the commit whose next run is expected to tell the most
     about the culprit (information gain); the search is done once one commit holds `model.confidence`.
     """
@@ -207,9 +228,14 @@ class FlakyBisection:
         self.max_runs = model.max_runs_per_commit
         weights = [0.0] + [float((priors or {}).get(sha, 1.0)) for sha in shas]
         self.log_prior = [math.log(w) if w > 0 else -math.inf for w in weights]
+        self.false_rates = (0.0, *FALSE_RATES) if model.false_failures else (0.0,)
+        spread = (1 - NO_FALSE_FAILURES) / len(FALSE_RATES)
+        self.log_rate_prior = [0.0] if not model.false_failures else \
+            [math.log(NO_FALSE_FAILURES)] + [math.log(spread)] * len(FALSE_RATES)
         self.runs = [0] * len(self.positions)
         self.faults = [0] * len(self.positions)
         self.skipped: set[int] = set()
+        self._fitted: _Fit | None = None
 
     # -- evidence --------------------------------------------------------------------------------
     def record(self, sha: str, faulted: bool) -> None:
@@ -217,6 +243,7 @@ class FlakyBisection:
         i = self.index[sha]
         self.runs[i] += 1
         self.faults[i] += int(faulted)
+        self._fitted = None
         if all(p == 0 for p in self.posterior_list()):
             raise InconsistentVerdicts(f"a fault on {sha} contradicts every culprit in the range")
 
@@ -234,22 +261,22 @@ class FlakyBisection:
         n = len(self.positions)
         return (1, x + 1) if self.faults_mean_new else (x + 1, n)
 
-    def _tallies(self) -> list[tuple[int, int, int]]:
-        """Per hypothesis c: (faults, runs) on commits that may fault under c, faults on the others."""
+    def _tallies(self) -> list[tuple[int, int, int, int]]:
+        """Per hypothesis c: (faults, runs) on commits that may fault under c, (faults, runs) on the others."""
         n = len(self.positions)
         before_k = [0] * (n + 1)
         before_n = [0] * (n + 1)
         for x in range(n):
             before_k[x + 1] = before_k[x] + self.faults[x]
             before_n[x + 1] = before_n[x] + self.runs[x]
-        tallies = [(0, 0, 0)]
+        tallies = [(0, 0, 0, 0)]
         for c in range(1, n):
             k_before, n_before = before_k[c], before_n[c]
             k_after, n_after = before_k[n] - k_before, before_n[n] - n_before
             if self.faults_mean_new:
-                tallies.append((k_after, n_after, k_before))
+                tallies.append((k_after, n_after, k_before, n_before))
             else:
-                tallies.append((k_before, n_before, k_after))
+                tallies.append((k_before, n_before, k_after, n_after))
         return tallies
 
     def _log_marginal(self, k: int, n: int) -> float:
@@ -263,18 +290,53 @@ class FlakyBisection:
         a, b = self.RATE_PRIOR
         return self.fault_rate if self.fault_rate is not None else (a + k) / (a + b + n)
 
-    def posterior_list(self) -> list[float]:
-        """P(position c is the first new commit | runs so far), by position (old endpoint: 0)."""
-        logs = [-math.inf]
-        for c, (k, n, impossible) in enumerate(self._tallies()[1:], 1):
-            logs.append(-math.inf if impossible or self.log_prior[c] == -math.inf
-                        else self.log_prior[c] + self._log_marginal(k, n))
+    def _hypothesis(self, k: int, n: int, k_clean: int, n_clean: int) -> tuple[float, float, float]:
+        """log P(runs | hypothesis) over the false-failure rates, and the chance a next run faults on the
+        faulty side and on the clean side."""
+        logs, faulty, clean = [], [], []
+        for q, log_q_prior in zip(self.false_rates, self.log_rate_prior):
+            if q == 0:
+                clean_log = 0.0 if k_clean == 0 else -math.inf
+            else:
+                clean_log = k_clean * math.log(q) + (n_clean - k_clean) * math.log1p(-q)
+            if self.fault_rate is None or q == 0:
+                faulty_log, rate = self._log_marginal(k, n), self._predictive(k, n)
+            else:
+                rate = 1 - (1 - q) * (1 - self.fault_rate)
+                faulty_log = k * math.log(rate) + (n - k) * math.log1p(-rate)
+            logs.append(log_q_prior + clean_log + faulty_log)
+            faulty.append(rate)
+            clean.append(q)
         top = max(logs)
         if top == -math.inf:
-            return [0.0] * len(logs)
+            return -math.inf, 0.0, 0.0
         weights = [math.exp(v - top) for v in logs]
         total = sum(weights)
-        return [w / total for w in weights]
+        return (top + math.log(total), sum(w * r for w, r in zip(weights, faulty)) / total,
+                sum(w * q for w, q in zip(weights, clean)) / total)
+
+    def _fit(self) -> _Fit:
+        if self._fitted is None:
+            logs, faulty, clean = [-math.inf], [0.0], [0.0]
+            for c, tally in enumerate(self._tallies()[1:], 1):
+                log_runs, on_faulty, on_clean = (-math.inf, 0.0, 0.0) if self.log_prior[c] == -math.inf \
+                    else self._hypothesis(*tally)
+                logs.append(self.log_prior[c] + log_runs)
+                faulty.append(on_faulty)
+                clean.append(on_clean)
+            top = max(logs)
+            if top == -math.inf:
+                posterior = [0.0] * len(logs)
+            else:
+                weights = [math.exp(v - top) for v in logs]
+                total = sum(weights)
+                posterior = [w / total for w in weights]
+            self._fitted = _Fit(posterior, faulty, clean)
+        return self._fitted
+
+    def posterior_list(self) -> list[float]:
+        """P(position c is the first new commit | runs so far), by position (old endpoint: 0)."""
+        return list(self._fit().posterior)
 
     def posterior(self) -> dict[str, float]:
         return {self.positions[c]: p for c, p in enumerate(self.posterior_list()) if c}
@@ -284,6 +346,11 @@ class FlakyBisection:
         c = max(range(1, len(post)), key=lambda i: (post[i], -i))
         return self.positions[c], post[c]
 
+    def false_failure_rate(self) -> float:
+        """The expected rate of false failures (runs on the clean side that fault) given the runs so far."""
+        fit = self._fit()
+        return sum(p * q for p, q in zip(fit.posterior, fit.clean_side))
+
     @property
     def done(self) -> bool:
         return self.best()[1] >= self.confidence or not self.next_probes(1)
@@ -291,37 +358,43 @@ class FlakyBisection:
     # -- choosing probes -------------------------------------------------------------------------
     def expected_entropies(self) -> dict[str, float]:
         """Expected posterior entropy after one more run, for each commit that may still be run."""
-        post = self.posterior_list()
-        tallies = self._tallies()
+        fit = self._fit()
+        post, on_faulty, on_clean = fit.posterior, fit.faulty_side, fit.clean_side
         n = len(post)
-        pred = [self._predictive(k, runs) for k, runs, _ in tallies]
 
         def xlogx(v: float) -> float:
             return v * math.log(v) if v > 0 else 0.0
 
-        def prefix(values: list[float]) -> list[float]:
+        def prefix(values: Iterable[float]) -> list[float]:
             out = [0.0]
             for v in values:
                 out.append(out[-1] + v)
             return out
 
-        fault_w = prefix([post[c] * pred[c] for c in range(n)])
-        fault_h = prefix([xlogx(post[c] * pred[c]) for c in range(n)])
-        clean_h = prefix([xlogx(post[c] * (1 - pred[c])) for c in range(n)])
-        plain_h = prefix([xlogx(post[c]) for c in range(n)])
+        # per hypothesis c: the probe faults with on_faulty[c] when it may fault under c, else on_clean[c]
+        fault_w = prefix(post[c] * on_faulty[c] for c in range(n))
+        clean_fault_w = prefix(post[c] * on_clean[c] for c in range(n))
+        fault_h = prefix(xlogx(post[c] * on_faulty[c]) for c in range(n))
+        clean_fault_h = prefix(xlogx(post[c] * on_clean[c]) for c in range(n))
+        pass_h = prefix(xlogx(post[c] * (1 - on_faulty[c])) for c in range(n))
+        clean_pass_h = prefix(xlogx(post[c] * (1 - on_clean[c])) for c in range(n))
         result = {}
         for x in range(n):
             if x in self.skipped or self.runs[x] >= self.max_runs:
                 continue
             lo, hi = self._faulty_range(x)
-            f = fault_w[hi] - fault_w[lo]
+
+            def split(faulty: list[float], clean: list[float], lo: int = lo, hi: int = hi) -> float:
+                """The faulty side's sum over hypotheses [lo, hi) plus the clean side's over the others."""
+                return faulty[hi] - faulty[lo] + clean[n] - (clean[hi] - clean[lo])
+
+            f = split(fault_w, clean_fault_w)
             t = 1 - f
             expected = 0.0
             if f > 1e-12:
-                expected += f * (math.log(f) - (fault_h[hi] - fault_h[lo]) / f)
+                expected += f * (math.log(f) - split(fault_h, clean_fault_h) / f)
             if t > 1e-12:
-                rest = plain_h[n] - (plain_h[hi] - plain_h[lo])
-                expected += t * (math.log(t) - (clean_h[hi] - clean_h[lo] + rest) / t)
+                expected += t * (math.log(t) - split(pass_h, clean_pass_h) / t)
             result[self.positions[x]] = expected
         return result
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from bisector.errors import EXIT_RECORD, BisectorError
 from bisector.seams import Verdict
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of the files this bisector writes
+SCHEMA_VERSION = 2  # PRAGMA user_version of the files this bisector writes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS runs (
     created REAL NOT NULL,
     finished REAL,
     params TEXT NOT NULL,             -- JSON
-    result TEXT                       -- JSON, when finished
+    result TEXT,                      -- JSON, when finished
+    resumed_from INTEGER              -- the unfinished run (same key) this one resumed
 );
 CREATE TABLE IF NOT EXISTS executions (
     id INTEGER PRIMARY KEY,
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS executions (
     seconds REAL NOT NULL,
     build TEXT,
     details TEXT,
-    recorded REAL NOT NULL
+    recorded REAL NOT NULL,
+    run_id INTEGER                    -- the run that recorded it (NULL: a single judged commit)
 );
 CREATE INDEX IF NOT EXISTS executions_by_commit ON executions (sha, scenario_key);
 CREATE TABLE IF NOT EXISTS steps (
@@ -83,10 +85,24 @@ CREATE TABLE IF NOT EXISTS images (
 """
 
 
+def _add_columns(db: sqlite3.Connection, *columns: tuple[str, str]) -> None:
+    for table, column in columns:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+
 # How a file of schema version N becomes version N + 1 (0: files written before versions were kept).
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: lambda db: None,  # same tables as version 1
+    1: lambda db: _add_columns(db, ("runs", "resumed_from INTEGER"), ("executions", "run_id INTEGER")),
 }
+# Details that mark an execution as no verdict on the commit (a failed build, environment or world; a kill
+# from outside): never stored, so never served from the cache.
+NOT_VERDICTS = ("build_failed", "env_failed", "world_failed", "killed_from_outside")
+
+
+def is_verdict(details: dict) -> bool:
+    """Whether an execution with these details judged the commit (and is kept in the verdict cache)."""
+    return not any(details.get(kind) for kind in NOT_VERDICTS)
 
 
 class StoreError(BisectorError):
@@ -140,6 +156,7 @@ class Execution:
     seconds: float
     build: str | None
     details: dict
+    run_id: int | None = None  # the run that recorded it, once stored
 
 
 @dataclass(frozen=True)
@@ -207,9 +224,9 @@ class Store:
         resumed = row["id"] if row else None
         if resumed is not None:
             self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?", (resumed,))
-        cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params) "
-                              "VALUES (?, ?, 'running', ?, ?, ?)",
-                              (kind, key, pid, time.time(), json.dumps(params)))
+        cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params, resumed_from) "
+                              "VALUES (?, ?, 'running', ?, ?, ?, ?)",
+                              (kind, key, pid, time.time(), json.dumps(params), resumed))
         return cur.lastrowid, resumed
 
     @contextmanager
@@ -245,6 +262,16 @@ class Store:
         return self.db.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
 
     @_guarded
+    def lineage(self, run_id: int) -> tuple[int, ...]:
+        """run_id and the unfinished runs it resumed, each resuming the one before (newest first)."""
+        chain = [run_id]
+        while True:
+            row = self.db.execute("SELECT resumed_from FROM runs WHERE id = ?", (chain[-1],)).fetchone()
+            if row is None or row["resumed_from"] is None or row["resumed_from"] in chain:
+                return tuple(chain)
+            chain.append(row["resumed_from"])
+
+    @_guarded
     def runs(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM runs ORDER BY id").fetchall()
 
@@ -262,20 +289,24 @@ class Store:
 
     # -- executions (the verdict cache) ----------------------------------------------------------
     @_guarded
-    def executions(self, sha: str, scenario_key: str, after_id: int = 0) -> list[Execution]:
-        """sha's executions under scenario_key, oldest first; only those after execution after_id."""
-        rows = self.db.execute("SELECT * FROM executions WHERE sha = ? AND scenario_key = ? AND id > ? "
-                               "ORDER BY id", (sha, scenario_key, after_id)).fetchall()
+    def executions(self, sha: str, scenario_key: str, after_id: int = 0,
+                   runs: tuple[int, ...] | None = None) -> list[Execution]:
+        """sha's executions under scenario_key, oldest first; only those after execution after_id, and
+        when runs is given only those these runs recorded."""
+        only = "" if runs is None else f" AND run_id IN ({', '.join('?' * len(runs))})"
+        rows = self.db.execute(f"SELECT * FROM executions WHERE sha = ? AND scenario_key = ? AND id > ?{only} "
+                               "ORDER BY id", (sha, scenario_key, after_id, *(runs or ()))).fetchall()
         return [Execution(r["sha"], Verdict(r["verdict"]), r["reason"], r["log_path"], r["seconds"], r["build"],
-                          json.loads(r["details"] or "{}")) for r in rows]
+                          json.loads(r["details"] or "{}"), r["run_id"]) for r in rows]
 
     @_guarded
-    def add_execution(self, scenario_key: str, execution: Execution) -> None:
+    def add_execution(self, scenario_key: str, execution: Execution, run_id: int | None = None) -> None:
+        """Store execution under scenario_key, as recorded by run run_id (None: no run row)."""
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
-                        "build, details, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "build, details, recorded, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (execution.sha, scenario_key, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, execution.build,
-                         json.dumps(execution.details), time.time()))
+                         json.dumps(execution.details), time.time(), run_id))
 
     def last_execution_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]

@@ -34,6 +34,7 @@ class BaseScenario(ABC):
     env_versions: ClassVar[tuple[str, ...]] = ("torch", "transformers")  # recorded per step (--env per-commit)
     runs_in_images: ClassVar[bool] = False  # True: it starts its processes through ctx.container (--image)
     aiter_sensitive: ClassVar[bool] = False  # True: its verdict depends on AITER (--aiter defaults to installed)
+    inputs_known: ClassVar[bool] = True  # identity() names all a verdict depends on (bisector.seams.Scenario)
 
     def __init__(self, options: Mapping[str, str] | None = None):
         options = dict(options or {})

@@ -12,14 +12,24 @@ from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
 SKIP_EXIT = 125
+# Signals a crashing program raises itself: evidence of a fault (bad).
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP"})
+# Signals sent from outside (the OOM killer, a `kill` of a hung step, Ctrl-C, a closed terminal): no
+# evidence about the commit, so a skip that is never cached (the next run judges the commit again).
+OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"})
 
 
 class CommandScenario(BaseScenario):
-    """Exit 0 good, 125 skip, 1-127 bad; killed by a signal bad; other exits >= 128 abort the run."""
+    """Exit 0 good, 125 skip, 1-127 bad; killed by a crash signal (CRASH_SIGNALS) bad, by one from outside
+    (OUTSIDE_SIGNALS) or any other a skip; other exits >= 128 abort the run.
+
+    What decides a command's verdict (the files it reads, the variables it sees) cannot be known, so
+    its verdicts are reused across runs only with --reuse-verdicts (inputs_known False)."""
 
     name = "command"
     description = "run a command in the checkout; git bisect run's exit protocol"
     runs_in_images = True
+    inputs_known = False
 
     def __init__(self, argv: list[str], in_image: bool = False):
         """in_image: the command runs inside each commit's image (--image), where it must exist, not here."""
@@ -59,8 +69,7 @@ class CommandScenario(BaseScenario):
         faults = fault_lines("\n".join(result.marked))
         failed = {"signature": failure_signature(result.output + "\n" + "\n".join(result.marked), code)}
         if result.signal_name:
-            reason = f"killed by {result.signal_name}"
-            return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)
+            return _killed(result.signal_name, faults, log, failed)
         if code == 0:
             return Outcome(Verdict.GOOD, "exit 0", log)
         if code == SKIP_EXIT:
@@ -71,6 +80,19 @@ class CommandScenario(BaseScenario):
             return Outcome(Verdict.BAD, f"exit {code}: {faults[0]}", log, failed)
         raise ScenarioAbort(f"command exited {code} (>= 128, not a signal): aborting as git bisect run "
                             f"does; see {log}")
+
+
+def _killed(signal_name: str, faults: list[str], log: str, failed: dict) -> Outcome:
+    """A command killed by a signal: a crash (or a GPU fault line) is bad; a kill from outside is no
+    verdict and not cached (details["killed_from_outside"]); any other signal is no evidence either."""
+    reason = f"killed by {signal_name}"
+    if signal_name in CRASH_SIGNALS or faults:
+        return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)
+    if signal_name in OUTSIDE_SIGNALS:
+        cause = " (OOM killer?)" if signal_name == "SIGKILL" else ""
+        return Outcome(Verdict.SKIP, f"{reason} from outside{cause}: no verdict", log,
+                       {"killed_from_outside": signal_name})
+    return Outcome(Verdict.SKIP, f"{reason}, not a crash signal: no verdict", log)
 
 
 def outside_files(argv: list[str]) -> dict[str, str]:

@@ -148,7 +148,7 @@ def test_every_verdict_with_a_scenario(fixture_repo, tmp_path, git, run_backport
     assert roles.count("before") == 7 and roles.count("after") == 2  # after: buggy, ineffective
 
     again = run_backport(repo, "--fix", "the-fix", "--branches", "rel/*", "--state-dir",
-                         str(tmp_path / "st"), "--json", str(out["json"]), "--", *check)
+                         str(tmp_path / "st"), "--json", str(out["json"]), "--reuse-verdicts", "--", *check)
     rerun = json.loads(out["json"].read_text())
     assert rerun["executions"] == 0, again.stderr  # every scenario verdict came from the cache
     assert [b["picked"] for b in rerun["branches"]] == [b["picked"] for b in result["branches"]]

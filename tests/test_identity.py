@@ -57,7 +57,7 @@ def threshold_script(path: Path, level: int) -> Path:
 
 def run_json(repo: Path, shas: list[str], state: Path, out: Path, *tail: str) -> dict:
     proc = cli("run", "--repo", str(repo), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
-               "--json", str(out), *tail)
+               "--json", str(out), "--reuse-verdicts", *tail)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(out.read_text())
 

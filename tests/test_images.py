@@ -208,8 +208,8 @@ def test_the_image_digest_is_part_of_the_verdict_cache_key(make_repo, docker, tm
     def judge():
         out = tmp_path / "o.json"
         done = cli("scenario", "run", "command", "--repo", str(repo.path), "--ref", shas[12], "--state-dir",
-                   str(tmp_path / "state"), "--image", TEMPLATE, "--json", str(out), "--", "python3",
-                   "tests/check.py", env=docker.env)
+                   str(tmp_path / "state"), "--image", TEMPLATE, "--json", str(out), "--reuse-verdicts", "--",
+                   "python3", "tests/check.py", env=docker.env)
         assert done.returncode == 1, done.stderr
         return json.loads(out.read_text())
 

@@ -27,7 +27,7 @@ def executions(tmp_path) -> int:
 def test_prefilter_localizes_and_the_expensive_tier_confirms(tmp_path, bad_from, agrees, cli):
     good, bad, planted = make_demo_repo(tmp_path / "repo", commits=40, culprit_index=25)
     out = cli("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
-                   "--prefilter", "aiter-mla-probe", "--state-dir", str(tmp_path / "state"),
+                   "--prefilter", "aiter-mla-probe", "--state-dir", str(tmp_path / "state"), "--reuse-verdicts",
                    "--json", str(tmp_path / "result.json"), "--", expensive(tmp_path, bad_from))
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "result.json").read_text())
@@ -45,7 +45,7 @@ def test_prefilter_localizes_and_the_expensive_tier_confirms(tmp_path, bad_from,
     assert f"prefilter aiter-mla-probe: culprit {planted[:12]}" in out.stdout
 
     again = cli("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad,
-                     "--prefilter", "aiter-mla-probe", "--state-dir", str(tmp_path / "state"), "--",
+                     "--prefilter", "aiter-mla-probe", "--state-dir", str(tmp_path / "state"), "--reuse-verdicts", "--",
                      expensive(tmp_path, bad_from))
     assert again.returncode == 0 and executions(tmp_path) == result["executions"]  # both tiers cached
 

@@ -46,13 +46,13 @@ def test_two_hundred_commits_within_log2_plus_two(make_repo, tmp_path, state_is_
 def test_warm_rerun_executes_nothing(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     shas = repo.linear(50, bad_from=20)
-    args = ("--good", shas[0], "--bad", shas[-1], "--", *state_is_good)
+    args = ("--good", shas[0], "--bad", shas[-1], "--reuse-verdicts", "--", *state_is_good)
     first = run_json(repo, tmp_path, *args, name="a.json")[1]
     proc, second = run_json(repo, tmp_path, *args, name="b.json")
     assert proc.returncode == 0
     assert second["executions"] == 0 and first["executions"] > 0
     assert second["first_bad"] == first["first_bad"]
-    assert all(step["cached"] for step in second["steps"])
+    assert all(step["cached"] and step["from_earlier_run"] for step in second["steps"])
 
 
 def merge_history(repo):
@@ -345,17 +345,17 @@ def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path, cli):
     script = tmp_path / "slow.py"
     script.write_text("import time\ntime.sleep(1.5)\n")
     short = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "a.json"),
+                "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "a.json"), "--reuse-verdicts",
                 "--", sys.executable, str(script))
     assert short.returncode == 1, short.stderr
     first = json.loads((tmp_path / "a.json").read_text())
     assert [s["reason"] for s in first["steps"]] == ["timed out after 0.5s"]
     cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "b.json"),
+                "--no-verify-endpoints", "--timeout", "0.5", "--json", str(tmp_path / "b.json"), "--reuse-verdicts",
                 "--", sys.executable, str(script))
     assert json.loads((tmp_path / "b.json").read_text())["executions"] == 0
     longer = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                 "--no-verify-endpoints", "--timeout", "30", "--json", str(tmp_path / "c.json"),
+                 "--no-verify-endpoints", "--timeout", "30", "--json", str(tmp_path / "c.json"), "--reuse-verdicts",
                  "--", sys.executable, str(script))
     assert longer.returncode == 0, longer.stderr
     third = json.loads((tmp_path / "c.json").read_text())

@@ -42,6 +42,7 @@ class RunConfig:
     prefilter: Scenario | None = None  # a cheap scenario bisected first; this one confirms its culprit
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
     no_cache: bool = False             # judge every commit again (still recording the verdicts)
+    reuse_verdicts: bool = False       # serve a command's verdicts of earlier runs too (engine.driver.CacheUse)
     command_line: Sequence[str] = ()   # how the user asked for this run, stored and shown in reports
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter

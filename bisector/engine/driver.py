@@ -3,50 +3,73 @@ judges it on the executor (cached verdicts first), records each step as it lands
 from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from dataclasses import dataclass
 
 from bisector.engine.judge import Judge, signature_of
 from bisector.policies import Batch, SearchPolicy
 from bisector.process import Cancelled
 from bisector.seams import Executor, Verdict
 from bisector.steps import Handler, Step
-from bisector.store import Execution, Store
+from bisector.store import Execution, Store, is_verdict
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """Which stored verdicts a run may be served.
+
+    no_cache: only executions recorded from now on (earlier verdicts are not served).
+    reuse_verdicts: a scenario whose inputs are not known (the command scenario) is served verdicts of
+    earlier runs too (its judge then keys them on the environment: engine.judge.reusable); without it only
+    those of this run and the unfinished runs it resumes.
+    """
+
+    no_cache: bool = False
+    reuse_verdicts: bool = False
+
+
+AS_ASKED = CacheUse()  # the default: stored verdicts served, a command's only to its own run
 
 
 class RunContext:
     """One run's moving parts: where verdicts are stored, who judges, where steps run, what was seen.
 
     `run_id` None means no run row (a single judged commit): steps are then not recorded.
-    `no_cache`: only executions recorded by this run count (earlier verdicts are not served).
     """
 
     def __init__(self, store: Store, judge: Judge, executor: Executor, run_id: int | None = None,
-                 handler: Handler | None = None, no_cache: bool = False):
+                 handler: Handler | None = None, cache: CacheUse = AS_ASKED):
         self.store, self.judge, self.executor = store, judge, executor
         self.run_id, self.handler = run_id, handler or Handler()
         self.steps: list[Step] = []
         self.executions = 0
-        self.after_execution = store.last_execution_id() if no_cache else 0
+        self.after_execution = store.last_execution_id() if cache.no_cache else 0
+        self.own_runs = store.lineage(run_id) if run_id is not None else ()  # this run and those it resumes
+        self.served_runs = None if cache.reuse_verdicts or judge.scenario.inputs_known else self.own_runs
         store.remember_key(judge.key, judge.key_parts)
 
     def history(self, sha: str) -> list[Execution]:
-        return self.store.executions(sha, self.judge.key_for(sha)[0], self.after_execution)
+        """sha's stored executions this run may be served (CacheUse), oldest first."""
+        return self.store.executions(sha, self.judge.key_for(sha)[0], self.after_execution, self.served_runs)
 
     def record(self, fresh: list[Execution]) -> list[Execution]:
         """Store the scenario runs among fresh (a failed build, environment or world is no verdict to cache),
         each under its commit's key (with --image: the digest of the image it ran in); returns fresh."""
         for execution in fresh:
-            if not any(execution.details.get(kind) for kind in ("build_failed", "env_failed", "world_failed")):
+            if is_verdict(execution.details):
                 key, parts = self.judge.key_for(execution.sha, (execution.details.get("image") or {}).get("digest"))
                 if key != self.judge.key:
                     self.store.remember_key(key, parts)
-                self.store.add_execution(key, execution)
+                self.store.add_execution(key, execution, self.run_id)
                 self.executions += 1
         return fresh
 
     def add_step(self, sha: str, role: str, round_no: int, execution: Execution, cached: bool) -> Step:
+        """Record a decided verdict as this run's step (cached: served from the store, from this run or
+        the runs it resumes, else from an earlier run)."""
+        earlier = cached and any(run.run_id not in self.own_runs for run in self.history(sha))
         step = Step(sha=sha, role=role, round=round_no, verdict=execution.verdict, reason=execution.reason,
                     cached=cached, seconds=execution.seconds, log_path=execution.log_path, build=execution.build,
-                    details=dict(execution.details), cache_key=self.judge.key_parts)
+                    details=dict(execution.details), cache_key=self.judge.key_parts, from_earlier_run=earlier)
         if self.run_id is not None:
             self.store.add_step(self.run_id, len(self.steps), round_no, role, execution, cached)
         self.steps.append(step)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import hashlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +21,32 @@ from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Sc
 from bisector.signatures import SignatureRule, normalise
 from bisector.store import Execution
 from bisector.world import Place, StepAt, World, WorldSettings
+
+# Variables that change from shell to shell, terminal to terminal or CI run to CI run without changing what a
+# command does: left out of the environment a reused command verdict is keyed on (--reuse-verdicts).
+VOLATILE_VARIABLES = ("PWD", "OLDPWD", "SHLVL", "_", "TERM", "TERM_*", "COLORTERM", "COLUMNS", "LINES",
+                      "SSH_*", "DISPLAY", "WINDOWID", "XAUTHORITY", "TMUX", "TMUX_PANE", "STY", "LS_COLORS",
+                      "PS1", "PS2", "PS4", "PROMPT_COMMAND", "HISTFILE", "HISTSIZE", "HISTFILESIZE", "MAIL",
+                      "RANDOM", "SECONDS", "XDG_SESSION_*", "DBUS_SESSION_BUS_ADDRESS", "GPG_TTY",
+                      "PYTEST_CURRENT_TEST", "GITHUB_RUN_*", "GITHUB_JOB", "GITHUB_ACTION", "RUNNER_TRACKING_ID",
+                      "CI_JOB_*", "CI_PIPELINE_*", "BUILD_ID", "BUILD_NUMBER", "BUILD_TAG", "JOB_ID",
+                      "BUILDKITE_BUILD_*", "BUILDKITE_JOB_ID", "INVOCATION_ID", "JOURNAL_STREAM")
+
+
+def environment_hash(environ: Mapping[str, str]) -> str:
+    """sha256 (16 hex) of environ without VOLATILE_VARIABLES: what a command may read besides its files
+    (hashed, so no secret lands in the record)."""
+    kept = sorted((name, value) for name, value in environ.items()
+                  if not any(fnmatch.fnmatchcase(name, pattern) for pattern in VOLATILE_VARIABLES))
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]
+
+
+def keyed_on_environment(judge: Judge) -> Judge:
+    """judge, for a scenario whose inputs are not known (a command: its steps inherit this process's
+    environment), with that environment in its verdict cache key."""
+    if judge.scenario.inputs_known:
+        return judge
+    return dataclasses.replace(judge, environment=environment_hash(os.environ))
 
 
 def signature_of(run: Execution) -> str:
@@ -41,16 +69,19 @@ class Judge:
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
     envs: Environments | EnvSettings = field(default_factory=SharedEnv)  # settings until opened (bisector.envs)
     world: World | WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
+    environment: str | None = None  # inputs not known: environment_hash of the driver's (keyed_on_environment)
 
     @cached_property
     def key_parts(self) -> dict:
         """What the verdict cache key hashes: the scenario's identity, the build strategy, whether each
         commit runs in its own environment (its key then follows from the commit and the base python), and
-        the world's parts (the image template, the AITER mode)."""
+        the world's parts (the image template, the AITER mode); for a scenario whose inputs are not known,
+        the environment's hash."""
         build = self.builder.name if self.scenario.needs_build else "none"
         envs = self.envs if isinstance(self.envs, EnvSettings) else self.envs.settings
         return {**self.scenario.identity(self.python), "build": build, "env": envs.mode,
-                **self.world.settings.key_parts}
+                **self.world.settings.key_parts,
+                **({"environment_variables": self.environment} if self.environment else {})}
 
     @property
     def key(self) -> str:
@@ -131,6 +162,15 @@ class Judge:
                         "versions": envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
+    def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
+        """The log of sha's next run: numbered from its attempt, never over a log an earlier run (whose
+        executions this run is not served) wrote."""
+        while True:
+            path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+            if not path.exists():
+                return path
+            attempt += 1
+
     def _runs(self, builder: Build, sha: str, done: list[Execution], template: StepContext,
               environment: Environment, place: Place) -> list[Execution]:
         """Build in environment (unless the image holds the build), then scenario runs with template's
@@ -149,8 +189,7 @@ class Judge:
             build = builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
-            attempt = len(done) + len(fresh)
-            log_path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
+            log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
             if not build.ok:  # not a scenario run: the builder remembers its own failures
                 outcome_verdict, reason, log = Verdict.SKIP, f"build failed: {build.reason}", \

@@ -12,9 +12,9 @@ from typing import Callable, Iterator, Sequence
 
 from bisector.blame import blame_fix, blame_reverse
 from bisector.engine.config import RunConfig
-from bisector.engine.driver import RunContext
+from bisector.engine.driver import AS_ASKED, CacheUse, RunContext
 from bisector.engine.follow import follow_pins, pin_follow_up, stopped_level
-from bisector.engine.judge import Judge, signature_rule
+from bisector.engine.judge import Judge, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import EndpointError, GitError, UsageError
@@ -30,7 +30,8 @@ from bisector.steps import Handler
 
 
 def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> str:
-    """What was asked, hashed: the same command resumes the same unfinished run."""
+    """What was asked, hashed: the same command resumes the same unfinished run (judge_key holds the
+    environment of a scenario whose inputs are not known: a changed one asks another question)."""
     old = olds[0] if len(olds) == 1 else list(olds)
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
@@ -58,7 +59,7 @@ def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContex
         if len(asked.ends.olds) > 1 or asked.ends.merge_bases:
             raise UsageError(f"--flaky needs one --{asked.ends.old_name} that is an ancestor of "
                              f"--{asked.ends.new_name}")
-        model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit)
+        model = FlakyModel(cfg.fault_rate, cfg.confidence, cfg.max_runs_per_commit, false_failures=True)
         flaky = FlakyPolicy(asked.commits, asked.ends, FlakySettings(model, cfg.repeat, cfg.verify_endpoints),
                             ctx.history, priors)
         for sha in blind:
@@ -85,14 +86,15 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
     with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store):
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
-        judge = Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
-                      1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
-                      signature_rule(cfg.signature or cfg.scenario.default_signature),
-                      cfg.envs.open(state_dir), world)
+        judge = keyed_on_environment(Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
+                                           1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                                           signature_rule(cfg.signature or cfg.scenario.default_signature),
+                                           cfg.envs.open(state_dir), world))
         world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
         params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
                   "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
                   "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
+                  "reuse_verdicts": cfg.reuse_verdicts,
                   "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
@@ -105,7 +107,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                 logs = run_logs(state_dir, run.id)
                 executor.start(pool, logs)
                 handler.started(run.id, len(asked.commits), run.resumed_from, logs)
-                ctx = RunContext(store, judge, executor, run.id, handler, cfg.no_cache)
+                ctx = RunContext(store, judge, executor, run.id, handler, CacheUse(cfg.no_cache, cfg.reuse_verdicts))
                 policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
                                  world.untestable([sha for sha, _ in asked.commits]))
                 stopped = None
@@ -183,9 +185,10 @@ def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str
 
 @contextlib.contextmanager
 def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
-                          log_limit: int = DEFAULT_LOG_LIMIT) -> Iterator[RunContext]:
+                          log_limit: int = DEFAULT_LOG_LIMIT, cache: CacheUse = AS_ASKED) -> Iterator[RunContext]:
     """A RunContext on one local slot and no run row, for judging single commits; judge.builder holds
-    build settings (e.g. NoBuild, BuildSettings), opened here on the repository."""
+    build settings (e.g. NoBuild, BuildSettings), opened here on the repository. Without a run row a
+    scenario whose inputs are not known is served no stored verdict unless cache.reuse_verdicts."""
     with open_state(repo, state_dir, log_limit=log_limit) as (state_dir, pool, store):
         executor = LocalExecutor([{}])
         try:
@@ -193,18 +196,20 @@ def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
             judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir),
                                         envs=judge.envs.open(state_dir),
                                         world=judge.world.settings.open(repo, state_dir))
-            yield RunContext(store, judge, executor)
+            yield RunContext(store, judge, executor, cache=cache)
         finally:
             GROUPS.stop()
             executor.shutdown()
 
 
 def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = None,
-              log_limit: int = DEFAULT_LOG_LIMIT) -> dict:
-    """Judge a single commit (through the verdict cache); returns the outcome."""
+              log_limit: int = DEFAULT_LOG_LIMIT, reuse_verdicts: bool = False) -> dict:
+    """Judge a single commit (through the verdict cache; a command's stored verdicts only with
+    reuse_verdicts); returns the outcome."""
     repo = GitRepo(repo_path)
     sha = repo.resolve(ref)
-    with single_commit_context(repo, state_dir, judge, log_limit) as ctx:
+    with single_commit_context(repo, state_dir, keyed_on_environment(judge), log_limit,
+                               CacheUse(reuse_verdicts=reuse_verdicts)) as ctx:
         execution, cached = ctx.verdict(sha)
     return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
             "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
@@ -219,7 +224,7 @@ def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, sta
     if good_sha == bad_sha:
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
     policy = CalibratePolicy(good_sha, bad_sha, runs)
-    with single_commit_context(repo, state_dir, judge) as ctx:
+    with single_commit_context(repo, state_dir, keyed_on_environment(judge)) as ctx:
         ctx.drive(policy)
     learned = judge.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
         if isinstance(judge.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end
