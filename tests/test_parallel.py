@@ -11,6 +11,7 @@ from bisector.errors import UsageError
 from bisector.executor import local_slots
 from bisector.gpus import parse_gpus, visible_gpus
 from bisector.search import Bisection, Term
+from bisector.steps import Handler
 from scenarios.command import CommandScenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
@@ -41,14 +42,34 @@ def _threshold_scenario(bad_from: int) -> CommandScenario:
 def test_rounds_in_result_count_probe_rounds(make_repo, tmp_path, jobs):
     repo = make_repo()
     shas = repo.linear(61, bad_from=None)
+    launches = _Launches()
     result = run_bisection(RunConfig(repo=repo.path, good=shas[0], bad=shas[-1], jobs=jobs,
-                                     scenario=_threshold_scenario(37), state_dir=tmp_path / f"s{jobs}"))
+                                     scenario=_threshold_scenario(37), state_dir=tmp_path / f"s{jobs}"), launches)
     assert result.culprit.sha == shas[37]
     probe_rounds = {s.round for s in result.steps if s.role == "probe"}
     assert probe_rounds == set(range(1, result.rounds + 1))
     assert result.rounds <= math.ceil(math.log(60, jobs + 1)) + 1
-    per_round = [sum(s.round == r for s in result.steps) for r in probe_rounds]
-    assert max(per_round) == jobs
+    # Steps a landed verdict made moot are cancelled and never land, so count what each round launched.
+    assert max(len(batch) for batch in launches.probe_rounds) == jobs
+
+
+class _Launches(Handler):
+    """The probes launched per round: a round launches all its steps before the first of them lands."""
+
+    def __init__(self):
+        self.probe_rounds: list[list[str]] = []
+        self.landed = True
+
+    def testing(self, sha, role):
+        if role != "probe":
+            return
+        if self.landed:
+            self.probe_rounds.append([])
+        self.probe_rounds[-1].append(sha)
+        self.landed = False
+
+    def tested(self, step, left, steps_left):
+        self.landed = True
 
 
 def test_result_deciding_the_answer_kills_the_running_step(make_repo, tmp_path,
