@@ -23,3 +23,14 @@ def redact(text: str) -> str:
 def redact_all(items: "list[str] | tuple[str, ...]") -> list[str]:
     """Each of items redacted (an argument list, such as the command line a run stores)."""
     return [redact(item) for item in items]
+
+
+def redact_json(value):
+    """A JSON-like value (dicts, lists, strings) with every string in it, dict keys included, redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(key) if isinstance(key, str) else key: redact_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_json(item) for item in value]
+    return value

@@ -191,3 +191,18 @@ def test_a_no_cache_rerun_keeps_the_earlier_runs_logs(make_repo, tmp_path, cli):
     assert outputs[1] == set(range(1, printed + 1))
     assert outputs[2] == set(range(printed + 1, 2 * printed + 1))
     assert all(log in report(cli, repo, state, "html", "1") for log in logs[1])
+
+
+def test_a_credential_in_a_scenario_option_reaches_no_output_or_record(make_repo, tmp_path, cli):
+    """A named scenario's options are part of its verdict cache key, which the record keeps: redacted there too."""
+    repo = make_repo()
+    shas = repo.linear(2, bad_from=None)
+    state = tmp_path / "state"
+    proc = cli("scenario", "run", "aiter-mla-probe", "--repo", str(repo.path), "--ref", shas[-1],
+               "--state-dir", str(state), "--json", str(tmp_path / "outcome.json"),
+               "--option", "aiter_repo=https://user:SECRETPW@127.0.0.1:9/aiter.git?token=SECRETTOK")
+    said = proc.stdout + proc.stderr + (tmp_path / "outcome.json").read_text()
+    assert "127.0.0.1:9/aiter.git" in said and "SECRETPW" not in said and "SECRETTOK" not in said
+    records = b"".join(path.read_bytes() for path in state.glob("bisector.sqlite*"))
+    assert b"127.0.0.1:9/aiter.git" in records  # the key's parts were stored, the credential was not
+    assert b"SECRETPW" not in records and b"SECRETTOK" not in records

@@ -17,6 +17,7 @@ from typing import Mapping
 from bisector.builds.base import BuildResult
 from bisector.envs import DEFAULT_VERSIONS, Environment, EnvSettings, SharedEnv, worktree_reader
 from bisector.errors import UsageError
+from bisector.redact import redact_json
 from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
 from bisector.signatures import SignatureRule, normalise
 from bisector.store import Execution
@@ -76,12 +77,12 @@ class Judge:
         """What the verdict cache key hashes: the scenario's identity, the build strategy, whether each
         commit runs in its own environment (its key then follows from the commit and the base python), and
         the world's parts (the image template, the AITER mode); for a scenario whose inputs are not known,
-        the environment's hash."""
+        the environment's hash. Credentials in URLs among them are redacted: the parts are stored and shown."""
         build = self.builder.name if self.scenario.needs_build else "none"
         envs = self.envs if isinstance(self.envs, EnvSettings) else self.envs.settings
-        return {**self.scenario.identity(self.python), "build": build, "env": envs.mode,
-                **self.world.settings.key_parts,
-                **({"environment_variables": self.environment} if self.environment else {})}
+        return redact_json({**self.scenario.identity(self.python), "build": build, "env": envs.mode,
+                            **self.world.settings.key_parts,
+                            **({"environment_variables": self.environment} if self.environment else {})})
 
     @property
     def key(self) -> str:
