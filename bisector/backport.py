@@ -229,8 +229,9 @@ class _BranchChecker:
                         fix_verdict=fixed.verdict.value if fixed else None, fix_reason=fixed.reason if fixed else "")
 
     def check(self, name: str, tip: str, exercised: bool = True) -> BranchEntry:
-        """The branch's entry at this checker's option value; where the fix is not exercised (its parent is
-        good here), only the tip is judged: masked, or not-exercised."""
+        """The branch's entry at this checker's option value. Where the fix is not exercised (its parent is
+        good here), a good tip says nothing about the fix: masked, or not-exercised (no pick); a bad tip is
+        still picked and judged after."""
         if self.repo.is_ancestor(self.fix, tip):
             return BranchEntry(branch=name, tip=tip, verdict="contains", reason="the fix is an ancestor of the tip",
                                options=self.label)
@@ -242,7 +243,7 @@ class _BranchChecker:
         present = target_present(self.fix_hunks, lambda path: self.repo.file_text(tip, path))
         before = self._judge(tip, "before") if self.ctx else None
         masked = _masked(before) if before else None
-        if before and not exercised:
+        if before and before.verdict.value == "good" and not exercised:
             return self._not_exercised(name, tip, before, masked, present)
         with self.pool.checkout(tip) as worktree:
             pick = cherry_pick(self.repo, worktree, self.fix)
@@ -267,16 +268,12 @@ class _BranchChecker:
     def _not_exercised(self, name: str, tip: str, before: Execution, masked: str | None,
                        present: bool) -> BranchEntry:
         at = f" at {self.label}" if self.label else ""
-        verdict = before.verdict.value
-        if verdict == "good" and masked:
-            return BranchEntry(branch=name, tip=tip, before=verdict, verdict="masked", masked=masked,
-                               target="present" if present else "absent", options=self.label,
-                               before_reason=before.reason, reason=f"bug present, hidden: {masked}")
-        return BranchEntry(branch=name, tip=tip, before=verdict, verdict="not-exercised",
-                           target="present" if present else "absent", options=self.label,
-                           before_reason=before.reason,
-                           reason=f"not judged: the fix is not exercised{at} (its parent is good); "
-                                  f"scenario {verdict} on the tip: {before.reason}")
+        entry = BranchEntry(branch=name, tip=tip, before="good", verdict="masked" if masked else "not-exercised",
+                            masked=masked, target="present" if present else "absent", options=self.label,
+                            before_reason=before.reason)
+        return dataclasses.replace(entry, reason=f"bug present, hidden: {masked}" if masked else
+                                   f"not judged: the fix is not exercised{at} (its parent is good); scenario "
+                                   f"good on the tip: {before.reason}")
 
     def _judge(self, sha: str, role: str) -> Execution:
         """The scenario's verdict on sha: from the cache, else run (and recorded) now."""

@@ -95,13 +95,8 @@ def test_judge_same_metadata_for_different_dtypes_is_good():
     assert result.verdict == "good" and result.reason.startswith("q dtype mismatch without effect")
     assert result.details["masked"] == ("hand-written AITER tile rule sizes q bf16 and fp8 alike at 16 heads, "
                                         "gfx942")
-
-
-def test_judge_consistent_dtypes_is_not_masked():
-    call = {"num_head_qo": 128, "max_seqlen_qo": 1, "batch_size": 16, "is_sparse": False}
-    names = {"sized_q_dtype": "fp8", "kernel_q_dtype": "fp8", "kv_dtype": "fp8"}
-    info = metadata_info("gfx942", 304, 16, 1, 128, "fp8", "fp8")
-    assert "masked" not in judge(ProbeConfig(), call, names, True, info, info).details
+    consistent = {**names, "sized_q_dtype": "fp8"}  # no mismatch: nothing is hidden
+    assert "masked" not in judge(ProbeConfig(), call, consistent, True, kernel, kernel).details
 
 
 # --- options ---
