@@ -1,6 +1,8 @@
 """Does a fix reach each release branch, and does it work there?
 
-Per branch: contains -> before -> pick -> after -> verdict. Picks happen in tool-owned detached
+First the fix's parent (and the fix) at each --option value: a parent that is already good there means
+the fix is not exercised at that value. Then per branch and value: contains -> before -> pick -> after ->
+verdict. Picks happen in tool-owned detached
 worktrees; the user's branches only change with create_branches (a new backport/... branch).
 """
 from __future__ import annotations
@@ -22,10 +24,10 @@ from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
 from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
-from bisector.pins import pin_change
+from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict
+from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict, FixCheck
 from bisector.seams import Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
@@ -42,6 +44,9 @@ class BackportConfig:
     fix: str
     branches: Sequence[str]  # globs over local and remote-tracking branch names
     scenario: Scenario | None = None
+    # A comma-listed --option: (label such as "arch=gfx950", the scenario at that value) per value, judged as
+    # one column each; empty: `scenario` alone.
+    option_values: Sequence[tuple[str, Scenario]] = ()
     create_branches: bool = False
     timeout: float | None = None
     state_dir: Path | None = None
@@ -63,16 +68,19 @@ class BackportHandler:
     def checked(self, entry: BranchEntry) -> None: ...
 
 
-def decide(pick: str, before: str | None, after: str | None, target_present: bool) -> str:
+def decide(pick: str, before: str | None, after: str | None, target_present: bool, masked: bool = False) -> str:
     """The verdict of a branch that neither contains nor already carries the fix.
 
     before/after are scenario verdicts (None without a scenario); target_present says whether the
-    code the fix changes exists on the branch.
+    code the fix changes exists on the branch; masked, that the scenario found the bug there but hidden
+    (good only because of the conditions it ran under: never "already-fixed").
     """
     if before is None:
         return {"clean": "applies-unverified", "conflict": "conflict", "empty": "already-fixed"}[pick]
     if before == "skip":
         return "untestable"
+    if before == "good" and masked:
+        return "masked"
     if before == "good":
         return "already-fixed" if target_present else "not-affected"
     if pick == "conflict":
@@ -147,33 +155,54 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
     if len(repo.parents(fix)) > 1:
         raise UsageError(f"fix {cfg.fix} ({fix[:12]}) is a merge commit; give the commit to pick")
     branches = matching_branches(repo, cfg.branches)
+    values: list[tuple[str, Scenario | None]] = [*cfg.option_values] or [("", cfg.scenario)]
     with open_state(repo, cfg.state_dir, log_limit=cfg.log_limit) as (state_dir, pool, store):
-        judge = keyed_on_environment(Judge(cfg.scenario, open_builder(cfg, repo, state_dir), cfg.timeout,
-                                           cfg.python, cfg.repeat, envs=cfg.envs.open(state_dir),
-                                           world=cfg.world.open(repo, state_dir))) if cfg.scenario else None
+        if cfg.scenario:
+            builder, envs, world = (open_builder(cfg, repo, state_dir), cfg.envs.open(state_dir),
+                                    cfg.world.open(repo, state_dir))
+            judges = [(label, keyed_on_environment(Judge(scenario, builder, cfg.timeout, cfg.python, cfg.repeat,
+                                                         envs=envs, world=world)))
+                      for label, scenario in values if scenario]
+        else:
+            judges = []
+        judge = judges[0][1] if judges else None
         executor = LocalExecutor([{}])
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
                   "create_branches": cfg.create_branches, "repeat": cfg.repeat,
                   "scenario_name": cfg.scenario.name if cfg.scenario else None,
                   "command_line": list(cfg.command_line), "no_cache": cfg.no_cache}
+        if len(judges) > 1:
+            params["values"] = {label: each.key for label, each in judges}
         key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
         try:
             with store.recording("backport", key, params) as run:
                 executor.start(pool, run_logs(state_dir, run.id))
-                ctx = RunContext(store, judge, executor, run.id, cache=CacheUse(cfg.no_cache, cfg.reuse_verdicts)) \
-                    if judge else None
-                checker = _BranchChecker(repo, pool, ctx, fix, cfg.create_branches)
+                contexts: list[tuple[str, RunContext | None]] = [
+                    (label, RunContext(store, each, executor, run.id,
+                                       cache=CacheUse(cfg.no_cache, cfg.reuse_verdicts)))
+                    for label, each in judges] or [("", None)]
+                for _, ctx in contexts[1:]:
+                    ctx.steps = contexts[0][1].steps  # type: ignore[union-attr]  # one run: one step sequence
+                checkers = [_BranchChecker(repo, pool, ctx, fix, cfg.create_branches, label)
+                            for label, ctx in contexts]
+                checks = [checker.check_fix(label or _options_given(cfg.scenario))
+                          for (label, _), checker in zip(values, checkers) if checker.ctx]
+                exercised = [check.exercised for check in checks] or [True]
                 entries = []
                 for name, tip in branches:
-                    handler.checking(name, tip)
-                    entries.append(checker.check(name, tip))
-                    handler.checked(entries[-1])
+                    pin = pins_at(repo.root, tip).get("aiter")
+                    for checker, runs_fix in zip(checkers, exercised):
+                        handler.checking(name, tip)
+                        entry = checker.check(name, tip, runs_fix)
+                        entries.append(dataclasses.replace(entry, pin=pin.ref if pin else None))
+                        handler.checked(entries[-1])
                 result = BackportResult(
                     run_id=run.id, fix=fix, fix_ref=cfg.fix, fix_subject=repo.commit_info(fix).subject,
                     scenario=judge.key if judge else None, cache_key=judge.key_parts if judge else None,
                     command_line=tuple(cfg.command_line), repo=str(repo.root), globs=tuple(cfg.branches),
-                    branches=tuple(entries), executions=ctx.executions if ctx else 0, resumed_from=run.resumed_from)
+                    branches=tuple(entries), checks=tuple(checks),
+                    executions=sum(ctx.executions for _, ctx in contexts if ctx), resumed_from=run.resumed_from)
                 run.result = result.to_json()
             return result
         finally:
@@ -185,21 +214,40 @@ class _BranchChecker:
     """The per-branch pipeline, sharing one fix, one worktree pool and one run (None: no scenario)."""
 
     def __init__(self, repo: GitRepo, pool: WorktreePool, ctx: RunContext | None, fix: str,
-                 create_branches: bool):
-        self.repo, self.pool, self.ctx = repo, pool, ctx
+                 create_branches: bool, label: str = ""):
+        self.repo, self.pool, self.ctx, self.label = repo, pool, ctx, label
         self.fix, self.create_branches = fix, create_branches
         self.fix_hunks = diff_hunks(repo, fix)
 
-    def check(self, name: str, tip: str) -> BranchEntry:
+    def check_fix(self, options: str) -> FixCheck:
+        """The fix's parent, and when that is bad the fix, judged at this checker's option value (options:
+        how the report names it)."""
+        parents = self.repo.parents(self.fix)
+        if not parents:
+            return FixCheck(options=options)
+        parent = self._judge(parents[0], "fix-parent")
+        fixed = self._judge(self.fix, "fix") if parent.verdict.value == "bad" else None
+        return FixCheck(options=options, parent=parents[0], parent_verdict=parent.verdict.value,
+                        parent_reason=parent.reason, parent_masked=_masked(parent),
+                        fix_verdict=fixed.verdict.value if fixed else None, fix_reason=fixed.reason if fixed else "")
+
+    def check(self, name: str, tip: str, exercised: bool = True) -> BranchEntry:
+        """The branch's entry at this checker's option value. Where the fix is not exercised (its parent is
+        good here), a good tip says nothing about the fix: masked, or not-exercised (no pick); a bad tip is
+        still picked and judged after."""
         if self.repo.is_ancestor(self.fix, tip):
-            return BranchEntry(branch=name, tip=tip, verdict="contains", reason="the fix is an ancestor of the tip")
+            return BranchEntry(branch=name, tip=tip, verdict="contains", reason="the fix is an ancestor of the tip",
+                               options=self.label)
         equivalent = find_equivalent(self.repo, self.fix, tip)
         if equivalent:
             sha, how = equivalent
             return BranchEntry(branch=name, tip=tip, verdict="already-picked", equivalent=sha,
-                               reason=f"{sha[:12]} carries the fix ({how})")
+                               reason=f"{sha[:12]} carries the fix ({how})", options=self.label)
         present = target_present(self.fix_hunks, lambda path: self.repo.file_text(tip, path))
         before = self._judge(tip, "before") if self.ctx else None
+        masked = _masked(before) if before else None
+        if before and before.verdict.value == "good" and not exercised:
+            return self._not_exercised(name, tip, before, masked, present)
         with self.pool.checkout(tip) as worktree:
             pick = cherry_pick(self.repo, worktree, self.fix)
         after, after_reason = None, None
@@ -209,7 +257,8 @@ class _BranchChecker:
             after_reason = judged.reason if pick.sha else "empty pick: the tip already has the fix's changes"
         before_verdict = before.verdict if before else None
         entry = BranchEntry(branch=name, tip=tip, pick=pick.status, before=before_verdict, after=after,
-                            verdict=decide(pick.status, before_verdict, after, present),
+                            verdict=decide(pick.status, before_verdict, after, present, bool(masked)),
+                            options=self.label, masked=masked if before_verdict == "good" else None,
                             conflicts=tuple(Conflict(file=c["file"], kind=c["kind"], hunks=tuple(c["hunks"]))
                                             for c in pick.conflicts),
                             picked=pick.sha, target="present" if present else "absent",
@@ -218,6 +267,16 @@ class _BranchChecker:
         if self.create_branches and pick.sha and entry.verdict in ("verified", "applies-unverified"):
             entry = dataclasses.replace(entry, backport_branch=self._create_branch(name, pick.sha))
         return entry
+
+    def _not_exercised(self, name: str, tip: str, before: Execution, masked: str | None,
+                       present: bool) -> BranchEntry:
+        at = f" at {self.label}" if self.label else ""
+        entry = BranchEntry(branch=name, tip=tip, before="good", verdict="masked" if masked else "not-exercised",
+                            masked=masked, target="present" if present else "absent", options=self.label,
+                            before_reason=before.reason)
+        return dataclasses.replace(entry, reason=f"bug present, hidden: {masked}" if masked else
+                                   f"not judged: the fix is not exercised{at} (its parent is good); scenario "
+                                   f"good on the tip: {before.reason}")
 
     def _judge(self, sha: str, role: str) -> Execution:
         """The scenario's verdict on sha: from the cache, else run (and recorded) now."""
@@ -228,6 +287,8 @@ class _BranchChecker:
 
     def _reason(self, entry: BranchEntry) -> str:
         verdict = entry.verdict
+        if verdict == "masked":
+            return f"bug present, hidden: {entry.masked}"
         if verdict == "not-affected":
             return "scenario good before the pick; the code the fix changes is not on the branch"
         if verdict == "already-fixed":
@@ -262,3 +323,15 @@ class _BranchChecker:
         except GitError:
             return BackportBranch(name=branch, state="not created: a ref in the way")
         return BackportBranch(name=branch, state="exists" if same else "exists at another commit, left alone")
+
+
+def _masked(execution: Execution) -> str | None:
+    """What hides the bug on a good commit, when the scenario says so (its outcome's details["masked"])."""
+    masked = execution.details.get("masked") if execution.verdict.value == "good" else None
+    return str(masked) if masked else None
+
+
+def _options_given(scenario: Scenario | None) -> str:
+    """The scenario's options that differ from its defaults, as KEY=VALUE words ("" when none)."""
+    options, defaults = getattr(scenario, "options", {}), getattr(scenario, "option_defaults", {})
+    return " ".join(f"{key}={value}" for key, value in options.items() if value != defaults.get(key, value))

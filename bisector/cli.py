@@ -188,14 +188,48 @@ log_limit_option = click.option("--log-limit", default="20M", show_default=True,
                                  help="Bytes kept of each step's log: the first and last halves, the cut marked.")
 
 
-def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
-    options = {}
+def split_values(value: str) -> list[str]:
+    """An --option value as a comma list: `gfx942,gfx950` is two values; `\\,` is a comma inside one."""
+    values, current, chars = [], "", iter(value)
+    for char in chars:
+        if char == "\\":
+            following = next(chars, "")
+            current += following if following == "," else char + following
+        elif char == ",":
+            values.append(current)
+            current = ""
+        else:
+            current += char
+    return [*values, current]
+
+
+def option_values(pairs: tuple[str, ...]) -> list[tuple[str, dict[str, str]]]:
+    """Every combination of the values of comma-listed --option KEY=A,B (see split_values), in order, as
+    (label, options): the label names the listed keys' values ("arch=gfx950"); one ("", options) when no
+    value is a list."""
+    listed: dict[str, list[str]] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--option takes KEY=VALUE, got {pair!r}")
-        options[key] = value
-    return options
+        listed[key] = split_values(value)
+    combinations: list[tuple[str, dict[str, str]]] = [("", {})]
+    for key, values in listed.items():
+        if len(set(values)) != len(values):
+            raise UsageError(f"--option {key}={','.join(values)}: a value is listed twice")
+        combinations = [(" ".join(filter(None, [label, f"{key}={value}" if len(values) > 1 else ""])),
+                         {**options, key: value}) for label, options in combinations for value in values]
+    return combinations
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
+    """--option KEY=VALUE pairs for one scenario: a comma list (several values) is refused in one line."""
+    combinations = option_values(pairs)
+    if len(combinations) > 1:
+        raise UsageError(f"--option: {len(combinations)} values given ({', '.join(label for label, _ in combinations)})"
+                         "; only `bisector backport` takes a comma list (a column per value): run once per value, "
+                         "or write \\, for a comma inside a value")
+    return combinations[0][1]
 
 
 def state_dir_path(ctx, param, value: str | None) -> Path | None:
@@ -595,7 +629,9 @@ class BackportProgress:
 
     def checked(self, entry: BranchEntry) -> None:
         colour = "green" if entry.settled else "red"
-        console.print(f"{escape(entry.branch)}: [{colour}]{entry.verdict}[/{colour}] ({escape(entry.reason)})")
+        at = f" at {entry.options}" if entry.options else ""
+        console.print(f"{escape(entry.branch)}{escape(at)}: [{colour}]{entry.verdict}[/{colour}] "
+                      f"({escape(entry.reason)})")
 
 
 @main.command()
@@ -605,7 +641,8 @@ class BackportProgress:
 @click.option("--branches", "globs", multiple=True, required=True, metavar="GLOB",
               help="Branches to check (local or remote-tracking, e.g. 'origin/releases/v0.2*').")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
-@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Scenario option; KEY=A,B judges every branch at each value (a column each; \\, for a comma).")
 @click.option("--create-branches", is_flag=True,
               help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
 @click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
@@ -641,12 +678,15 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
     if options and not scenario_name:
         raise UsageError("--option needs --scenario")
-    scenario = create(scenario_name, parse_options(options)) if scenario_name \
+    values = [(label, create(scenario_name, each)) for label, each in option_values(options)] \
+        if scenario_name else []
+    scenario = values[0][1] if values \
         else CommandScenario(list(command), in_image=bool(world["image"])) if command else None
     if world["image"] and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
     world_asked = world_settings(world, scenario, env_mode, rocm_arch)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
+                         option_values=values if len(values) > 1 else (),
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
                          python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
                          .allowing_install(allow_install_into_python),

@@ -8,7 +8,8 @@ EXIT_OK = 0             # the command did what was asked (a plan printed, an env
 EXIT_FOUND = 0          # run: culprit found; backport: every branch settled; demo: the planted commit named
 EXIT_INCONCLUSIVE = 1   # run: skips left candidates, or --flaky stopped short; backport: a branch unsettled
 EXIT_USAGE = 2          # bad input: the repository is left exactly as it was
-EXIT_ENDPOINT = 3       # an endpoint did not test as the user said it would
+EXIT_ENDPOINT = 3       # an endpoint did not test as the user said it would (backport: the fix's parent
+                        # is not bad, or the fix not good, at some --option value)
 EXIT_ABORTED = 4        # the run cannot go on (a command exited >= 128 without a fault, a lost Ray step)
 EXIT_RECORD = 5         # the record file (bisector.sqlite) cannot be used: corrupt, read-only, disk full, newer
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM; verdicts so far are kept

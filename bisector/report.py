@@ -405,7 +405,7 @@ document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click'
 _TONES = {"good": "good", "bad": "bad", "skip": "skip",
           "verified": "good", "not-affected": "good", "already-fixed": "good", "contains": "good",
           "already-picked": "good", "applies-unverified": "skip", "conflict": "bad",
-          "fix-ineffective": "bad", "untestable": "skip"}
+          "fix-ineffective": "bad", "masked": "bad", "not-exercised": "skip", "untestable": "skip"}
 
 
 def _tone(verdict: object) -> str:
@@ -533,47 +533,84 @@ def _equivalent(entry: BranchEntry) -> str:
 
 @published
 def backport_html(result: BackportResult) -> str:
-    """The branch matrix of a backport run; click a branch for its conflicts."""
+    """The branch matrix of a backport run (a verdict column per --option value, then one table per value
+    with each branch's reason); click a branch for its conflicts."""
     e = html.escape
-    rows, details = [], []
-    for n, entry in enumerate(result.branches):
-        target = f"b-{n}"
-        rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(entry.branch)}</b></td>'
-                    f'<td><code>{e(_short(entry.tip))}</code></td>'
-                    f'<td><code>{e(_short(entry.pick))}</code></td>'
-                    f'<td>{_badge(entry.before)}</td><td>{_badge(entry.after)}</td>'
-                    f'<td>{_badge(entry.verdict)}</td>'
-                    f'<td>{_equivalent(entry)}</td>'
-                    f'<td>{len(entry.conflicts)}</td></tr>')
-        listed = "".join(f"<li><code>{e(line)}</code></li>" for line in _backport_conflicts(entry)) \
-            or "<li>none</li>"
-        details.append(f'<div class="card detail" id="{target}" hidden><b>{e(entry.branch)}</b> '
-                       f'at <code>{e(entry.tip)}</code><p>conflicts:</p>'
-                       f"<ul>{listed}</ul></div>")
+    values = result.values
+    tables, details = [], []
+    if len(values) > 1:
+        head = "".join(f"<th>{e(value)}</th>" for value in values)
+        rows = [f"<tr><td><b>{e(branch)}</b></td><td><code>{e(_short(tip))}</code></td><td>{e(pin or '—')}</td>"
+                + "".join(f"<td>{_badge(verdict)}</td>" for verdict in verdicts) + "</tr>"
+                for branch, tip, pin, verdicts in _backport_matrix(result)]
+        tables.append(f'<div class="card"><table><tr><th>branch</th><th>tip</th><th>AITER</th>{head}</tr>'
+                      f'{"".join(rows)}</table></div>')
+    n = 0
+    for value in values:
+        rows = []
+        for entry in _entries_at(result, value):
+            target, n = f"b-{n}", n + 1
+            rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(entry.branch)}</b></td>'
+                        f'<td><code>{e(_short(entry.tip))}</code></td><td>{e(entry.pin or "—")}</td>'
+                        f'<td><code>{e(_short(entry.pick))}</code></td>'
+                        f'<td>{_badge(entry.before)}</td><td>{_badge(entry.after)}</td>'
+                        f'<td>{_badge(entry.verdict)}</td>'
+                        f'<td>{_equivalent(entry)}</td>'
+                        f'<td>{len(entry.conflicts)}</td><td>{e(_detail(entry))}</td></tr>')
+            listed = "".join(f"<li><code>{e(line)}</code></li>" for line in _backport_conflicts(entry)) \
+                or "<li>none</li>"
+            details.append(f'<div class="card detail" id="{target}" hidden><b>{e(entry.branch)}</b> '
+                           f'at <code>{e(entry.tip)}</code><p>conflicts:</p>'
+                           f"<ul>{listed}</ul></div>")
+        heading = f"<h2>at {e(value)}</h2>" if value else ""
+        tables.append(f'<div class="card">{heading}<table><tr><th>branch</th><th>tip</th><th>AITER</th>'
+                      f'<th>pick</th><th>before</th><th>after</th><th>verdict</th><th>equivalent</th>'
+                      f'<th>conflicts</th><th>reason</th></tr>{"".join(rows)}</table></div>')
     title = f"bisector backport of {result.fix[:12]}"
     command = _command_line(result)
+    problems = "".join(f'<div class="card"><span class="v bad">!</span> {e(problem)}</div>'
+                       for problem in result.problems)
     body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(result.fix)}</code> · "
-            f"{len(result.branches)} branches"
+            f"{len(_branch_names(result))} branches"
             + (f"<br>command: <code>{e(command)}</code>" if command else "") + "</div>"
-            f'<div class="card"><table><tr><th>branch</th><th>tip</th><th>pick</th><th>before</th>'
-            f'<th>after</th><th>verdict</th><th>equivalent</th><th>conflicts</th></tr>{"".join(rows)}'
-            f'</table></div>{"".join(details)}')
+            f'{problems}{"".join(tables)}{"".join(details)}')
     return _page(title, body)
 
 
 # -- backport ------------------------------------------------------------------------------------
-BACKPORT_COLUMNS = ("branch", "tip", "pick", "before", "after", "verdict", "detail")
+BACKPORT_COLUMNS = ("branch", "tip", "aiter", "pick", "before", "after", "verdict", "detail")
 
 
-def _backport_rows(result: BackportResult) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = []
+def _entries_at(result: BackportResult, value: str) -> list[BranchEntry]:
+    return [entry for entry in result.branches if entry.options == value]
+
+
+def _branch_names(result: BackportResult) -> list[str]:
+    return list(dict.fromkeys(entry.branch for entry in result.branches))
+
+
+def _backport_matrix(result: BackportResult) -> list[tuple[str, str, str | None, list[str]]]:
+    """(branch, tip, AITER pin, its verdict at each --option value) per branch."""
+    by_branch: dict[str, list[BranchEntry]] = {}
     for entry in result.branches:
-        detail = entry.reason
-        if entry.backport_branch:
-            detail += f"; {entry.backport_branch.name} {entry.backport_branch.state}"
-        rows.append((entry.branch, entry.tip[:12], entry.pick, entry.before or "-",
-                     entry.after or "-", entry.verdict, detail))
-    return rows
+        by_branch.setdefault(entry.branch, []).append(entry)
+    matrix = []
+    for branch, entries in by_branch.items():
+        at = {entry.options: entry.verdict for entry in entries}
+        matrix.append((branch, entries[0].tip, entries[0].pin, [at.get(value, "-") for value in result.values]))
+    return matrix
+
+
+def _detail(entry: BranchEntry) -> str:
+    detail = entry.reason
+    if entry.backport_branch:
+        detail += f"; {entry.backport_branch.name} {entry.backport_branch.state}"
+    return detail
+
+
+def _backport_rows(entries: Sequence[BranchEntry]) -> list[tuple[str, ...]]:
+    return [(entry.branch, entry.tip[:12], entry.pin or "-", entry.pick, entry.before or "-",
+             entry.after or "-", entry.verdict, _detail(entry)) for entry in entries]
 
 
 def _conflict_line(conflict: Conflict) -> str:
@@ -585,26 +622,43 @@ def _backport_conflicts(entry: BranchEntry) -> list[str]:
 
 
 def _backport_summary(result: BackportResult) -> str:
-    verdicts = [entry.verdict for entry in result.branches]
-    return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
+    """How many branches got each verdict, per --option value when there are several."""
+    parts = []
+    for value in result.values:
+        verdicts = [entry.verdict for entry in _entries_at(result, value)]
+        counts = ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
+        parts.append(f"{value}: {counts}" if value else counts)
+    return "; ".join(parts)
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as columns padded to their widest cell (the last column left as it is)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
 
 
 @published
 def backport_text(result: BackportResult) -> str:
-    rows = [BACKPORT_COLUMNS, *_backport_rows(result)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(BACKPORT_COLUMNS) - 1)]
     lines = [f"fix {result.fix[:12]} ({result.fix_ref}): {result.fix_subject}",
              f"scenario: {result.scenario or 'none'}"]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
+    lines += [f"! {problem}" for problem in result.problems]
     lines.append("")
-    for row in rows:
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
-    for entry in result.branches:
-        if entry.conflicts:
-            lines.append(f"conflicts on {entry.branch}:")
-            lines.extend(f"  {line}" for line in _backport_conflicts(entry))
-    lines += ["", f"{len(result.branches)} branches: {_backport_summary(result)}"]
+    if len(result.values) > 1:
+        lines += _aligned([("branch", "tip", "aiter", *result.values)]
+                          + [(branch, tip[:12], pin or "-", *verdicts)
+                             for branch, tip, pin, verdicts in _backport_matrix(result)])
+    for value in result.values:
+        if len(result.values) > 1:
+            lines += ["", f"at {value}:"]
+        entries = _entries_at(result, value)
+        lines += _aligned([BACKPORT_COLUMNS, *_backport_rows(entries)])
+        for entry in entries:
+            if entry.conflicts:
+                lines.append(f"conflicts on {entry.branch}:")
+                lines.extend(f"  {line}" for line in _backport_conflicts(entry))
+    lines += ["", f"{len(_branch_names(result))} branches: {_backport_summary(result)}"]
     return "\n".join(lines)
 
 
@@ -614,36 +668,65 @@ def backport_markdown(result: BackportResult) -> str:
            f"Fix {md_code(result.fix[:12])} ({md_code(result.fix_ref)}): {md_code(result.fix_subject)}",
            "", f"Scenario: {md_code(result.scenario or 'none')}", "",
            *([f"Command: {md_code(_command_line(result))}", ""] if _command_line(result) else []),
-           "| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
-    for row in _backport_rows(result):
-        cells = [md_code(row[0], True), md_code(row[1], True), *row[2:5], f"**{row[5]}**", md_code(row[6], True)]
-        out.append("| " + " | ".join(cells) + " |")
-    for entry in result.branches:
-        if entry.conflicts:
-            out += ["", f"<details><summary>conflicts on <code>{html.escape(entry.branch)}</code></summary>",
-                    ""]
-            out += [f"- {md_code(line)}" for line in _backport_conflicts(entry)]
-            out += ["", "</details>"]
-    out += ["", f"{len(result.branches)} branches: {_backport_summary(result)}"]
+           *[f"> **{md_code(problem)}**\n" for problem in result.problems]]
+    if len(result.values) > 1:
+        out += ["| branch | tip | aiter | " + " | ".join(md_code(value, True) for value in result.values) + " |",
+                "|" + "---|" * (3 + len(result.values))]
+        out += ["| " + " | ".join([md_code(branch, True), md_code(tip[:12], True), md_code(pin or "-", True),
+                                   *(f"**{verdict}**" for verdict in verdicts)]) + " |"
+                for branch, tip, pin, verdicts in _backport_matrix(result)]
+        out.append("")
+    for value in result.values:
+        if len(result.values) > 1:
+            out += [f"### at {md_code(value)}", ""]
+        entries = _entries_at(result, value)
+        out += ["| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
+        for row in _backport_rows(entries):
+            cells = [md_code(row[0], True), md_code(row[1], True), md_code(row[2], True), *row[3:6],
+                     f"**{row[6]}**", md_code(row[7], True)]
+            out.append("| " + " | ".join(cells) + " |")
+        for entry in entries:
+            if entry.conflicts:
+                out += ["", f"<details><summary>conflicts on <code>{html.escape(entry.branch)}</code></summary>",
+                        ""]
+                out += [f"- {md_code(line)}" for line in _backport_conflicts(entry)]
+                out += ["", "</details>"]
+        out.append("")
+    out += [f"{len(_branch_names(result))} branches: {_backport_summary(result)}"]
     return "\n".join(out) + "\n"
+
+
+FAILING = ("conflict", "fix-ineffective", "masked")  # JUnit failures: a branch that needs work
 
 
 @published
 def backport_junit(result: BackportResult) -> str:
-    """One test case per branch: failure for conflict and fix-ineffective, error for untestable."""
+    """One test case per branch (per branch and --option value when there are several), and one per value
+    whose fix check failed: failure for conflict, fix-ineffective, masked and a fix not shown to work;
+    error for untestable; skipped for not-exercised."""
     entries = result.branches
-    failures = sum(entry.verdict in ("conflict", "fix-ineffective") for entry in entries)
+    failures = sum(entry.verdict in FAILING for entry in entries) + len(result.problems)
     errors = sum(entry.verdict == "untestable" for entry in entries)
     suite = ET.Element("testsuite", name=f"bisector backport {result.fix[:12]}",
-                       tests=str(len(entries)), failures=str(failures), errors=str(errors))
+                       tests=str(len(entries) + len(result.problems)), failures=str(failures), errors=str(errors),
+                       skipped=str(sum(entry.verdict == "not-exercised" for entry in entries)))
+    for check in result.checks:
+        if check.problem:
+            case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}",
+                                 name="the fix" + (f" [{check.options}]" if check.options else ""))
+            ET.SubElement(case, "failure", type="fix-not-shown", message=check.problem).text = check.problem
     for entry in entries:
-        case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}", name=entry.branch)
+        name = entry.branch + (f" [{entry.options}]" if entry.options else "")
+        case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}", name=name)
         body = "\n".join([entry.reason, *_backport_conflicts(entry)])
-        if entry.verdict in ("conflict", "fix-ineffective"):
+        if entry.verdict in FAILING:
             ET.SubElement(case, "failure", type=entry.verdict, message=entry.reason).text = body
         elif entry.verdict == "untestable":
             ET.SubElement(case, "error", type="untestable", message=entry.reason).text = body
-        ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {entry.tip}"
+        elif entry.verdict == "not-exercised":
+            ET.SubElement(case, "skipped", message=entry.reason)
+        ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {entry.tip}" + \
+            (f"\naiter: {entry.pin}" if entry.pin else "")
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 

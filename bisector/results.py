@@ -18,7 +18,7 @@ RESULT_SCHEMA = 2
 
 # A backport run's per-branch verdicts, in the order reports list them.
 VERDICTS = ("verified", "not-affected", "already-fixed", "contains", "already-picked",
-            "applies-unverified", "conflict", "fix-ineffective", "untestable")
+            "applies-unverified", "conflict", "fix-ineffective", "masked", "not-exercised", "untestable")
 # Verdicts that need no further work on the branch: exit 0 when every branch has one of these.
 SETTLED = frozenset({"verified", "contains", "already-picked", "not-affected", "already-fixed"})
 
@@ -425,6 +425,9 @@ class BranchEntry:
     before_reason: str | None = None
     after_reason: str | None = None
     backport_branch: BackportBranch | None = None
+    options: str = ""            # the --option value judged at ("arch=gfx950"); "" when each option has one
+    pin: str | None = None       # the AITER ref the tip pins (docker/Dockerfile.rocm_base); None: no pin
+    masked: str | None = None    # good before, but the scenario saw the bug hidden: what hides it
 
     @property
     def settled(self) -> bool:
@@ -432,7 +435,8 @@ class BranchEntry:
 
     def to_json(self) -> dict:
         made = self.backport_branch
-        return {"branch": self.branch, "tip": self.tip, "pick": self.pick, "before": self.before,
+        return {"branch": self.branch, "options": self.options, "tip": self.tip, "pin": self.pin,
+                "pick": self.pick, "before": self.before, "masked": self.masked,
                 "after": self.after, "verdict": self.verdict, "equivalent": self.equivalent,
                 "conflicts": [conflict.to_json() for conflict in self.conflicts], "picked": self.picked,
                 "target": self.target, "reason": self.reason, "before_reason": self.before_reason,
@@ -447,7 +451,62 @@ class BranchEntry:
                    conflicts=tuple(Conflict.from_json(c) for c in data.get("conflicts", ())),
                    picked=data.get("picked"), target=data.get("target"), reason=data["reason"],
                    before_reason=data.get("before_reason"), after_reason=data.get("after_reason"),
-                   backport_branch=BackportBranch(name=made["name"], state=made["state"]) if made else None)
+                   backport_branch=BackportBranch(name=made["name"], state=made["state"]) if made else None,
+                   options=data.get("options", ""), pin=data.get("pin"), masked=data.get("masked"))
+
+
+@dataclass(kw_only=True, frozen=True)
+class FixCheck:
+    """The fix's parent (and the fix) judged at one --option value before any branch: a parent that is not
+    bad there means the fix is not exercised at that value, and its branch verdicts would mean nothing."""
+
+    options: str = ""            # the --option value checked at, named ("arch=gfx950"); "" when none given
+    parent: str | None = None    # None: the fix is a root commit (nothing to check)
+    parent_verdict: str | None = None
+    parent_reason: str = ""
+    parent_masked: str | None = None
+    fix_verdict: str | None = None  # judged only when the parent is bad
+    fix_reason: str = ""
+
+    @property
+    def exercised(self) -> bool:
+        """False when the parent is good: the branches are then not judged for the fix at this value."""
+        return self.parent_verdict != "good"
+
+    @property
+    def refuted(self) -> bool:
+        """The check shows the fix does nothing at this value: its parent is good, or the fix is bad too
+        (a skip only leaves it unshown)."""
+        return self.parent_verdict == "good" or self.fix_verdict == "bad"
+
+    @property
+    def problem(self) -> str | None:
+        """One line when the fix is not shown to work at this value (parent not bad, or fix not good)."""
+        at = f" at {self.options}" if self.options else ""
+        parent = (self.parent or "")[:12]
+        if self.parent is None:
+            return None
+        if self.parent_verdict == "good":
+            why = f"masked: {self.parent_masked}" if self.parent_masked else self.parent_reason
+            return f"the fix is not exercised{at}: its parent {parent} is good ({why})"
+        if self.parent_verdict != "bad":
+            return f"cannot tell whether the fix is exercised{at}: its parent {parent} skipped ({self.parent_reason})"
+        if self.fix_verdict != "good":
+            return f"the fix does not fix{at}: its parent {parent} is bad and the fix is {self.fix_verdict} " \
+                   f"({self.fix_reason})"
+        return None
+
+    def to_json(self) -> dict:
+        return {"options": self.options, "parent": self.parent, "parent_verdict": self.parent_verdict,
+                "parent_reason": self.parent_reason, "parent_masked": self.parent_masked,
+                "fix_verdict": self.fix_verdict, "fix_reason": self.fix_reason, "problem": self.problem}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> FixCheck:
+        return cls(options=data.get("options", ""), parent=data.get("parent"),
+                   parent_verdict=data.get("parent_verdict"), parent_reason=data.get("parent_reason", ""),
+                   parent_masked=data.get("parent_masked"), fix_verdict=data.get("fix_verdict"),
+                   fix_reason=data.get("fix_reason", ""))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -465,25 +524,41 @@ class BackportResult:
     command_line: tuple[str, ...] = ()
     repo: str | None = None
     globs: tuple[str, ...]
-    branches: tuple[BranchEntry, ...]
+    branches: tuple[BranchEntry, ...]  # per branch, one entry per --option value (in `values` order)
     executions: int
     resumed_from: int | None = None
+    checks: tuple[FixCheck, ...] = ()  # the fix checked at each --option value (none without a scenario)
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The --option values judged at, in order: ("",) when each option has one value."""
+        return tuple(dict.fromkeys(entry.options for entry in self.branches)) or ("",)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the fix is not shown to work at some value (the report's first lines)."""
+        return tuple(check.problem for check in self.checks if check.problem)
 
     @property
     def ok(self) -> bool:
-        """Every branch settled: nothing left to do."""
-        return all(entry.settled for entry in self.branches)
+        """The fix works at every value and every branch settled: nothing left to do."""
+        return not self.problems and all(entry.settled for entry in self.branches)
 
     @property
     def exit_code(self) -> int:
-        return EXIT_FOUND if self.ok else EXIT_INCONCLUSIVE
+        """3 when the fix does nothing at some value, else 0 when it works at every value and every branch
+        settled, else 1."""
+        refuted = any(check.refuted for check in self.checks)
+        return EXIT_ENDPOINT if refuted else EXIT_FOUND if self.ok else EXIT_INCONCLUSIVE
 
     def to_json(self) -> dict:
         return {"schema": RESULT_SCHEMA, "run_id": self.run_id, "kind": self.kind, "fix": self.fix,
                 "fix_ref": self.fix_ref, "fix_subject": self.fix_subject, "scenario": self.scenario,
                 "cache_key": self.cache_key, "command_line": list(self.command_line), "repo": self.repo,
                 "globs": list(self.globs), "branches": [entry.to_json() for entry in self.branches],
-                "executions": self.executions, "ok": self.ok, "resumed_from": self.resumed_from}
+                "executions": self.executions, "ok": self.ok, "resumed_from": self.resumed_from,
+                "values": list(self.values), "checks": [check.to_json() for check in self.checks],
+                "problems": list(self.problems)}
 
     @classmethod
     def from_json(cls, data: Mapping) -> BackportResult:
@@ -492,7 +567,8 @@ class BackportResult:
                    scenario=data["scenario"], cache_key=data.get("cache_key"),
                    command_line=tuple(data.get("command_line") or ()), repo=data.get("repo"),
                    globs=tuple(data["globs"]), branches=tuple(BranchEntry.from_json(b) for b in data["branches"]),
-                   executions=data["executions"], resumed_from=data.get("resumed_from"))
+                   executions=data["executions"], resumed_from=data.get("resumed_from"),
+                   checks=tuple(FixCheck.from_json(check) for check in data.get("checks", ())))
 
 
 Result = BisectResult | BackportResult

@@ -93,6 +93,10 @@ def test_judge_same_metadata_for_different_dtypes_is_good():
     kernel = metadata_info("gfx942", 304, 16, 1, 16, "fp8", "fp8")
     result = judge(ProbeConfig(), call, names, False, sized, kernel)
     assert result.verdict == "good" and result.reason.startswith("q dtype mismatch without effect")
+    assert result.details["masked"] == ("hand-written AITER tile rule sizes q bf16 and fp8 alike at 16 heads, "
+                                        "gfx942")
+    consistent = {**names, "sized_q_dtype": "fp8"}  # no mismatch: nothing is hidden
+    assert "masked" not in judge(ProbeConfig(), call, consistent, True, kernel, kernel).details
 
 
 # --- options ---
