@@ -603,11 +603,17 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     result = run_bisection(cfg, ProgressHandler([DEFAULT_BUILD_NOTE] if command and build is None else []))
     for warning in result.warnings:
         console.print(f"warning: {escape(warning)}")
-    click.echo(report.bisect_text(result))
+    click.echo(report.bisect_text(result))  # every outcome: found, inconclusive, or stopped and why
     if json_file:
         write_output("--json", json_file, report.bisect_json(result))
     if markdown_file:
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
+    last = result.levels[-1] if result.levels else result
+    if last.outcome == "interrupted":
+        click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume", err=True)
+    elif last.stopped and last.level is None:
+        aborted = "aborted: " if last.outcome == "aborted" else ""
+        click.echo(f"bisector: error: {aborted}{redact(last.stopped)}", err=True)
     sys.exit(result.exit_code)
 
 

@@ -49,6 +49,10 @@ class EndpointError(BisectorError):
     exit_code = EXIT_ENDPOINT
 
 
+class MergeBaseError(EndpointError):
+    """A merge base of the ends tested as the new end does: the range is wrong (git's merge-base rule)."""
+
+
 class AbortError(BisectorError):
     """The run cannot reach a verdict on any commit and stops."""
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
 
-from bisector.errors import EndpointError, UsageError
+from bisector.errors import EndpointError, MergeBaseError, UsageError
 from bisector.results import Evidence, FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
@@ -70,16 +70,16 @@ class Endpoints:
                                 f"{step.verdict}, not {name}: {step.reason}")
 
     def check_merge_base(self, step: Step) -> str | None:
-        """git's merge-base rule: a new (bad) merge base means the range is wrong (EndpointError); a
+        """git's merge-base rule: a new (bad) merge base means the range is wrong (MergeBaseError); a
         skipped one is a warning (returned); an old (good) one lets the bisection go on."""
         term = self.to_term[step.verdict]
         olds = ", ".join(sha[:12] for sha in self.olds)
         if term is Term.NEW:
             change = "fixed" if not self.find_fix else "lost"
-            raise EndpointError(f"the range is wrong: the merge base {step.sha[:12]} of {self.new_name} "
-                                f"{self.new_ref} and {self.old_name} {', '.join(self.old_refs)} is "
-                                f"{step.verdict} ({step.reason}); so the fault was {change} between "
-                                f"{step.sha[:12]} and [{olds}], not brought in on the way to {self.new_ref}")
+            raise MergeBaseError(f"the range is wrong: the merge base {step.sha[:12]} of {self.new_name} "
+                                 f"{self.new_ref} and {self.old_name} {', '.join(self.old_refs)} is "
+                                 f"{step.verdict} ({step.reason}); so the fault was {change} between "
+                                 f"{step.sha[:12]} and [{olds}], not brought in on the way to {self.new_ref}")
         if term is Term.SKIP:
             return (f"the merge base between {self.new[:12]} and [{olds}] had to be skipped "
                     f"({step.reason}): we cannot be sure the first {self.new_name} commit is between "

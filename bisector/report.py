@@ -103,7 +103,7 @@ def run_line(row: Mapping) -> str:
 def _run_answer(result: BisectResult) -> str:
     """A bisection's answer in a few words (with the last level's, when levels followed it)."""
     if result.stopped:
-        answer = "stopped at its ends"
+        answer = f"{result.outcome}: {result.stopped}"
     elif result.culprit:
         answer = f"{result.culprit_label} {result.culprit.sha[:12]}"
     else:
@@ -124,8 +124,8 @@ def follow_answer(result: BisectResult) -> str | None:
     inside = []
     for level in result.levels:
         tags = level.level.how == "release tags" if level.level else False
-        if level.stopped:
-            inside.append(level.stopped)
+        if level.stopped:  # a level stopped at its ends says so itself
+            inside.append(level.stopped if level.outcome == "endpoint" else f"{_no_answer(level)}: {level.stopped}")
         elif not level.culprit:
             inside.append(f"inconclusive, {len(level.candidates)} candidates")
         elif tags and level.level:
@@ -202,9 +202,14 @@ def _inconclusive(result: BisectResult) -> str:
             f"for the {result.culprit_label}:")
 
 
+# The headline of a run without a culprit, by its outcome (bisector.results.OUTCOMES).
+HEADLINES = {"inconclusive": "inconclusive", "endpoint": "stopped", "merge-base": "stopped", "aborted": "aborted",
+             "interrupted": "interrupted"}
+
+
 def _no_answer(result: BisectResult) -> str:
-    """The headline of a run without a culprit: stopped at its ends, or inconclusive."""
-    return "stopped" if result.stopped else "inconclusive"
+    """The headline of a run without a culprit: inconclusive, stopped at its ends, aborted or interrupted."""
+    return HEADLINES[result.outcome]
 
 
 @published
@@ -291,8 +296,9 @@ def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[s
                 "- files: " + ", ".join(md_code(f) for f in files[:MARKDOWN_FILES]) + more]
     else:
         said = md_code(result.stopped) if result.stopped else _inconclusive(result)
-        out += [f"**{_no_answer(result).capitalize()}:** {said}", ""]
-        out += [f"- {md_code(sha)}" for sha in result.candidates]
+        out.append(f"**{_no_answer(result).capitalize()}:** {said}")
+        if result.candidates:
+            out += ["", *(f"- {md_code(sha)}" for sha in result.candidates)]
     notes = _search_notes(result) + [f"warning: {w}" for w in result.warnings]
     if notes:
         out += ["", *(f"- {md_code(note.strip())}" for note in notes)]
@@ -331,8 +337,8 @@ def log_tail(path: str | None, limit: int = LOG_TAIL_CHARS) -> str:
 def bisect_junit(result: BisectResult) -> str:
     """A found culprit is a result, not a failure: every step is a passing testcase carrying its verdict
     as a property (and its log tail); one more testcase, "answer", fails only when the run found no
-    culprit (inconclusive, or a level stopped at its ends). Failed or aborted runs have no result record to
-    render. With --follow-pins levels, one testsuite per level."""
+    culprit: its failure's type is the outcome (inconclusive, endpoint, merge-base, aborted, interrupted),
+    its message why. With --follow-pins levels, one testsuite per level."""
     root = ET.Element("testsuites")
     for level in (result, *result.levels):
         root.append(_junit_suite(level))
@@ -353,14 +359,14 @@ def _junit_suite(result: BisectResult) -> ET.Element:
                         ("candidates", " ".join(result.candidates)),
                         ("command", _command_line(result) or ""),
                         *((("level", result.level.said()),) if result.level else ()),
-                        *((("stopped", result.stopped),) if result.stopped else ())):
+                        *((("outcome", result.outcome), ("stopped", result.stopped)) if result.stopped else ())):
         ET.SubElement(props, "property", name=name, value=value)
     classname = "bisector." + result.scenario.split("/")[0]
     answer = ET.SubElement(suite, "testcase", classname=classname, name="answer", time="0.000")
     if culprit:
         ET.SubElement(answer, "system-out").text = f"{result.culprit_label}: {culprit.sha} {culprit.subject}"
     else:
-        ET.SubElement(answer, "failure", type=_no_answer(result), message=_inconclusive(result)).text = \
+        ET.SubElement(answer, "failure", type=result.outcome, message=_inconclusive(result)).text = \
             "\n".join(result.candidates)
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
@@ -482,7 +488,7 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
                     f'<span class="meta">{e(culprit.author)} · {e(culprit.date)}{pr}</span>'
                     f"<div>files: {files}{more}</div></div>")
     elif result.stopped:
-        headline = f'<div class="card"><b>Stopped:</b> {e(result.stopped)}</div>'
+        headline = f'<div class="card"><b>{e(_no_answer(result).capitalize())}:</b> {e(result.stopped)}</div>'
     else:
         headline = (f'<div class="card"><b>Inconclusive:</b> skipped commits leave '
                     f'{len(result.candidates)} candidates (dashed outline): '

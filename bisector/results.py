@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, Mapping, Sequence
 
-from bisector.errors import EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE
+from bisector.errors import EXIT_ABORTED, EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
 
 # Version of the result records (`"schema"` in every stored result and --json): 2 adds command_line,
 # repo, cache_key (run and per step), step details for every verdict, merge_bases and warnings.
@@ -265,9 +265,20 @@ class MergeBase:
     verdict: str | None
 
 
+# How a bisection ended, and the exit code each gives `bisector run`: an answer (found), skips or --flaky's
+# confidence leave candidates (inconclusive), or it stopped (`BisectResult.stopped` says why): an endpoint did
+# not test as the user said, a merge base tested new (the range is wrong), the run could not go on (aborted:
+# a scenario abort, the state dir removed, a lost Ray cluster), or Ctrl-C / SIGTERM (interrupted).
+OUTCOMES = {"found": EXIT_FOUND, "inconclusive": EXIT_INCONCLUSIVE, "endpoint": EXIT_ENDPOINT,
+            "merge-base": EXIT_ENDPOINT, "aborted": EXIT_ABORTED, "interrupted": EXIT_INTERRUPTED}
+ANSWERED = frozenset({"found", "inconclusive"})  # the search ran to its end; the others stopped it
+
+
 @dataclass(kw_only=True, frozen=True)
 class BisectResult:
-    """What `bisector run` found: the culprit (None: inconclusive) and every step that led there."""
+    """What `bisector run` found: the culprit (None: inconclusive, or stopped) and every step that led there.
+    outcome: one of OUTCOMES (given for a stopped run, with its reason in stopped; else found or
+    inconclusive by the culprit)."""
 
     kind: ClassVar[str] = "bisect"
 
@@ -294,9 +305,18 @@ class BisectResult:
     seeded: SeedRecord | None = None
     pin_change: PinChange | None = None
     level: PinLevel | None = None    # --follow-pins: how this level came from the one above
-    stopped: str | None = None       # a level that stopped at its endpoint check, and why
+    outcome: str = ""                # one of OUTCOMES; "" when made: found or inconclusive by the culprit
+    stopped: str | None = None       # why a run stopped before its answer (outcome not found/inconclusive)
     levels: tuple[BisectResult, ...] = ()  # --follow-pins, on the first level: the levels that followed
     follow_notes: tuple[str, ...] = ()     # --follow-pins: why no further level ran, or where they ended
+
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            object.__setattr__(self, "outcome", "found" if self.culprit else "inconclusive")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {self.outcome!r} (known: {', '.join(OUTCOMES)})")
+        if (self.outcome == "found") != (self.culprit is not None):
+            raise ValueError(f"outcome {self.outcome} with{'out' if self.culprit is None else ''} a culprit")
 
     @property
     def find_fix(self) -> bool:
@@ -308,12 +328,11 @@ class BisectResult:
 
     @property
     def exit_code(self) -> int:
-        """The last level's: found 0, inconclusive 1, stopped at its endpoint check 3."""
+        """The last level's outcome's (OUTCOMES): found 0, inconclusive 1, endpoint or merge base 3, aborted 4,
+        interrupted 130."""
         if self.levels:
             return self.levels[-1].exit_code
-        if self.stopped:
-            return EXIT_ENDPOINT
-        return EXIT_FOUND if self.culprit else EXIT_INCONCLUSIVE
+        return OUTCOMES[self.outcome]
 
     def to_json(self, *, published: bool = False) -> dict:
         """The stored record; published (--json, `report --format json`) also names the culprit first_bad
@@ -345,7 +364,8 @@ class BisectResult:
             record["pin_continuation"] = change.continuation
         if self.level:
             record["level"] = self.level.to_json()
-        if self.stopped:
+        if self.outcome not in ANSWERED:
+            record["outcome"] = self.outcome
             record["stopped"] = self.stopped
         if self.follow_notes:
             record["follow_notes"] = list(self.follow_notes)
@@ -358,7 +378,8 @@ class BisectResult:
     def from_json(cls, data: Mapping) -> BisectResult:
         """Also reads records of older versions: before schema 2 (no signature, cache key, command line
         or repository; steps without details), before the range was kept (the commits the record names
-        stand in for it), and with the culprit also stored as first_bad/first_good."""
+        stand in for it), with the culprit also stored as first_bad/first_good, and a --follow-pins level
+        stopped at its endpoint check before the outcome was kept (its stopped reason alone)."""
         good, bad = _shas(data["good"]), _shas(data["bad"])
         steps = tuple(StepRecord.from_json(step) for step in data["steps"])
         candidates = tuple(data["candidates"])
@@ -379,6 +400,7 @@ class BisectResult:
             seeded=SeedRecord.from_json(data["seeded"]) if data.get("seeded") else None,
             pin_change=PinChange.from_json(data) if data.get("pin_change") else None,
             level=PinLevel.from_json(data["level"]) if data.get("level") else None,
+            outcome=data.get("outcome") or ("endpoint" if data.get("stopped") else ""),
             stopped=data.get("stopped"), follow_notes=tuple(data.get("follow_notes", ())),
             levels=tuple(BisectResult.from_json(level) for level in data.get("levels", ())[1:]))
 

@@ -2,12 +2,14 @@
 fleet needs; the container launcher really passes vLLM's flags (a fake docker records its argv); the
 pull-request picker really cherry-picks a PR's whole range."""
 import hashlib
+import html
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -130,7 +132,8 @@ def test_buildkite_steps_use_vllm_amd_queues_full_history_and_their_own_reports(
         assert "report latest" not in command and "--json bisector-result.json" in command, path
         assert "--markdown bisector-report.md" in command, path
         assert 'bisector report "$$run_id"' in command, path
-        assert "buildkite-agent annotate --style info --context bisector < bisector-report.md" in command
+        assert re.search(r'buildkite-agent annotate --style ("\$\$style"|info) --context bisector < bisector-report.md',
+                         command), path
         for line in re.findall(r".*\bbisector (?:run|report|backport)\b.*", command):
             assert line.strip().startswith((".buildkite/bisector/rocm-container.sh bisector ",
                                             ".buildkite/bisector/host-bisector.sh bisector ")), (path, line)
@@ -326,3 +329,57 @@ def test_host_launcher_runs_the_pinned_install_and_keeps_the_record_in_the_volum
     bad = subprocess.run([str(HOST), "bisector", "--version"], capture_output=True, text=True, timeout=60,
                          env={**env, "BISECTOR_SPEC": "bisector"})
     assert bad.returncode == 1 and bad.stderr.startswith("host-bisector.sh: set BISECTOR_SPEC")
+
+
+# -- what CI shows when the run stops: the bisect steps run for real, bisector on the agent itself ----------
+
+def test_a_failed_endpoint_check_is_annotated_with_its_reason_on_buildkite_and_github(make_repo, tmp_path):
+    """Exit 3 (the bad end tests good: the probe finds no code path in this repository) still writes the
+    reports; Buildkite's annotation and GitHub's summary and annotation say why."""
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=None)
+    (repo.path / ".git" / "info" / "exclude").write_text(".buildkite/\nbisector-*\n")
+    steps = repo.path / ".buildkite" / "bisector"
+    steps.mkdir(parents=True)
+    shutil.copy(HOST, steps)
+    # the container stand-in: the agent itself (rocm-container.sh's own flags are tested above)
+    (steps / "rocm-container.sh").write_text('#!/bin/sh\nexec "$(dirname "$0")/host-bisector.sh" "$@"\n')
+    (steps / "rocm-container.sh").chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "buildkite-agent").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "annotate-argv"}\n'
+                                             f'cat > {tmp_path / "annotation"}\n')
+    (bin_dir / "buildkite-agent").chmod(0o755)
+    volume = tmp_path / "volume"
+    host_install(volume)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "BISECTOR_VOLUME": str(volume), "BISECTOR_SPEC": SPEC,
+           "GOOD": shas[0], "BAD": shas[-1], "BISECTOR_IMAGE_TEMPLATE": "none"}
+    (step,) = load(EXAMPLES / "buildkite" / "bisector-bisect.yml")["steps"]
+    done = subprocess.run(["bash", "-c", step["command"].replace("$$", "$")], cwd=repo.path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    record = json.loads((repo.path / "bisector-result.json").read_text())
+    reason = record["stopped"]
+    assert record["outcome"] == "endpoint" and reason.startswith(f"endpoint check failed: bad {shas[-1]}")
+    assert reason in (tmp_path / "annotation").read_text()
+    assert (tmp_path / "annotate-argv").read_text().split() == ["annotate", "--style", "error", "--context",
+                                                                "bisector"]
+    failure = ET.fromstring((repo.path / "bisector-junit.xml").read_text()).find(".//testcase[@name='answer']/failure")
+    assert failure is not None and failure.get("type") == "endpoint" and failure.get("message") == reason
+    assert html.escape(reason) in (repo.path / "bisector-report.html").read_text()
+
+    runner = tmp_path / "runner"  # a GitHub runner's workspace: the checkout in src, the launcher copied
+    (runner / ".github" / "bisector").mkdir(parents=True)
+    shutil.copy(HOST, runner / ".github" / "bisector")
+    (runner / "src").symlink_to(repo.path)
+    for name in ("bisector-result.json", "bisector-report.md"):
+        shutil.move(repo.path / name, runner / name)
+    workflow = load(EXAMPLES / "github-actions" / "bisector-bisect.yml")
+    (reports,) = [s for s in workflow["jobs"]["bisect"]["steps"] if s.get("name") == "Reports"]
+    summary = tmp_path / "summary.md"
+    shown = subprocess.run(["bash", "-e", "-c", reports["run"]], cwd=runner, capture_output=True, text=True,
+                           timeout=300, env={**env, "GITHUB_STEP_SUMMARY": str(summary)})
+    assert shown.returncode == 0, shown.stderr
+    assert reason in summary.read_text()
+    assert f"::error title=bisector, run {record['run_id']}::endpoint: {reason}" in shown.stdout.splitlines()
+    assert (runner / "bisector-junit.xml").is_file() and (runner / "bisector-report.html").is_file()

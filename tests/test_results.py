@@ -2,12 +2,13 @@
 once, exit codes from the result. Inputs: tests/golden/fixtures and the real records in tests/records."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from bisector.errors import EXIT_FOUND, EXIT_INCONCLUSIVE
+from bisector.errors import EXIT_ABORTED, EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
 from bisector.results import RESULT_SCHEMA, RESULTS, BackportResult, BisectResult, StoredRun
 
 pytestmark = pytest.mark.unit
@@ -70,6 +71,32 @@ def test_exit_code_follows_the_answer(name, code):
     row = stored(name)
     result = RESULTS[row["kind"]].from_json(row["result"])
     assert result.exit_code == code
+
+
+@pytest.mark.parametrize("outcome, code", [("endpoint", EXIT_ENDPOINT), ("merge-base", EXIT_ENDPOINT),
+                                           ("aborted", EXIT_ABORTED), ("interrupted", EXIT_INTERRUPTED)])
+def test_a_stopped_run_keeps_its_outcome_and_reason_and_gives_its_exit_code(outcome, code):
+    answered = BisectResult.from_json(stored("bisect-inconclusive")["result"])
+    assert answered.outcome == "inconclusive" and "outcome" not in answered.to_json()  # as the goldens have it
+    stopped = dataclasses.replace(answered, culprit=None, candidates=(), outcome=outcome, stopped="why it stopped")
+    record = stopped.to_json()
+    assert (record["outcome"], record["stopped"]) == (outcome, "why it stopped")
+    assert BisectResult.from_json(record) == stopped and stopped.exit_code == code
+    first = BisectResult.from_json(stored("bisect-culprit")["result"])
+    assert first.outcome == "found"
+    assert dataclasses.replace(first, levels=(stopped,)).exit_code == code  # the last level's
+    with pytest.raises(ValueError, match="unknown outcome 'lost'"):
+        dataclasses.replace(answered, outcome="lost")
+    with pytest.raises(ValueError, match="a culprit"):
+        dataclasses.replace(first, outcome="aborted")
+
+
+def test_a_level_stopped_at_its_ends_before_outcomes_were_kept_reads_as_an_endpoint_outcome():
+    record = {**stored("bisect-inconclusive")["result"], "candidates": [], "stopped": "not explained by AITER alone"}
+    level = BisectResult.from_json(record)
+    assert (level.outcome, level.exit_code) == ("endpoint", EXIT_ENDPOINT)
+    assert level.stopped == "not explained by AITER alone"
+    assert level.to_json()["outcome"] == "endpoint"
 
 
 def test_a_backport_is_ok_only_when_every_branch_is_settled():

@@ -207,7 +207,7 @@ def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handl
         except BisectorError as exc:
             return levels, [f"level {level.number} inside {name} failed: {exc.message()}"]
         levels.append(result)
-        if result.stopped or result.culprit is None or plan.how != "release tags":
+        if result.culprit is None or plan.how != "release tags":  # inconclusive, or stopped
             return levels, []
         chain = [sha for _, sha in level.tags]
         at = chain.index(result.culprit.sha)

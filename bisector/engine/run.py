@@ -17,12 +17,12 @@ from bisector.engine.follow import follow_pins, pin_follow_up, stopped_level
 from bisector.engine.judge import Judge, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
-from bisector.errors import EndpointError, GitError, UsageError
+from bisector.errors import AbortError, EndpointError, GitError, MergeBaseError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.policies import BisectPolicy, CalibratePolicy, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BisectResult, PrefilterRecord, end_json
+from bisector.results import ANSWERED, BisectResult, PrefilterRecord, end_json
 from bisector.seams import LearnsOptions, Scenario
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seeding import SeedPlan, plan_seeds
@@ -80,7 +80,9 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
     repo, ends = asked.repo, asked.ends
     prefilter = None
     if cfg.prefilter:
-        seeds, prefilter = _prefilter_seeds(cfg, cfg.prefilter, asked, handler)
+        seeds, prefilter, cheap = _prefilter_seeds(cfg, cfg.prefilter, asked, handler)
+        if cheap.outcome in ("aborted", "interrupted"):  # the cheap run stopped the command: its result says why
+            return cheap
     else:
         seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
     with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store):
@@ -105,19 +107,19 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
         try:
             with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key), params) as run:
                 logs = run_logs(state_dir, run.id)
-                executor.start(pool, logs)
-                handler.started(run.id, len(asked.commits), run.resumed_from, logs)
                 ctx = RunContext(store, judge, executor, run.id, handler, CacheUse(cfg.no_cache, cfg.reuse_verdicts))
-                policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
-                                 world.untestable([sha for sha, _ in asked.commits]))
-                stopped = None
+                policy: SearchPolicy | None = None
+                answer, outcome, stopped = None, "", None
+                found: dict = {}
                 try:
+                    executor.start(pool, logs)
+                    handler.started(run.id, len(asked.commits), run.resumed_from, logs)
+                    policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
+                                     world.untestable([sha for sha, _ in asked.commits]))
                     ctx.drive(policy)
                     answer, found = policy.answer()
-                except EndpointError as exc:
-                    if cfg.level is None:
-                        raise
-                    stopped, answer, found = stopped_level(cfg.level, ends, ctx.steps, exc), None, {}
+                except (EndpointError, AbortError, KeyboardInterrupt) as exc:
+                    outcome, stopped = _stopped(cfg, ends, ctx, exc)
                 note = None if answer is None or answer.first_new else \
                     world.range_note(answer.candidates, dict(asked.commits))
                 if note:
@@ -129,41 +131,87 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     candidates=tuple(answer.candidates) if answer else (),
                     range=(*ends.olds, *(sha for sha, _ in asked.commits)),
                     steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions,
-                    rounds=policy.rounds,
+                    rounds=policy.rounds if policy else 0,
                     scenario=judge.key, signature=judge.signature.record(), cache_key=judge.key_parts,
                     command_line=tuple(cfg.command_line), repo=str(repo.root), resumed_from=run.resumed_from,
-                    prefilter=prefilter, seeded=seeds.record(policy.confirmed) if seeds else None,
+                    prefilter=prefilter,
+                    seeded=seeds.record(policy.confirmed) if seeds and policy else None,
                     pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
-                    stopped=stopped, **found)
+                    outcome=outcome, stopped=stopped, **found)
                 run.result = result.to_json()
+                _close(result)
+        except (StoppedRun, InterruptedRun) as stop:
+            result = stop.result
         finally:
             GROUPS.stop()  # builds and scenarios still running die now, not when they finish
             executor.shutdown()
-    return follow_pins(cfg, result, state_dir, handler, run_bisection) if cfg.follow_pins else result
+    if cfg.follow_pins and result.outcome in ANSWERED:
+        return follow_pins(cfg, result, state_dir, handler, run_bisection)
+    return result
+
+
+class StoppedRun(Exception):
+    """Raised through the run's recording so its row says the run failed, with its result stored; caught
+    again by run_bisection, which returns the result."""
+
+    def __init__(self, result: BisectResult):
+        super().__init__(result.stopped)
+        self.result = result
+
+
+class InterruptedRun(KeyboardInterrupt):
+    """StoppedRun for Ctrl-C or SIGTERM: the row says the run was interrupted."""
+
+    def __init__(self, result: BisectResult):
+        super().__init__(result.stopped)
+        self.result = result
+
+
+def _close(result: BisectResult) -> None:
+    """Say through the recording how a stopped run ended: interrupted, or failed (its endpoint check, a
+    merge base, an abort); a level that stopped at its ends finished (the levels above explain it)."""
+    if result.outcome == "interrupted":
+        raise InterruptedRun(result)
+    if result.outcome not in ANSWERED and not (result.level and result.outcome in ("endpoint", "merge-base")):
+        raise StoppedRun(result)
+
+
+def _stopped(cfg: RunConfig, ends: Endpoints, ctx: RunContext,
+             error: BaseException) -> tuple[str, str]:
+    """The outcome of a run an error or an interrupt stopped, and why, in words."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", (f"Ctrl-C or SIGTERM after {len(ctx.steps)} step(s); the verdicts so far are kept: "
+                               f"run the same command to resume")
+    if isinstance(error, MergeBaseError):
+        return "merge-base", str(error)
+    if isinstance(error, EndpointError):
+        return "endpoint", stopped_level(cfg.level, ends, ctx.steps, error) if cfg.level else str(error)
+    return "aborted", str(error)
+
+
 
 
 def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
-                     handler: Handler) -> tuple[SeedPlan | None, PrefilterRecord]:
+                     handler: Handler) -> tuple[SeedPlan | None, PrefilterRecord, BisectResult]:
     """Bisect with the cheap prefilter scenario; its culprit and that commit's parent become the seed
     pair the expensive scenario tests first (2 executions when both tiers agree), and its culprit holds
-    half the prior mass when they do not."""
+    half the prior mass when they do not. Also returns the cheap run's result."""
     if cfg.fix or cfg.culprit:
         raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
     cheap = dataclasses.replace(cfg, scenario=cheap_scenario, prefilter=None, executor=None, signature=None,
                                 flaky=False, repeat=1, follow_pins=False)
-    try:
-        result = run_bisection(cheap, handler)
-    except EndpointError as exc:  # the cheap tier cannot tell these ends apart: it predicts nothing here
-        return None, PrefilterRecord(scenario=cheap.scenario.name, error=str(exc))
+    result = run_bisection(cheap, handler)
+    if result.outcome not in ANSWERED:  # e.g. the cheap tier cannot tell these ends apart: it predicts nothing
+        return None, PrefilterRecord(scenario=cheap.scenario.name, error=result.stopped), result
     culprit = result.culprit.sha if result.culprit else None
     info = PrefilterRecord(scenario=result.scenario, run_id=result.run_id, culprit=culprit,
                            candidates=result.candidates, executions=result.executions, steps=result.steps)
     if culprit is None:
-        return None, info
+        return None, info, result
     parents = dict(asked.commits)
     parent = (parents[culprit] or (None,))[0]  # None: a root commit
     pair = (culprit, parent) if parent is not None and (parent in parents or parent in asked.ends.olds) else None
-    return SeedPlan(culprit, (), pair, {culprit: 1.0 + len(asked.commits)}, "prefilter"), info
+    return SeedPlan(culprit, (), pair, {culprit: 1.0 + len(asked.commits)}, "prefilter"), info, result
 
 
 def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str) -> SeedPlan:
