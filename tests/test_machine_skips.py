@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
 
+from bisector.envs import EnvStore
 from bisector.store import SCHEMA_VERSION, Store
 
 pytestmark = pytest.mark.integration
@@ -86,3 +88,41 @@ def test_a_version_2_record_file_drops_the_machine_skips_it_cached_and_keeps_its
         assert [run.reason for run in store.executions("b", "k")] == ["exit 125 (skip)"]
         [old] = store.steps(1)
         assert old["reason"] == "old step" and old["cause"] is None
+
+
+NO_NETWORK = {"UV_INDEX_URL": "http://127.0.0.1:9/simple", "UV_HTTP_RETRIES": "0", "UV_NO_CACHE": "1"}
+
+
+def test_an_environment_the_network_kept_from_being_created_is_the_machines_skip(make_repo, tmp_path, cli):
+    repo = make_repo()
+    repo.commit("requirements", {"requirements/common.txt": "bisector-test-absent-package==1.0\n"})
+    shas = repo.linear(3, bad_from=2)
+    state = tmp_path / "state"
+    for n in (1, 2):
+        out = tmp_path / f"{n}.json"
+        proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--no-verify-endpoints",
+                   "--env", "per-commit", "--python", sys.executable, "--state-dir", str(state),
+                   "--json", str(out), "--", "sh", "-c", "! grep -q bad state", env=NO_NETWORK)
+        assert proc.returncode == 1, proc.stderr
+        [step] = json.loads(out.read_text())["steps"]
+        assert (step["verdict"], step["cached"], step["details"]["cause"]) == ("skip", False, "machine")
+        assert step["reason"].startswith("environment creation failed (pip: the network): ")
+        assert "Connection refused" in step["reason"] and step["reason"].endswith(NOT_CACHED)
+        assert not list((state / "envs").glob("*/env.json"))  # not remembered: tried again next time
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("output, remembered, start", [
+    ("  × No solution found when resolving dependencies:\n  ╰─▶ Because packaging>=1000 was not found in the "
+     "package registry and you require packaging>=1000, we can conclude that your requirements are "
+     "unsatisfiable.\n", True, "environment unresolvable: "),
+    ("  × No solution found when resolving dependencies:\n  ╰─▶ Because there was an error fetching packaging: "
+     "error sending request for url (https://pypi.org/simple/packaging/): dns error: failed to lookup address "
+     "information\n", False, "environment creation failed (pip: the network): "),
+])
+def test_a_resolver_that_could_not_reach_its_index_is_not_a_requirements_conflict(tmp_path, output, remembered,
+                                                                                   start):
+    log = tmp_path / "create.log"
+    log.write_text("$ uv pip install -r requirements.txt\n" + output)
+    failure = EnvStore._failure(log, ["uv", "pip", "install"])
+    assert failure["remember"] is remembered and failure["reason"].startswith(start)
