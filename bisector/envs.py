@@ -41,6 +41,11 @@ PLATFORM_FILES = {"rocm": ("requirements/rocm.txt", "requirements-rocm.txt"),
 DEFAULT_VERSIONS = ("torch", "transformers")
 UNRESOLVABLE_MARKERS = ("No solution found", "unsatisfiable", "not found in the package registry",
                         "no version of", "Because ")
+# uv's words for a package index it could not reach: the machine's network, whatever the resolver then says
+# (never remembered: the next step tries again)
+NETWORK_MARKERS = ("error sending request", "dns error", "failed to lookup address", "Connection refused",
+                   "Network is unreachable", "Temporary failure in name resolution", "tcp connect error",
+                   "Connection reset", "operation timed out", "Request failed after")
 ENV_FILE = "env.json"
 
 Reader = Callable[[str], "str | None"]  # repository-relative path -> text, None when absent
@@ -173,6 +178,7 @@ class Environment:
     requirements: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     path: Path | None = None
+    machine_failure: bool = False  # failed for the machine (no network, uv itself), not the requirement set
 
     @property
     def installer(self) -> tuple[str, ...]:
@@ -350,7 +356,7 @@ class EnvStore(_Opened):
         ok = record["status"] == "ok"
         return Environment(str(home / "venv" / "bin" / "python") if ok else self.settings.python, key, ok,
                            record.get("reason", ""), created, wanted.requirements, wanted.dropped,
-                           home if ok else None)
+                           home if ok else None, machine_failure=not ok and not record.get("remember"))
 
     def _build(self, home: Path, wanted: RequirementSet) -> dict:
         """uv venv over the base, the base's site dirs after the overlay's, uv pip install; torch checked."""
@@ -387,8 +393,10 @@ class EnvStore(_Opened):
         text = log.read_text(errors="replace")
         lines = [line.strip() for line in text.splitlines()[1:] if line.strip() and not line.startswith("$")]
         detail = " ".join(lines[-6:])[-400:]
-        unresolvable = any(marker in text for marker in UNRESOLVABLE_MARKERS)
-        what = "environment unresolvable" if unresolvable else f"environment creation failed ({argv[1]})"
+        network = any(marker in text for marker in NETWORK_MARKERS)
+        unresolvable = not network and any(marker in text for marker in UNRESOLVABLE_MARKERS)
+        what = "environment unresolvable" if unresolvable else \
+            f"environment creation failed ({argv[1]}{': the network' if network else ''})"
         return {"reason": f"{what}: {detail}", "remember": unresolvable}
 
     def _evict(self, keep: str) -> None:

@@ -289,7 +289,7 @@ def checkout_skip(sha: str, stderr: str, git_dir: Path | None) -> Execution | No
     urls = promisor_remotes(git_dir) if git_dir is not None else []
     where = f" {', '.join(urls)}" if urls else ""
     return Execution(sha, Verdict.SKIP, f"objects missing from a partial clone whose remote{where} is unreachable",
-                     None, 0.0, None, {"world_failed": True, "checkout_failed": _last_line(stderr)})
+                     None, 0.0, None, {"checkout_failed": _last_line(stderr)}, cause="machine")
 
 
 def _last_line(text: str) -> str:

@@ -14,7 +14,6 @@ from bisector.errors import EndpointError, MergeBaseError, UsageError
 from bisector.results import Evidence, FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
-from bisector.store import is_verdict
 
 
 @dataclass(frozen=True)
@@ -242,7 +241,7 @@ class FlakyPolicy:
         return self.settings.verify_endpoints
 
     def observe(self, step: Step) -> None:
-        if not is_verdict(step.details):  # not stored
+        if step.cause is not None:  # no verdict about the commit: not stored
             self.search.skip(step.sha)
         self._take_history(step.sha)
 

@@ -55,6 +55,9 @@ class Outcome:
     reason: str
     log_path: str | None = None
     details: dict = field(default_factory=dict)
+    # why a skip is no verdict about the commit, so never cached (bisector.store.CAUSES): "machine" (no GPU,
+    # a torch of another flavour), "external-signal" (killed from outside); None: the commit's own outcome
+    cause: str | None = None
 
 
 @dataclass(frozen=True)

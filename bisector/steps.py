@@ -24,12 +24,14 @@ class Step:
     details: dict = field(default_factory=dict)
     cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
     from_earlier_run: bool = False  # cached from a run before this one (not this run nor one it resumes)
+    cause: str | None = None  # why it is no verdict about the commit (bisector.store.CAUSES): not cached
 
     def record(self) -> StepRecord:
         """The step as results keep it (seconds to the millisecond)."""
         return StepRecord(sha=self.sha, role=self.role, round=self.round, verdict=self.verdict, reason=self.reason,
                           cached=self.cached, seconds=round(self.seconds, 3), log=self.log_path, build=self.build,
-                          details=self.details, cache_key=self.cache_key,
+                          details={**self.details, **({"cause": self.cause} if self.cause else {})},
+                          cache_key=self.cache_key,
                           from_earlier_run=self.from_earlier_run)
 
 

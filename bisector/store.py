@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from bisector.errors import EXIT_RECORD, BisectorError
 from bisector.seams import Verdict
 
-SCHEMA_VERSION = 2  # PRAGMA user_version of the files this bisector writes
+SCHEMA_VERSION = 3  # PRAGMA user_version of the files this bisector writes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS steps (
     seconds REAL NOT NULL,
     cached INTEGER NOT NULL,
     build TEXT,
-    recorded REAL NOT NULL
+    recorded REAL NOT NULL,
+    cause TEXT                        -- why it is no verdict about the commit (CAUSES), NULL: a verdict
 );
 CREATE INDEX IF NOT EXISTS steps_by_run ON steps (run_id, seq);
 CREATE TABLE IF NOT EXISTS cache_keys (
@@ -90,19 +91,29 @@ def _add_columns(db: sqlite3.Connection, *columns: tuple[str, str]) -> None:
         db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
 
+def _forget_machine_skips(db: sqlite3.Connection) -> None:
+    """Version 3 keeps no machine-caused skip: drop those an earlier bisector cached (its machine_check's,
+    marked machine_unfit) and give steps their cause."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'steps'").fetchone():
+        _add_columns(db, ("steps", "cause TEXT"))  # else SCHEMA creates it with the column
+    db.execute("DELETE FROM executions WHERE json_extract(details, '$.machine_unfit')")
+
+
 # How a file of schema version N becomes version N + 1 (0: files written before versions were kept).
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: lambda db: None,  # same tables as version 1
     1: lambda db: _add_columns(db, ("runs", "resumed_from INTEGER"), ("executions", "run_id INTEGER")),
+    2: _forget_machine_skips,
 }
-# Details that mark an execution as no verdict on the commit (a failed build, environment or world; a kill
-# from outside): never stored, so never served from the cache.
-NOT_VERDICTS = ("build_failed", "env_failed", "world_failed", "killed_from_outside")
-
-
-def is_verdict(details: dict) -> bool:
-    """Whether an execution with these details judged the commit (and is kept in the verdict cache)."""
-    return not any(details.get(kind) for kind in NOT_VERDICTS)
+# Why a skip is no verdict about the commit (Execution.cause), in words: such an execution is never stored in
+# executions, so never served from the cache; the run that saw it shows it as a step.
+CAUSES = {
+    "build": "the build failed",
+    "env": "the commit's environment could not be created",
+    "world": "the world it stands on failed (its image, its AITER install, its checkout)",
+    "machine": "the machine, not the commit",
+    "external-signal": "killed from outside, not the commit",
+}
 
 
 class StoreError(BisectorError):
@@ -157,6 +168,12 @@ class Execution:
     build: str | None
     details: dict
     run_id: int | None = None  # the run that recorded it, once stored
+    cause: str | None = None  # why it is no verdict about the commit (CAUSES): never stored; None: a verdict
+
+    @property
+    def is_verdict(self) -> bool:
+        """Whether it judged the commit (and is kept in the verdict cache)."""
+        return self.cause is None
 
 
 @dataclass(frozen=True)
@@ -301,7 +318,10 @@ class Store:
 
     @_guarded
     def add_execution(self, scenario_key: str, execution: Execution, run_id: int | None = None) -> None:
-        """Store execution under scenario_key, as recorded by run run_id (None: no run row)."""
+        """Store execution under scenario_key, as recorded by run run_id (None: no run row); an execution
+        that is no verdict (a cause) is refused."""
+        if not execution.is_verdict:
+            raise ValueError(f"not a verdict about the commit ({execution.cause}): not stored")
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
                         "build, details, recorded, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (execution.sha, scenario_key, execution.verdict.value, execution.reason,
@@ -338,9 +358,10 @@ class Store:
     def add_step(self, run_id: int, seq: int, round_no: int, role: str, execution: Execution,
                  cached: bool) -> None:
         self.db.execute("INSERT INTO steps (run_id, seq, round, sha, role, verdict, reason, log_path, "
-                        "seconds, cached, build, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "seconds, cached, build, recorded, cause) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (run_id, seq, round_no, execution.sha, role, execution.verdict.value, execution.reason,
-                         execution.log_path, execution.seconds, int(cached), execution.build, time.time()))
+                         execution.log_path, execution.seconds, int(cached), execution.build, time.time(),
+                         execution.cause))
 
     @_guarded
     def steps(self, run_id: int) -> list[sqlite3.Row]:

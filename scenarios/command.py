@@ -84,14 +84,14 @@ class CommandScenario(BaseScenario):
 
 def _killed(signal_name: str, faults: list[str], log: str, failed: dict) -> Outcome:
     """A command killed by a signal: a crash (or a GPU fault line) is bad; a kill from outside is no
-    verdict and not cached (details["killed_from_outside"]); any other signal is no evidence either."""
+    verdict and not cached (cause "external-signal"); any other signal is no evidence either."""
     reason = f"killed by {signal_name}"
     if signal_name in CRASH_SIGNALS or faults:
         return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)
     if signal_name in OUTSIDE_SIGNALS:
         cause = " (OOM killer?)" if signal_name == "SIGKILL" else ""
-        return Outcome(Verdict.SKIP, f"{reason} from outside{cause}: no verdict", log,
-                       {"killed_from_outside": signal_name})
+        return Outcome(Verdict.SKIP, f"{reason} from outside{cause}: no verdict", log, {"signal": signal_name},
+                       cause="external-signal")
     return Outcome(Verdict.SKIP, f"{reason}, not a crash signal: no verdict", log)
 
 

@@ -7,7 +7,7 @@ from dpa_fp8_kv_records import APERTURE, ENGINE_FAILED, FAULT, FAULT_READ_ONLY, 
 
 from bisector.process import ProcessResult
 from scenarios.base import Verdict
-from scenarios.dpa_fp8_kv.classify import classify, combine, details, strip_prefix
+from scenarios.dpa_fp8_kv.classify import classify, combine, details, skip_cause, strip_prefix
 
 pytestmark = pytest.mark.unit
 
@@ -165,3 +165,22 @@ def test_skip_reason_comes_from_the_rank_that_failed_not_the_one_stopped():
 
 def test_single_rank_reason_has_no_rank_prefix():
     assert judge(result("no-gpu")) == (Verdict.SKIP, "no GPU: RuntimeError: No HIP GPUs are available")
+
+
+@pytest.mark.parametrize("returncode, core, last", [
+    (-9, "", "RuntimeError: Engine core initialization failed"),
+    (137, "", "RuntimeError: Engine core initialization failed"),
+    (1, "Failed core proc(s): {'EngineCore_DP0': -9}", "Failed core proc(s): {'EngineCore_DP0': -9}")])
+def test_an_engine_killed_by_sigkill_is_a_kill_from_outside(returncode, core, last):
+    output = "\n".join([RECORDS["loading"], core, "RuntimeError: Engine core initialization failed"])
+    judged = classify(ProcessResult(returncode, False, 3.0, output))
+    assert judged == (Verdict.SKIP, "killed by SIGKILL from outside (OOM killer?) during engine start-up/graph "
+                                    f"capture: no verdict; {last}")
+    assert skip_cause([judged]) == "external-signal"
+
+
+def test_skip_causes_the_machine_gave_and_the_commits_own():
+    stopped = ProcessResult(None, False, 40.0, "INFO waiting")
+    assert skip_cause([classify(stopped), classify(result("no-gpu"))]) == "machine"
+    assert skip_cause([classify(result("import-error"))]) is None  # the commit's own skip: cached
+    assert skip_cause([classify(result("fault-in-capture", -6))]) is None

@@ -116,8 +116,32 @@ def test_no_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records
     outcome = run(tmp_path, tmp_path / "empty-root", fake_python, env=replay(records, r0=("ok", "exit 0")))
     assert outcome.verdict is Verdict.SKIP
     assert outcome.reason == ("no usable GPU (rocm: /dev/kfd missing; cuda: /dev/nvidiactl missing)")
+    assert outcome.cause == "machine"  # never cached: a later run on a machine with a GPU judges the commit
     assert Path(outcome.log_path).read_text() == outcome.reason + "\n"
     assert not list(records.iterdir())
+
+
+def test_an_engine_killed_by_sigkill_is_a_skip_from_outside(tmp_path, gpu_root, fake_python, records):
+    outcome = run(tmp_path, gpu_root, fake_python, env=replay(records, r0=("loading", "exit 137")))
+    assert outcome.verdict is Verdict.SKIP and outcome.cause == "external-signal"
+    assert outcome.reason.startswith("killed by SIGKILL from outside (OOM killer?) during engine start-up")
+
+
+def test_the_gpus_a_step_sees_are_part_of_the_verdict_key(tmp_path, gpu_root, nvidia_root, monkeypatch):
+    def gpus(root, options=None):
+        scenario = create(NAME, options or {})
+        scenario.system_root = root
+        return scenario.identity(sys.executable)["environment"]["gpus"]
+
+    for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    none, mi300x = gpus(tmp_path / "empty-root"), gpus(gpu_root)
+    assert none["rocm"] == {"count": 0, "kinds": [], "none": "/dev/kfd missing"}
+    assert mi300x["rocm"] == {"count": 2, "kinds": ["gfx942"]} and mi300x != none
+    assert gpus(nvidia_root, {"platform": "cuda"}) == {"cuda": {"count": 1, "kinds": ["NVIDIA H200"]},
+                                                      "visible_devices": {}}
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
+    assert gpus(gpu_root) == {**mi300x, "visible_devices": {"HIP_VISIBLE_DEVICES": "1"}}
 
 
 @pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="this machine has /dev/kfd")

@@ -151,7 +151,7 @@ def test_data_parallel_ranks_cannot_talk_without_a_network(make_repo, tmp_path, 
     outcome = judge_one(repo.path, sha, judge, tmp_path / "state")
     assert outcome["verdict"] == "skip"
     assert outcome["reason"] == ("dp=2 runs one container per rank and the ranks talk over TCP: give "
-                                 "--container-network host")
+                                 "--container-network host (not cached: the machine, not the commit)")
 
 
 def scenario_build():

@@ -149,7 +149,7 @@ def test_crash_signals_are_evidence_and_others_are_not(tmp_path, raised, verdict
     scenario = CommandScenario([sys.executable, "-c", f"import os, signal; os.kill(os.getpid(), signal.{raised})"])
     outcome = scenario.run(StepContext(checkout=tmp_path, log_path=tmp_path / "step.log", env=dict(os.environ)))
     assert (outcome.verdict.value, outcome.reason) == (verdict, reason)
-    assert bool(outcome.details.get("killed_from_outside")) == (raised == "SIGTERM")
+    assert (outcome.cause == "external-signal") == (raised == "SIGTERM")
 
 
 @pytest.mark.unit
@@ -181,7 +181,7 @@ def test_a_version_1_record_file_gains_the_run_columns(tmp_path):
         first, _ = store.start_run("bisect", "key", {}, 1)
         second, resumed = store.start_run("bisect", "key", {}, 1)
         assert resumed == first and store.lineage(second) == (second, first)
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == 3
 
 
 # -- item 3: --flaky when good commits fail now and then too ------------------------------------------------

@@ -10,7 +10,7 @@ from bisector.policies import Batch, SearchPolicy
 from bisector.process import Cancelled
 from bisector.seams import Executor, Verdict
 from bisector.steps import Handler, Step
-from bisector.store import Execution, Store, is_verdict
+from bisector.store import Execution, Store
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,11 @@ class RunContext:
         return self.store.executions(sha, self.judge.key_for(sha)[0], self.after_execution, self.served_runs)
 
     def record(self, fresh: list[Execution]) -> list[Execution]:
-        """Store the scenario runs among fresh (a failed build, environment or world is no verdict to cache),
-        each under its commit's key (with --image: the digest of the image it ran in); returns fresh."""
+        """Store the verdicts among fresh (an execution with a cause, such as a failed build or a machine
+        that cannot run the step, is no verdict about the commit: never cached), each under its commit's key
+        (with --image: the digest of the image it ran in); returns fresh."""
         for execution in fresh:
-            if is_verdict(execution.details):
+            if execution.is_verdict:
                 key, parts = self.judge.key_for(execution.sha, (execution.details.get("image") or {}).get("digest"))
                 if key != self.judge.key:
                     self.store.remember_key(key, parts)
@@ -69,7 +70,8 @@ class RunContext:
         earlier = cached and any(run.run_id not in self.own_runs for run in self.history(sha))
         step = Step(sha=sha, role=role, round=round_no, verdict=execution.verdict, reason=execution.reason,
                     cached=cached, seconds=execution.seconds, log_path=execution.log_path, build=execution.build,
-                    details=dict(execution.details), cache_key=self.judge.key_parts, from_earlier_run=earlier)
+                    details=dict(execution.details), cache_key=self.judge.key_parts, from_earlier_run=earlier,
+                    cause=execution.cause)
         if self.run_id is not None:
             self.store.add_step(self.run_id, len(self.steps), round_no, role, execution, cached)
         self.steps.append(step)

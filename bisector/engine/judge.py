@@ -20,7 +20,7 @@ from bisector.errors import UsageError
 from bisector.redact import redact_json
 from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
 from bisector.signatures import SignatureRule, normalise
-from bisector.store import Execution
+from bisector.store import CAUSES, Execution
 from bisector.world import Place, StepAt, World, WorldSettings
 
 # Variables that change from shell to shell, terminal to terminal or CI run to CI run without changing what a
@@ -142,13 +142,14 @@ class Judge:
         builder, envs = self._opened()
         world = self.world if isinstance(self.world, World) else _no_world(self.world)
         with envs.environment(worktree_reader(worktree)) as environment:
-            if not environment.ok:  # not a scenario run: the environment store remembers its failures
-                return [Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
-                                  {"env_failed": True, "env": {"key": environment.key}})]
+            if not environment.ok:  # not a scenario run: the environment store remembers the commit's failures
+                cause = "machine" if environment.machine_failure else "env"
+                return [_no_verdict(Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
+                                              {"env": {"key": environment.key}}), cause)]
             with world.enter(StepAt(sha, worktree, logs, slot_env, cancel), environment, self.python) as place:
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
                     return [Execution(sha, Verdict.SKIP, place.reason, place.log_path, 0.0, place.summary or None,
-                                      {**place.details, "world_failed": True})]
+                                      dict(place.details), cause="world")]
                 stands_on = place.environment or environment
                 template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
                                        env={**(place.slot_env if place.slot_env is not None else slot_env),
@@ -180,8 +181,8 @@ class Judge:
         worktree, logs = template.checkout, template.log_path
         unfit = self._unfit(template) if self.scenario.needs_build and place.build else None
         if unfit:  # before the build: nothing is built or installed for a step that cannot run here
-            return [Execution(sha, Verdict.SKIP, f"this machine cannot run it: {unfit}", None, 0.0, None,
-                              {**place.details, "machine_unfit": True})]
+            return [_no_verdict(Execution(sha, Verdict.SKIP, f"this machine cannot run it: {unfit}", None, 0.0,
+                                          None, dict(place.details)), "machine")]
         if not self.scenario.needs_build:
             build = BuildResult("none", True, "scenario needs no build")
         elif not place.build:
@@ -192,19 +193,21 @@ class Judge:
         while self.decide(done + fresh) is None:
             log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
+            cause: str | None
             if not build.ok:  # not a scenario run: the builder remembers its own failures
-                outcome_verdict, reason, log = Verdict.SKIP, f"build failed: {build.reason}", \
-                    build.log_path
-                details: dict = {"build_failed": True}
+                outcome_verdict, reason, log, cause = Verdict.SKIP, f"build failed: {build.reason}", \
+                    build.log_path, "build"
+                details: dict = {}
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
-                outcome_verdict, reason, log = outcome.verdict, outcome.reason, outcome.log_path
+                outcome_verdict, reason, log, cause = outcome.verdict, outcome.reason, outcome.log_path, \
+                    outcome.cause if outcome.verdict == Verdict.SKIP else None
                 details = dict(outcome.details)
                 if details.pop("timed_out", False):
                     details["timed_out_after"] = self.timeout
-            fresh.append(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                   summary, {**place.details, **details}))
+            fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
+                                               summary, {**place.details, **details}), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:
@@ -212,6 +215,15 @@ class Judge:
         from bisector.seams import ChecksMachine
         return self.scenario.machine_check(template) if isinstance(self.scenario, ChecksMachine) else None
 
+
+
+def _no_verdict(execution: Execution, cause: str | None) -> Execution:
+    """execution marked with why it is no verdict about the commit (None: it is one); a skip the machine
+    caused says so in its reason, as every report shows it."""
+    if cause is None:
+        return execution
+    note = f" (not cached: {CAUSES['machine']})" if cause == "machine" else ""
+    return dataclasses.replace(execution, reason=execution.reason + note, cause=cause)
 
 
 class _MachineAsItIs:

@@ -13,6 +13,9 @@ from scenarios.base import Verdict
 from scenarios.dpa_fp8_kv.child import OK_MARKER, READY_MARKER
 
 ABORT_CODES = (-6, 134)  # SIGABRT as Python reports it, as a shell reports it
+KILL_CODES = (-9, 137)  # SIGKILL, likewise: sent from outside (the OOM killer, a kill of a hung step)
+OUTSIDE_KILL = "killed by SIGKILL from outside (OOM killer?)"
+NO_GPU = "no GPU"
 # Faults the hardware raised, as a parent process sees them; one line each.
 MEMORY_FAULTS = {
     "rocm": ("Memory access fault by GPU node-", "HSA_STATUS_ERROR_MEMORY_FAULT",
@@ -22,7 +25,7 @@ MEMORY_FAULTS = {
 }
 HARDWARE_EXCEPTION = ("HSA_STATUS_ERROR_EXCEPTION", "0x1016")  # ROCm: both on one line
 SKIP_CAUSES = (
-    ("no GPU", ("No HIP GPUs are available", "No CUDA GPUs are available", "hipErrorNoDevice",
+    (NO_GPU, ("No HIP GPUs are available", "No CUDA GPUs are available", "hipErrorNoDevice",
                 "CUDA driver initialization failed")),
     ("out of GPU memory", ("HIP out of memory", "CUDA out of memory", "OutOfMemoryError",
                            "hipErrorOutOfMemory", "No available memory for the cache blocks")),
@@ -146,6 +149,9 @@ def classify(result: ProcessResult, platforms: tuple[str, ...] = ("rocm",),
         return Verdict.BAD, f"SIGABRT {phase}: {where}"
     if result.timed_out:
         return Verdict.SKIP, f"timed out after {result.seconds:.0f}s {phase}"
+    if result.returncode in KILL_CODES or _core_killed(evidence.core_abort):
+        last = evidence.core_abort or evidence.last_error or evidence.last_line or "no output"
+        return Verdict.SKIP, f"{OUTSIDE_KILL} {phase}: no verdict; {last}"
     if evidence.skip_causes:
         label, line = min(evidence.skip_causes, key=lambda cause: CAUSE_ORDER.index(cause[0]))
         return Verdict.SKIP, f"{label}: {line}"
@@ -222,6 +228,22 @@ def _after_progress_bar(line: str, marker: str) -> str:
     """The fault line without a tqdm bar the fault was printed onto ('… 47/51 [00:44<00:03]Memory …')."""
     before = line[:line.index(marker)]
     return line[len(before):] if "|" in before and before.endswith("]") else line
+
+
+def skip_cause(judged: list[tuple[Verdict, str]]) -> str | None:
+    """Why the ranks' skip is no verdict about the commit (bisector.store.CAUSES): a rank killed from outside
+    ("external-signal"), a rank that found no GPU ("machine"); None: the commit's own skip."""
+    reasons = [reason for verdict, reason in judged if verdict is Verdict.SKIP]
+    if any(reason.startswith(OUTSIDE_KILL) for reason in reasons):
+        return "external-signal"
+    if any(reason.startswith(f"{NO_GPU}: ") for reason in reasons):
+        return "machine"
+    return None
+
+
+def _core_killed(line: str | None) -> bool:
+    """vLLM's `Failed core proc(s): {'EngineCore_DP0': -9}`: an engine core died of SIGKILL."""
+    return line is not None and any(f": -9{end}" in line for end in ("}", ","))
 
 
 def _core_aborted(line: str | None) -> bool:

@@ -12,13 +12,14 @@ from typing import NamedTuple
 
 from bisector.builds.native import installed_rocm_version
 from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, in_use, size_cap, touch
+from bisector.gpus import GPU_VARIABLES
 from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
 from bisector.seams import FollowUp
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child, numerics
-from scenarios.dpa_fp8_kv.classify import classify, combine, compile_details, details, matched_lines
+from scenarios.dpa_fp8_kv.classify import classify, combine, compile_details, details, matched_lines, skip_cause
 from scenarios.dpa_fp8_kv.environment import (
     aiter_against_pin,
     aiter_switches,
@@ -72,9 +73,22 @@ class DpaFp8KvScenario(BaseScenario):
         return self.settings.gpus
 
     def environment(self, python: str) -> dict:
-        """Python, torch, AITER and Triton in the --python environment, and the installed ROCm."""
+        """Python, torch, AITER and Triton in the --python environment, the installed ROCm and the GPUs a step
+        sees (a verdict recorded with no device is never served to a step that has one, nor the reverse)."""
         return {**python_environment(python, ("torch", "amd-aiter", "aiter", "triton")),
-                "rocm": installed_rocm_version()}
+                "rocm": installed_rocm_version(), "gpus": self.visible_gpus()}
+
+    def visible_gpus(self) -> dict:
+        """Per platform this scenario may run on, the GPUs found (their kinds; none: why), and the variables
+        that narrow a step to some of them."""
+        platforms = ("rocm", "cuda") if self.settings.platform == "auto" else (self.settings.platform,)
+        found = {}
+        for platform in platforms:
+            probe = (probe_rocm_gpus if platform == "rocm" else probe_nvidia_gpus)(self.system_root)
+            found[platform] = {"count": len(probe.targets), "kinds": sorted(set(probe.targets)),
+                               **({"none": probe.problem} if probe.problem else {})}
+        narrowed = {name: os.environ[name] for name in GPU_VARIABLES if name in os.environ}
+        return {**found, "visible_devices": narrowed}
 
     def machine_check(self, ctx: StepContext) -> str | None:
         """Before the build: a usable GPU, a torch of its platform's flavour meeting the checkout's pins, the
@@ -110,7 +124,7 @@ class DpaFp8KvScenario(BaseScenario):
     def run(self, ctx: StepContext) -> Outcome:
         fit = self._fit(ctx)
         if isinstance(fit, str):
-            return self._unrun(ctx, fit)
+            return self._unrun(ctx, fit, "machine")
         container = ctx.container
         env, versions, platform, probe, devices = fit
         platform_env = aiter_switches(ctx.checkout) if platform == "rocm" else CUDA_ENV
@@ -119,7 +133,7 @@ class DpaFp8KvScenario(BaseScenario):
         try:
             cap = size_cap(env)
         except ValueError as exc:
-            return self._unrun(ctx, f"${SIZE_ENV}: {exc}")
+            return self._unrun(ctx, f"${SIZE_ENV}: {exc}", "machine")
         settings = self.settings
         compared = settings.check == "numerics"
         reference, reference_name = settings.reference_for(platform)
@@ -131,7 +145,7 @@ class DpaFp8KvScenario(BaseScenario):
             try:
                 model = prepare_model(root, settings, compared, ctx.python, env)
             except ModelError as exc:
-                return self._unrun(ctx, str(exc))
+                return self._unrun(ctx, str(exc), "machine")
             caches = compile_env(root) if settings.compile_cache else \
                 {**compile_env(work / "private-cache"), "VLLM_DISABLE_COMPILE_CACHE": "1"}
             # A private copy, so the child's sys.path[0] holds nothing but itself.
@@ -152,7 +166,7 @@ class DpaFp8KvScenario(BaseScenario):
             try:
                 results = run_ranks(started, ctx.checkout, work, ctx.cancel)
             except OSError as exc:
-                return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}")
+                return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}", "machine")
             if settings.compile_cache:
                 touch(root, "\n".join(result.output for result in results))
         tested, reference_results = results[:len(launches)], results[len(launches):]
@@ -182,7 +196,8 @@ class DpaFp8KvScenario(BaseScenario):
         elif compared:
             found["reference"] = {"name": reference_name, "not_compared": "the run under test did not finish"}
         _write_log(ctx.log_path, log)
-        return Outcome(verdict, reason, str(ctx.log_path), found)
+        cause = skip_cause(judged) if verdict is Verdict.SKIP else None
+        return Outcome(verdict, reason, str(ctx.log_path), found, cause)
 
     def calibrated_options(self, good_details: list[dict]) -> dict[str, str]:
         """check=numerics: the bounds the good end's clean pairs call for (`scenario calibrate`)."""
@@ -239,10 +254,11 @@ class DpaFp8KvScenario(BaseScenario):
                 return platform, probe
         return candidates[0], GpuProbe((), "no usable GPU (" + "; ".join(problems) + ")")
 
-    def _unrun(self, ctx: StepContext, reason: str) -> Outcome:
-        """Skip without running anything; the log says why in one line."""
+    def _unrun(self, ctx: StepContext, reason: str, cause: str | None = None) -> Outcome:
+        """Skip without running anything, for cause (bisector.store.CAUSES; None: the commit's options); the
+        log says why in one line."""
         _write_log(ctx.log_path, reason + "\n")
-        return Outcome(Verdict.SKIP, reason, str(ctx.log_path))
+        return Outcome(Verdict.SKIP, reason, str(ctx.log_path), cause=cause)
 
 
 def _numerics_verdict(settings, backend: str, reference, reference_name: str, platform: str,
