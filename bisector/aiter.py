@@ -27,7 +27,17 @@ from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
 from bisector.builds.version import PRETEND_ANY, pretend_env, release_version
-from bisector.cachedir import EXCLUSIVE, SHARED, evict, lock_file, locked, mark_used, take, used_at
+from bisector.cachedir import (
+    EXCLUSIVE,
+    SHARED,
+    evict,
+    lock_file,
+    locked,
+    mark_used,
+    remove_unless_locked,
+    take,
+    used_at,
+)
 from bisector.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
 from bisector.pins import unsafe_git_source
 from bisector.probe_env import run_probe
@@ -307,16 +317,8 @@ class AiterInstalls:
         stored = [meta.parent for meta in (self.root / kind).glob(f"*/{RECORD}")
                   if (_read(meta) or {}).get("status") == "ok"]
         prefix = "layer" if kind == "layers" else "build"
-
-        def remove(home: Path) -> bool:
-            if home.name == keep:
-                return False
-            with locked(self.root / ".locks" / f"{prefix}-{home.name}.lock", EXCLUSIVE, wait=False) as got:
-                if got is not None:
-                    shutil.rmtree(home, ignore_errors=True)
-                return got is not None
-
-        evict(stored, self.settings.cache_size, remove, used=used_at)
+        evict(stored, self.settings.cache_size, used=used_at, remove=lambda home: home.name != keep and
+              remove_unless_locked(home, self.root / ".locks" / f"{prefix}-{home.name}.lock"))
 
     def list(self) -> list[dict]:
         """Stored builds (ok and failed), most recently used first."""

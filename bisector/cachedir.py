@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import shutil
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator, TypeVar
 
@@ -64,6 +65,15 @@ def evict(entries: Iterable[T], cap: int, remove: Callable[[T], bool], used: Cal
             total -= size(entry)
             removed.append(entry)
     return removed
+
+
+def remove_unless_locked(home: Path, lock: Path) -> bool:
+    """Delete the entry directory home unless another process holds its lock (a step using it, or creating
+    it); whether it went."""
+    with locked(lock, EXCLUSIVE, wait=False) as handle:
+        if handle is not None:
+            shutil.rmtree(home, ignore_errors=True)
+        return handle is not None
 
 
 def mark_used(home: Path) -> None:

@@ -26,7 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from bisector.cachedir import EXCLUSIVE, SHARED, evict, lock_file, locked, mark_used, take, used_at
+from bisector.cachedir import (
+    EXCLUSIVE,
+    SHARED,
+    evict,
+    lock_file,
+    locked,
+    mark_used,
+    remove_unless_locked,
+    take,
+    used_at,
+)
 from bisector.errors import UsageError
 from bisector.probe_env import last_error_line, python_environment, run_probe
 
@@ -392,16 +402,8 @@ class EnvStore(_Opened):
         """Remove the least recently used environments beyond the cap; never one in use."""
         ready = [meta.parent for meta in self.root.glob(f"*/{ENV_FILE}")
                  if json.loads(meta.read_text())["status"] == "ok"]
-
-        def remove(home: Path) -> bool:
-            if home.name == keep:
-                return False
-            with locked(self._lock(home.name), EXCLUSIVE, wait=False) as handle:
-                if handle is not None:
-                    shutil.rmtree(home, ignore_errors=True)
-                return handle is not None
-
-        evict(ready, self.settings.cache_size, remove, used=used_at)
+        evict(ready, self.settings.cache_size, used=used_at,
+              remove=lambda home: home.name != keep and remove_unless_locked(home, self._lock(home.name)))
 
 
 def _see_base_sites(python: Path, sites: list[str]) -> None:

@@ -1,7 +1,6 @@
 """bisector.cachedir, the helper every cache stands on: eviction order and caps, entries in use kept, locks
 held by real processes on real files, sizes in words."""
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -9,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from bisector.cachedir import EXCLUSIVE, SHARED, evict, human_size, lock_file, locked, mark_used, take, used_at
+from bisector.cachedir import (
+    EXCLUSIVE,
+    SHARED,
+    evict,
+    human_size,
+    lock_file,
+    locked,
+    mark_used,
+    remove_unless_locked,
+    take,
+    used_at,
+)
 
 pytestmark = [pytest.mark.integration]  # the lock tests run real processes
 
@@ -119,16 +129,11 @@ def test_eviction_over_real_entries_never_removes_one_whose_lock_another_process
     assert used_at(root / "foreign") == 0.0
     assert used_at(root / "oldest") < used_at(root / "middle") < used_at(root / "newest")
 
-    def remove(home: Path) -> bool:
-        with locked(root / ".locks" / f"{home.name}.lock", EXCLUSIVE, wait=False) as handle:
-            if handle is not None:
-                shutil.rmtree(home)
-            return handle is not None
-
     holder = Holder(tmp_path, root / ".locks" / "oldest.lock", SHARED)
     try:
         marked = [home for home in root.iterdir() if (home / "used").exists()]
-        removed = evict(marked, 2, remove, used=used_at)
+        removed = evict(marked, 2, lambda home: remove_unless_locked(home, root / ".locks" / f"{home.name}.lock"),
+                        used=used_at)
     finally:
         holder.release()
     assert [home.name for home in removed] == ["middle"]
