@@ -26,18 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
+from bisector import cachedir
 from bisector.builds.version import PRETEND_ANY, pretend_env, release_version
-from bisector.cachedir import (
-    EXCLUSIVE,
-    SHARED,
-    evict,
-    lock_file,
-    locked,
-    mark_used,
-    remove_unless_locked,
-    take,
-    used_at,
-)
 from bisector.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
 from bisector.pins import unsafe_git_source
 from bisector.probe_env import run_probe
@@ -132,7 +122,7 @@ class AiterInstalls:
             problem = unsafe_git_source(repo)
             if problem:
                 raise AiterUnavailable(f"not cloning AITER from {repo!r}: {problem}")
-            with locked(self.root / ".locks" / f"clone-{name}.lock", EXCLUSIVE):
+            with cachedir.locked(self.root / ".locks" / f"clone-{name}.lock", cachedir.EXCLUSIVE):
                 if not (target / "HEAD").is_file():
                     shutil.rmtree(target, ignore_errors=True)
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -204,13 +194,13 @@ class AiterInstalls:
         key); in use (not evictable) until the block ends. Failures of the build are remembered."""
         key = hashlib.sha256(json.dumps([build.key, base]).encode()).hexdigest()[:16]
         home = self.root / "layers" / key
-        with lock_file(self.root / ".locks" / f"layer-{key}.lock") as handle:
-            take(handle, SHARED)
+        with cachedir.lock_file(self.root / ".locks" / f"layer-{key}.lock") as handle:
+            cachedir.take(handle, cachedir.SHARED)
             layer = self._stored_layer(home, build)
             if layer is None:
-                take(handle, EXCLUSIVE)
+                cachedir.take(handle, cachedir.EXCLUSIVE)
                 layer = self._stored_layer(home, build) or self._create(home, build, base, log_dir, label)
-                take(handle, SHARED)
+                cachedir.take(handle, cachedir.SHARED)
                 if layer.ok:
                     self._evict("layers", keep=key)
             yield layer
@@ -223,7 +213,7 @@ class AiterInstalls:
     def _stored_layer(self, home: Path, build: AiterBuild) -> AiterLayer | None:
         record = _read(home / RECORD)
         if record and record.get("status") == "ok":
-            mark_used(home)
+            cachedir.mark_used(home)
             return AiterLayer(True, f"{build.describe()}, installed before", build, self._environment(home),
                               record.get("log"), details={"aiter": {**build.to_json(), "layer": home.name}})
         failed = self.failure(build)
@@ -270,7 +260,7 @@ class AiterInstalls:
                               log_path=log, details={"aiter": build.to_json()})
         _see_base_sites(python, _probe(base)["sites"])
         built = False
-        with locked(self.root / ".locks" / f"build-{build.key}.lock", EXCLUSIVE):
+        with cachedir.locked(self.root / ".locks" / f"build-{build.key}.lock", cachedir.EXCLUSIVE):
             failed = self.failure(build)
             if failed:
                 shutil.rmtree(home, ignore_errors=True)
@@ -298,7 +288,7 @@ class AiterInstalls:
                                              "seconds": round(time.monotonic() - start, 3), "at": time.time()})
                 built = True
                 self._evict("builds", keep=build.key)
-            mark_used(build_home)
+            cachedir.mark_used(build_home)
         stored = self._commands(build, build_home / "src", home, build_home, build_home / "requirements.txt")
         for command in (() if built else (stored[3],)) + (step["aiter-install"],):
             ok, log = run(command, home)
@@ -307,7 +297,7 @@ class AiterInstalls:
                 return AiterLayer(False, f"{build.describe()}: {command.label} failed ({_tail(log)})", build,
                                   log_path=log, details={"aiter": build.to_json()})
         _write(home / RECORD, {**build.to_json(), "status": "ok", "base": base, "log": log, "at": time.time()})
-        mark_used(home)
+        cachedir.mark_used(home)
         how = "built and installed" if built else "installed from the stored wheel"
         return AiterLayer(True, f"{build.describe()}, {how}", build, self._environment(home), log, built,
                           details={"aiter": {**build.to_json(), "layer": home.name}})
@@ -317,15 +307,16 @@ class AiterInstalls:
         stored = [meta.parent for meta in (self.root / kind).glob(f"*/{RECORD}")
                   if (_read(meta) or {}).get("status") == "ok"]
         prefix = "layer" if kind == "layers" else "build"
-        evict(stored, self.settings.cache_size, used=used_at, remove=lambda home: home.name != keep and
-              remove_unless_locked(home, self.root / ".locks" / f"{prefix}-{home.name}.lock"))
+        cachedir.evict(stored, self.settings.cache_size, used=cachedir.used_at,
+                       remove=lambda home: home.name != keep and cachedir.remove_unless_locked(
+                           home, self.root / ".locks" / f"{prefix}-{home.name}.lock"))
 
     def list(self) -> list[dict]:
         """Stored builds (ok and failed), most recently used first."""
         entries = []
         for meta in (self.root / "builds").glob(f"*/{RECORD}"):
             record = _read(meta) or {}
-            entries.append({**record, "last_used": used_at(meta.parent)})
+            entries.append({**record, "last_used": cachedir.used_at(meta.parent)})
         return sorted(entries, key=lambda record: -record["last_used"])
 
 

@@ -26,17 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from bisector.cachedir import (
-    EXCLUSIVE,
-    SHARED,
-    evict,
-    lock_file,
-    locked,
-    mark_used,
-    remove_unless_locked,
-    take,
-    used_at,
-)
+from bisector import cachedir
 from bisector.errors import UsageError
 from bisector.probe_env import last_error_line, python_environment, run_probe
 
@@ -286,13 +276,13 @@ class EnvStore(_Opened):
             yield Environment(self.settings.python, ok=False, reason=f"environment unresolvable: {exc}")
             return
         key = environment_key(wanted, self.base)
-        with lock_file(self._lock(key)) as handle:
-            take(handle, SHARED)
+        with cachedir.lock_file(self._lock(key)) as handle:
+            cachedir.take(handle, cachedir.SHARED)
             environment = self._stored(key, wanted)
             if environment is None:
-                take(handle, EXCLUSIVE)
+                cachedir.take(handle, cachedir.EXCLUSIVE)
                 environment = self._stored(key, wanted) or self._create(key, wanted)
-                take(handle, SHARED)
+                cachedir.take(handle, cachedir.SHARED)
                 if environment.created:
                     self._evict(keep=key)
             yield environment
@@ -307,7 +297,7 @@ class EnvStore(_Opened):
         entries = []
         for meta in self.root.glob(f"*/{ENV_FILE}"):
             record = json.loads(meta.read_text())
-            record["last_used"] = used_at(meta.parent)
+            record["last_used"] = cachedir.used_at(meta.parent)
             entries.append(record)
         return sorted(entries, key=lambda record: -record["last_used"])
 
@@ -315,7 +305,7 @@ class EnvStore(_Opened):
         """Delete one environment unless a step is using it; False when there is no such key."""
         if not re.fullmatch(r"[0-9a-f]{16}", key) or not (self.root / key).exists():
             return False
-        with locked(self._lock(key), EXCLUSIVE, wait=False) as handle:
+        with cachedir.locked(self._lock(key), cachedir.EXCLUSIVE, wait=False) as handle:
             if handle is None:
                 raise UsageError(f"environment {key} is in use")
             shutil.rmtree(self.root / key)
@@ -335,7 +325,7 @@ class EnvStore(_Opened):
         meta = self.root / key / ENV_FILE
         if not meta.is_file():
             return None
-        mark_used(self.root / key)
+        cachedir.mark_used(self.root / key)
         return self._environment(key, wanted, json.loads(meta.read_text()), created=False)
 
     def _create(self, key: str, wanted: RequirementSet) -> Environment:
@@ -345,7 +335,7 @@ class EnvStore(_Opened):
         home.mkdir(parents=True)
         record = self._build(home, wanted)
         (home / ENV_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        mark_used(home)
+        (home / "used").touch()
         if record["status"] == "failed" and not record.get("remember"):
             shutil.rmtree(home)  # not the requirement set's fault (e.g. no network): try again next time
         return self._environment(key, wanted, record, created=record["status"] == "ok")
@@ -402,8 +392,9 @@ class EnvStore(_Opened):
         """Remove the least recently used environments beyond the cap; never one in use."""
         ready = [meta.parent for meta in self.root.glob(f"*/{ENV_FILE}")
                  if json.loads(meta.read_text())["status"] == "ok"]
-        evict(ready, self.settings.cache_size, used=used_at,
-              remove=lambda home: home.name != keep and remove_unless_locked(home, self._lock(home.name)))
+        cachedir.evict(ready, self.settings.cache_size, used=cachedir.used_at,
+                       remove=lambda home: home.name != keep and cachedir.remove_unless_locked(
+                           home, self._lock(home.name)))
 
 
 def _see_base_sites(python: Path, sites: list[str]) -> None:
