@@ -14,7 +14,6 @@ count (least recently used removed, never one in use). The base interpreter is n
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
+from bisector import cachedir
 from bisector.builds.version import PRETEND_ANY, pretend_env, release_version
 from bisector.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
 from bisector.pins import unsafe_git_source
@@ -122,7 +122,7 @@ class AiterInstalls:
             problem = unsafe_git_source(repo)
             if problem:
                 raise AiterUnavailable(f"not cloning AITER from {repo!r}: {problem}")
-            with _locked(self.root / ".locks" / f"clone-{name}.lock", fcntl.LOCK_EX):
+            with cachedir.locked(self.root / ".locks" / f"clone-{name}.lock", cachedir.EXCLUSIVE):
                 if not (target / "HEAD").is_file():
                     shutil.rmtree(target, ignore_errors=True)
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -194,13 +194,13 @@ class AiterInstalls:
         key); in use (not evictable) until the block ends. Failures of the build are remembered."""
         key = hashlib.sha256(json.dumps([build.key, base]).encode()).hexdigest()[:16]
         home = self.root / "layers" / key
-        with _locked(self.root / ".locks" / f"layer-{key}.lock", fcntl.LOCK_SH) as handle:
+        with cachedir.lock_file(self.root / ".locks" / f"layer-{key}.lock") as handle:
+            cachedir.take(handle, cachedir.SHARED)
             layer = self._stored_layer(home, build)
             if layer is None:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                fcntl.flock(handle, fcntl.LOCK_EX)
+                cachedir.take(handle, cachedir.EXCLUSIVE)
                 layer = self._stored_layer(home, build) or self._create(home, build, base, log_dir, label)
-                fcntl.flock(handle, fcntl.LOCK_SH)
+                cachedir.take(handle, cachedir.SHARED)
                 if layer.ok:
                     self._evict("layers", keep=key)
             yield layer
@@ -213,7 +213,7 @@ class AiterInstalls:
     def _stored_layer(self, home: Path, build: AiterBuild) -> AiterLayer | None:
         record = _read(home / RECORD)
         if record and record.get("status") == "ok":
-            (home / "used").touch()
+            cachedir.mark_used(home)
             return AiterLayer(True, f"{build.describe()}, installed before", build, self._environment(home),
                               record.get("log"), details={"aiter": {**build.to_json(), "layer": home.name}})
         failed = self.failure(build)
@@ -260,7 +260,7 @@ class AiterInstalls:
                               log_path=log, details={"aiter": build.to_json()})
         _see_base_sites(python, _probe(base)["sites"])
         built = False
-        with _locked(self.root / ".locks" / f"build-{build.key}.lock", fcntl.LOCK_EX):
+        with cachedir.locked(self.root / ".locks" / f"build-{build.key}.lock", cachedir.EXCLUSIVE):
             failed = self.failure(build)
             if failed:
                 shutil.rmtree(home, ignore_errors=True)
@@ -288,7 +288,7 @@ class AiterInstalls:
                                              "seconds": round(time.monotonic() - start, 3), "at": time.time()})
                 built = True
                 self._evict("builds", keep=build.key)
-            (build_home / "used").touch()
+            cachedir.mark_used(build_home)
         stored = self._commands(build, build_home / "src", home, build_home, build_home / "requirements.txt")
         for command in (() if built else (stored[3],)) + (step["aiter-install"],):
             ok, log = run(command, home)
@@ -297,7 +297,7 @@ class AiterInstalls:
                 return AiterLayer(False, f"{build.describe()}: {command.label} failed ({_tail(log)})", build,
                                   log_path=log, details={"aiter": build.to_json()})
         _write(home / RECORD, {**build.to_json(), "status": "ok", "base": base, "log": log, "at": time.time()})
-        (home / "used").touch()
+        cachedir.mark_used(home)
         how = "built and installed" if built else "installed from the stored wheel"
         return AiterLayer(True, f"{build.describe()}, {how}", build, self._environment(home), log, built,
                           details={"aiter": {**build.to_json(), "layer": home.name}})
@@ -306,22 +306,17 @@ class AiterInstalls:
         """Remove the least recently used layers (or builds) beyond the cap; never one in use."""
         stored = [meta.parent for meta in (self.root / kind).glob(f"*/{RECORD}")
                   if (_read(meta) or {}).get("status") == "ok"]
-        stored.sort(key=lambda home: (home / "used").stat().st_mtime if (home / "used").exists() else 0.0)
         prefix = "layer" if kind == "layers" else "build"
-        for home in stored[:max(0, len(stored) - self.settings.cache_size)]:
-            if home.name == keep:
-                continue
-            with _locked(self.root / ".locks" / f"{prefix}-{home.name}.lock", fcntl.LOCK_EX | fcntl.LOCK_NB) as got:
-                if got is not None:
-                    shutil.rmtree(home, ignore_errors=True)
+        cachedir.evict(stored, self.settings.cache_size, used=cachedir.used_at,
+                       remove=lambda home: home.name != keep and cachedir.remove_unless_locked(
+                           home, self.root / ".locks" / f"{prefix}-{home.name}.lock"))
 
     def list(self) -> list[dict]:
         """Stored builds (ok and failed), most recently used first."""
         entries = []
         for meta in (self.root / "builds").glob(f"*/{RECORD}"):
             record = _read(meta) or {}
-            used = meta.parent / "used"
-            entries.append({**record, "last_used": used.stat().st_mtime if used.exists() else 0.0})
+            entries.append({**record, "last_used": cachedir.used_at(meta.parent)})
         return sorted(entries, key=lambda record: -record["last_used"])
 
 
@@ -340,21 +335,6 @@ def _git_output(cwd: Path, *args: str) -> str | None:
 def _git(cwd: Path | None, *args: str) -> subprocess.CompletedProcess:
     argv = ["git", *(["--git-dir", str(cwd)] if cwd else []), *args]
     return subprocess.run(argv, capture_output=True, text=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path, mode: int) -> Iterator:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, mode)
-        except BlockingIOError:
-            yield None
-            return
-        try:
-            yield handle
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _read(path: Path) -> dict | None:

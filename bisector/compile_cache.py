@@ -16,13 +16,14 @@ reads. A Ray node keeps its own root.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
+
+from bisector.cachedir import EXCLUSIVE, SHARED, evict, human_size, lock_file, locked, take
 
 ROOT_ENV = "BISECTOR_CACHE_DIR"
 SIZE_ENV = "BISECTOR_COMPILE_CACHE_SIZE"
@@ -93,31 +94,20 @@ def touch(root: Path, text: str) -> int:
 
 def trim(root: Path, cap: int) -> list[Entry]:
     """Delete least recently used entries until the total is at most cap; the removed ones."""
-    found = entries(root)
-    total = sum(entry.size for entry in found)
-    removed = []
-    for entry in found:
-        if total <= cap:
-            break
+    def remove(entry: Entry) -> bool:
         _remove(entry.path)
-        total -= entry.size
-        removed.append(entry)
-    return removed
+        return True
+
+    return evict(entries(root), cap, remove, used=lambda entry: entry.used, size=lambda entry: entry.size)
 
 
 @contextlib.contextmanager
 def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
     """Hold root for one step: trim it to cap first when no other step holds it, then keep a shared
     lock until the step ends. Yields what trimming removed."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a+") as lock:
-        removed = []
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            removed = trim(root, cap)
-        except BlockingIOError:
-            pass  # other steps run: trim another time
-        fcntl.flock(lock, fcntl.LOCK_SH)
+    with lock_file(root / ".lock") as lock:
+        removed = trim(root, cap) if take(lock, EXCLUSIVE, wait=False) else []  # else other steps run
+        take(lock, SHARED)
         yield removed
 
 
@@ -125,11 +115,9 @@ def clear(root: Path) -> tuple[int, int]:
     """Delete the compile caches and model dirs under root: (entries, bytes). CacheBusy while a step runs."""
     if not root.is_dir():
         return 0, 0
-    with open(root / ".lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CacheBusy(f"{root} is in use by a running step") from None
+    with locked(root / ".lock", EXCLUSIVE, wait=False) as lock:
+        if lock is None:
+            raise CacheBusy(f"{root} is in use by a running step")
         found = entries(root)
         for entry in found:
             _remove(entry.path)
@@ -142,10 +130,10 @@ def clear(root: Path) -> tuple[int, int]:
 def describe(root: Path, cap: int) -> str:
     """One line: where the caches are, their size against the cap, how many entries."""
     if not root.is_dir():
-        return f"compile cache: {root} (empty; cap {_human(cap)})"
+        return f"compile cache: {root} (empty; cap {human_size(cap)})"
     found = entries(root)
     models = sum(1 for entry in found if entry.path.parent == root / "models")
-    return (f"compile cache: {root} ({_human(sum(entry.size for entry in found))} of {_human(cap)}, "
+    return (f"compile cache: {root} ({human_size(sum(entry.size for entry in found))} of {human_size(cap)}, "
             f"{len(found) - models} compile entries, {models} model dirs)")
 
 
@@ -197,10 +185,3 @@ def _remove(path: Path) -> None:
     else:
         path.unlink(missing_ok=True)
 
-
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return ""

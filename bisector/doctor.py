@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bisector import __version__, compile_cache
 from bisector.builds.native import installed_rocm_version, rocm_root
+from bisector.cachedir import human_size
 from bisector.gpus import GPU_VARIABLES
 from bisector.probe_env import run_probe
 
@@ -79,24 +80,17 @@ def du(path: Path) -> int:
     return total
 
 
-def human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return ""
-
-
 def storage(state_dir: Path | None) -> list[str]:
     """Sizes of the state dir and what lives in it (record, logs, worktrees, caches)."""
     if state_dir is None:
         return ["state dir: none (not in a git repository; give --repo or --state-dir)"]
     if not state_dir.is_dir():
         return [f"state dir: {state_dir} (not created yet)"]
-    lines = [f"state dir: {state_dir} ({human(du(state_dir))}, free {human(shutil.disk_usage(state_dir).free)})"]
+    free = shutil.disk_usage(state_dir).free
+    lines = [f"state dir: {state_dir} ({human_size(du(state_dir))}, free {human_size(free)})"]
     for child in sorted(state_dir.iterdir()):
         if child.is_dir():
-            lines.append(f"  {child.name}/: {human(du(child))}")
+            lines.append(f"  {child.name}/: {human_size(du(child))}")
     return lines
 
 

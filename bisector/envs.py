@@ -13,7 +13,6 @@ eviction never removes one in use. The base interpreter is never written to.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from bisector import cachedir
 from bisector.errors import UsageError
 from bisector.probe_env import last_error_line, python_environment, run_probe
 
@@ -276,13 +276,13 @@ class EnvStore(_Opened):
             yield Environment(self.settings.python, ok=False, reason=f"environment unresolvable: {exc}")
             return
         key = environment_key(wanted, self.base)
-        with self._locked(key, fcntl.LOCK_SH) as handle:
+        with cachedir.lock_file(self._lock(key)) as handle:
+            cachedir.take(handle, cachedir.SHARED)
             environment = self._stored(key, wanted)
             if environment is None:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                fcntl.flock(handle, fcntl.LOCK_EX)
+                cachedir.take(handle, cachedir.EXCLUSIVE)
                 environment = self._stored(key, wanted) or self._create(key, wanted)
-                fcntl.flock(handle, fcntl.LOCK_SH)
+                cachedir.take(handle, cachedir.SHARED)
                 if environment.created:
                     self._evict(keep=key)
             yield environment
@@ -297,7 +297,7 @@ class EnvStore(_Opened):
         entries = []
         for meta in self.root.glob(f"*/{ENV_FILE}"):
             record = json.loads(meta.read_text())
-            record["last_used"] = self._used_at(meta.parent)
+            record["last_used"] = cachedir.used_at(meta.parent)
             entries.append(record)
         return sorted(entries, key=lambda record: -record["last_used"])
 
@@ -305,7 +305,7 @@ class EnvStore(_Opened):
         """Delete one environment unless a step is using it; False when there is no such key."""
         if not re.fullmatch(r"[0-9a-f]{16}", key) or not (self.root / key).exists():
             return False
-        with self._locked(key, fcntl.LOCK_EX | fcntl.LOCK_NB) as handle:
+        with cachedir.locked(self._lock(key), cachedir.EXCLUSIVE, wait=False) as handle:
             if handle is None:
                 raise UsageError(f"environment {key} is in use")
             shutil.rmtree(self.root / key)
@@ -316,27 +316,16 @@ class EnvStore(_Opened):
         found = python_environment(environment.python, tuple(names))
         return {name: found.get(name) for name in names}
 
-    @contextlib.contextmanager
-    def _locked(self, key: str, mode: int) -> Iterator:
-        locks = self.root / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{key}.lock", "a+") as handle:
-            try:
-                fcntl.flock(handle, mode)
-            except BlockingIOError:
-                yield None
-                return
-            try:
-                yield handle
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def _lock(self, key: str) -> Path:
+        """The lock file of key's environment: shared while a step uses it, exclusive to create or remove it."""
+        return self.root / ".locks" / f"{key}.lock"
 
     def _stored(self, key: str, wanted: RequirementSet) -> Environment | None:
         """The stored environment of key (or its remembered failure), marked used; None when there is none."""
         meta = self.root / key / ENV_FILE
         if not meta.is_file():
             return None
-        (self.root / key / "used").touch()
+        cachedir.mark_used(self.root / key)
         return self._environment(key, wanted, json.loads(meta.read_text()), created=False)
 
     def _create(self, key: str, wanted: RequirementSet) -> Environment:
@@ -403,18 +392,9 @@ class EnvStore(_Opened):
         """Remove the least recently used environments beyond the cap; never one in use."""
         ready = [meta.parent for meta in self.root.glob(f"*/{ENV_FILE}")
                  if json.loads(meta.read_text())["status"] == "ok"]
-        ready.sort(key=self._used_at)
-        for home in ready[:max(0, len(ready) - self.settings.cache_size)]:
-            if home.name == keep:
-                continue
-            with self._locked(home.name, fcntl.LOCK_EX | fcntl.LOCK_NB) as handle:
-                if handle is not None:
-                    shutil.rmtree(home, ignore_errors=True)
-
-    @staticmethod
-    def _used_at(home: Path) -> float:
-        used = home / "used"
-        return used.stat().st_mtime if used.exists() else 0.0
+        cachedir.evict(ready, self.settings.cache_size, used=cachedir.used_at,
+                       remove=lambda home: home.name != keep and cachedir.remove_unless_locked(
+                           home, self._lock(home.name)))
 
 
 def _see_base_sites(python: Path, sites: list[str]) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from bisector.cachedir import evict, human_size
 from bisector.errors import UsageError
 from bisector.gpus import env_gpus
 
@@ -443,15 +444,8 @@ def pull_progress(log_path: Path) -> str | None:
     if not sizes:
         return f"{len(done)} layers" if done else None
     got = sum(sizes.get(layer, 0) for layer in done)
-    return f"{len(done & set(sizes))}/{len(sizes)} layers, {human_bytes(got)}/{human_bytes(total)}"
-
-
-def human_bytes(size: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return ""
+    return (f"{len(done & set(sizes))}/{len(sizes)} layers, "
+            f"{human_size(got, decimal=True)}/{human_size(total, decimal=True)}")
 
 
 # -- the images of a run ----------------------------------------------------------------------------------------
@@ -558,21 +552,17 @@ class ImageIndex:
     def prune(self) -> list[str]:
         """Remove the least recently used images this tool pulled beyond --image-cache-size (never one in
         use, never one it did not pull); returns the refs removed."""
-        removed = []
         with self.lock, self._store() as store:
-            pulled = store.pulled_images()
-            total = sum(row["size"] or 0 for row in pulled)
-            for row in pulled:  # least recently used first
-                if total <= self.settings.cache_size:
-                    break
-                if self.in_use.get(row["ref"]):
-                    continue
-                if self.runtime.remove(row["ref"]):
-                    store.forget_pulled(row["ref"])
-                    self.known.pop(row["ref"], None)
-                    total -= row["size"] or 0
-                    removed.append(row["ref"])
-        return removed
+            def remove(row) -> bool:
+                if self.in_use.get(row["ref"]) or not self.runtime.remove(row["ref"]):
+                    return False
+                store.forget_pulled(row["ref"])
+                self.known.pop(row["ref"], None)
+                return True
+
+            removed = evict(store.pulled_images(), self.settings.cache_size, remove,
+                            used=lambda row: row["last_used"] or 0, size=lambda row: row["size"] or 0)
+        return [row["ref"] for row in removed]
 
 
 def as_remote(info: ImageInfo) -> ImageInfo:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from bisector.aiter import AiterInstalls, AiterSettings, AiterUnavailable
+from bisector.cachedir import human_size
 from bisector.envs import Environment
 from bisector.errors import UsageError
 from bisector.images import (
@@ -33,7 +34,6 @@ from bisector.images import (
     Runtime,
     agent_render_devices,
     amd_gpu_flags,
-    human_bytes,
     inside_gpu_env,
     prove,
     render_gid,
@@ -213,7 +213,7 @@ class World:
         if self.index is not None:
             info = self.index.info(sha)
             if info.present:
-                size = f", {human_bytes(info.size)}" if info.size else ""
+                size = f", {human_size(info.size, decimal=True)}" if info.size else ""
                 if info.local:
                     return PlannedWorld(f"image {info.ref} (here{size})", (), "no build, no pull: the run only")
                 seconds = (info.size or 0) / PULL_BYTES_PER_SECOND

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+from bisector.cachedir import evict
 from bisector.store import BuildRecord, Store
 
 
@@ -72,14 +73,14 @@ class ArtifactCache:
             self.records[native] = record
 
     def _evict(self, store: Store, keep: str) -> None:
-        stored = sorted((r for r in self.records.values() if r.status == "ok"), key=lambda r: r.last_used)
-        total = sum(r.size for r in stored)
-        for record in stored:
-            if total <= self.cap:
-                break
+        def remove(record: BuildRecord) -> bool:
             if record.native_hash == keep:
-                continue
-            shutil.rmtree(record.artifact_dir, ignore_errors=True)
+                return False
+            if record.artifact_dir:
+                shutil.rmtree(record.artifact_dir, ignore_errors=True)
             store.delete_build(record.native_hash)
             del self.records[record.native_hash]
-            total -= record.size
+            return True
+
+        evict([r for r in self.records.values() if r.status == "ok"], self.cap, remove,
+              used=lambda r: r.last_used, size=lambda r: r.size)
