@@ -316,3 +316,24 @@ def vllm_sources(vllm_sdist):
         with cache_lock():
             return python_sources(version)
     return sources
+
+
+def _why_no_wheel_build() -> str | None:
+    """Why this interpreter cannot build a local setuptools package into a wheel (pip install of a path,
+    `setup.py bdist_wheel`); None where it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("setuptools") is None:
+        return "setuptools is not installed (pip install 'bisector[test]')"
+    if importlib.util.find_spec("setuptools.command.bdist_wheel") is None and \
+            importlib.util.find_spec("wheel") is None:
+        return "no bdist_wheel: setuptools < 70.1 without the wheel package (pip install 'bisector[test]')"
+    return None
+
+
+@pytest.fixture(scope="session")
+def wheel_build():
+    """Skips the test where a local package cannot be built into a wheel; CI installs what it needs."""
+    reason = _why_no_wheel_build()
+    if reason:
+        pytest.skip(reason)

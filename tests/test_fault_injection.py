@@ -5,9 +5,11 @@ it was, and no process of the tool is left.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -41,16 +43,43 @@ def tool_processes(root: Path) -> list[int]:
     return found
 
 
-def wait_until_locked(driver: subprocess.Popen, lock: Path) -> None:
+def alive(pid: int) -> bool:
+    """pid is a live process (the zygote reaps its drivers at once: an ended one is gone from /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until_locked(driver: int, lock: Path) -> None:
     """Until the driver holds its run lock (or ends)."""
     deadline = time.monotonic() + 60
-    while driver.poll() is None and time.monotonic() < deadline:
+    while alive(driver) and time.monotonic() < deadline:
         try:
-            if lock.read_text() == f"pid {driver.pid}":
+            if lock.read_text() == f"pid {driver}":
                 return
         except OSError:
             pass
         time.sleep(0.01)
+
+
+@pytest.fixture
+def start_driver(git_env):
+    """Starts a CLI driver (`bisector ARGS`) forked from one process that imported the CLI once: the fifty
+    kills pay the start-up once. Returns the driver's pid."""
+    zygote = subprocess.Popen([sys.executable, str(ROOT / "tests" / "driver_zygote.py")], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env={**os.environ, **git_env, "PYTHONPATH": str(ROOT)})
+    assert zygote.stdin and zygote.stdout
+
+    def start(args: list[str]) -> int:
+        zygote.stdin.write(json.dumps(args) + "\n")
+        zygote.stdin.flush()
+        return int(zygote.stdout.readline())
+
+    yield start
+    zygote.stdin.close()
+    assert zygote.wait(timeout=60) == 0
 
 
 def describe(pids: list[int]) -> list[str]:
@@ -78,7 +107,7 @@ def gone(root: Path, seconds: float = 120.0) -> bool:
 
 
 @pytest.mark.slow
-def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
+def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, start_driver, cli):
     rng = random.Random(SEED)
     repo = make_repo()
     repo.commit("build files", {"setup.py": "", "requirements/build/rocm.txt": "setuptools\n",
@@ -114,7 +143,6 @@ def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
     python.chmod(0o755)
     step.chmod(0o755)
     state = tmp_path / "state"
-    env = {**os.environ, **git_env, "PYTHONPATH": str(ROOT)}
     kills = rounds = 0
     while kills < KILLS:
         rounds += 1
@@ -122,14 +150,15 @@ def test_fifty_random_sigkills_then_resume(make_repo, tmp_path, git_env, cli):
                 "--build", "source", "--allow-install-into-python", "--python", str(python),
                 "--jobs", str(1 + rounds % 2), "--json", str(tmp_path / "r.json"), "--", str(step), f"round{rounds}"]
         for _ in range(rng.randint(4, 8)):
-            driver = subprocess.Popen([sys.executable, "-m", "bisector.cli", *args], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            driver = start_driver(args)
             wait_until_locked(driver, state / "lock")  # random moments count from there, imports done
             time.sleep(rng.uniform(0.0, 1.0))
-            if driver.poll() is None:
-                driver.kill()
-                kills += 1
-            driver.wait()
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile: no kill this time
+                if alive(driver):
+                    os.kill(driver, signal.SIGKILL)
+                    kills += 1
+            while alive(driver):
+                time.sleep(0.01)
             assert gone(tmp_path), f"outlived the driver killed at kill {kills}: {describe(tool_processes(tmp_path))}"
         done = cli(*args)
         assert done.returncode == 0, done.stderr

@@ -248,7 +248,8 @@ def test_every_report_format_of_real_runs_shows_the_command_and_junit_fails_only
             proc = cli("report", str(run_id), "--repo", str(repo), "--state-dir", str(state), "--format", fmt)
             assert proc.returncode == 0, proc.stderr
             rendered[fmt] = proc.stdout
-            assert "bisector run --repo" in proc.stdout or fmt == "json", fmt
+            shown = " ".join(json.loads(proc.stdout)["command_line"]) if fmt == "json" else proc.stdout
+            assert "bisector run --repo" in shown, fmt
         suite = ET.fromstring(rendered["junit"]).find("testsuite")
         assert int(suite.get("tests")) == len(result["steps"]) + 1
         assert suite.get("failures") == ("0" if result["culprit"] else "1")

@@ -178,12 +178,11 @@ def test_signal_is_bad_timeout_is_skip_and_kills_the_group(make_repo, tmp_path, 
     assert result["first_bad"]["sha"] == shas[6]
     reasons = {s["sha"]: s["reason"] for s in result["steps"]}
     assert reasons[shas[-1]] == "killed by SIGABRT"
-    if shas[8] in reasons:
-        assert reasons[shas[8]] == "timed out after 10s"
-        grandchild = int(pidfile.read_text())
-        wait_for(lambda: not pid_alive(grandchild))  # killed with the group; reaped by init meanwhile
-        assert not os.path.exists(f"/proc/{grandchild}") or \
-            open(f"/proc/{grandchild}/stat").read().split()[2] == "Z"
+    assert reasons[shas[8]] == "timed out after 10s"
+    grandchild = int(pidfile.read_text())
+    wait_for(lambda: not pid_alive(grandchild))  # killed with the group; reaped by init meanwhile
+    assert not os.path.exists(f"/proc/{grandchild}") or \
+        open(f"/proc/{grandchild}/stat").read().split()[2] == "Z"
 
 
 def test_exit_at_or_above_128_aborts(make_repo, tmp_path, cli):
@@ -364,7 +363,7 @@ def test_timeout_skip_is_rerun_when_the_timeout_grows(make_repo, tmp_path, cli):
 
 def test_demo_bisects_the_planted_q_dtype_bug_with_the_probe(tmp_path, cli):
     pytest.importorskip("torch")
-    proc = cli("demo", "--dir", str(tmp_path / "demo"), "--commits", "12", "--culprit", "7")
+    proc = cli("demo", "--dir", str(tmp_path / "demo"), "--commits", "5", "--culprit", "3")
     assert proc.returncode == 0, proc.stderr
     assert "demo: the probe named the planted commit" in proc.stdout
     assert "q dtype mismatch changes AITER tiling" in proc.stdout

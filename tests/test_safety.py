@@ -360,7 +360,7 @@ def test_backport_markdown_neutralises_hostile_branch_names_and_fix_subjects(mak
     out = tmp_path / "b.md"
     proc = cli("backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel/*",
                     "--markdown", str(out))
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the fix does not apply to the branch: not every branch is fine
     markdown = out.read_text()
     assert "onerror" in markdown and "alert(1)" in markdown
     plain = outside_code_spans(markdown)

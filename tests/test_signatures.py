@@ -51,8 +51,7 @@ def test_another_crash_is_never_blamed_with_signature_auto(crash_history, tmp_pa
     result = json.loads((tmp_path / "auto.json").read_text())
     assert result["signature"] == {"mode": "auto", "pattern": None,
                                    "signature": "GPU memory access fault during CUDA-graph capture"}
-    assert result["first_bad"] is None or result["first_bad"]["sha"] == shas[20]
-    assert shas[10] != (result["first_bad"] or {}).get("sha")
+    assert result["first_bad"] is None  # the ImportError skips hide which of the candidates is first bad
     assert shas[20] in result["candidates"]
     assert set(result["candidates"]) <= set(shas[10:21])
     import_steps = [s for s in result["steps"] if s["sha"] in shas[10:20]]
