@@ -16,7 +16,7 @@ from bisector.cli import main as cli
 from bisector.search import Bisection, FlakyBisection, FlakyModel, Term
 
 # `bisector run`'s option values when none is given on the command line, as click resolves them.
-RUN_DEFAULTS = cli.commands["run"].make_context("run", [], resilient_parsing=True).params
+RUN_DEFAULTS = cli.get_command(None, "run").make_context("run", [], resilient_parsing=True).params
 
 
 def plain(commits: list[str], culprit: int, p: float, repeat: int, rng: random.Random) -> tuple[bool, int]:

@@ -167,7 +167,7 @@ def test_examples_only_use_options_the_cli_has():
     invocations = bisector_invocations()
     assert {name for _, name, _ in invocations} == {"run", "report", "doctor", "backport"}
     for path, name, options in invocations:
-        known = {opt for param in main.commands[name].params for opt in param.opts}
+        known = {opt for param in main.get_command(None, name).params for opt in param.opts}
         assert set(options) <= known, (path.name, name, set(options) - known)
     for path in [*WORKFLOWS, *PIPELINES]:
         for fmt in re.findall(r"--format (\w+)", path.read_text()):

@@ -1,0 +1,103 @@
+"""Command line: the `bisector` group, and the map from each command's name to the module that holds it.
+
+A command's module is imported only when that command runs or its own --help is asked, so `bisector --help`
+(and a usage error) costs little more than importing click: see bench/cli_startup.py.
+"""
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+import click
+
+from bisector import __version__
+from bisector.errors import EXIT_INTERRUPTED, BisectorError
+
+# name -> (the module holding it, the click command's name there, the first paragraph of its help: what
+# `bisector --help` shows without importing the module; tests/test_cli_startup.py holds it to the command's own)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "backport": ("bisector.cli.backport", "backport",
+                 "Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."),
+    "cache": ("bisector.cli.cache", "cache",
+              "The verdict cache: list what is stored, forget verdicts so they are judged again."),
+    "demo": ("bisector.cli.demo", "demo",
+             "Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."),
+    "doctor": ("bisector.cli.doctor", "doctor_command",
+               "Versions, GPUs, the container runtime and disk use, for support requests (changes nothing)."),
+    "env": ("bisector.cli.env", "env_group",
+            "Per-commit environments (--env per-commit): create one, list them, remove them."),
+    "report": ("bisector.cli.report", "report_command",
+               "Regenerate a run's report from the stored record (bisection or backport)."),
+    "run": ("bisector.cli.run", "run",
+            "Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."),
+    "runs": ("bisector.cli.report", "runs_command", "Recorded runs: id, repository, range, command, state, answer."),
+    "scenario": ("bisector.cli.scenario", "scenario", "List scenarios, or run one on a single commit."),
+}
+
+
+class BisectorGroup(click.Group):
+    """The commands of COMMANDS, each imported when asked for; turns every BisectorError and click usage error
+    into its one line and exit code, and an interrupt into 130."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            from bisector.redact import redact
+
+            message = " ".join(exc.format_message().split())
+            click.echo(f"bisector: error: {redact(message)}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("bisector: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:  # "did you mean" from the map (no command is loaded)
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one-line help, as click writes them, from COMMANDS alone."""
+        limit = formatter.width - 6 - max(map(len, COMMANDS))
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit))
+                                for name in self.list_commands(ctx)])
+
+    def invoke(self, ctx: click.Context):
+        from bisector.process import forget_caller_git
+        from bisector.redact import redact
+
+        forget_caller_git()  # before a command is resolved, its options parsed or anything run
+        try:
+            return super().invoke(ctx)
+        except BisectorError as exc:
+            click.echo(f"bisector: error: {redact(exc.message())}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
+                       err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=BisectorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bisector")
+def main() -> None:
+    """Find the vLLM commit behind a ROCm GPU fault, and prove its fix backports."""
+    signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt

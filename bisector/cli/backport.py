@@ -1,0 +1,98 @@
+"""`bisector backport`: check a fix on every release branch."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from bisector.cli.options import (
+    FiniteFloat,
+    build_options,
+    build_settings,
+    check_writable,
+    command_line,
+    env_options,
+    log_limit_option,
+    not_an_option,
+    option_values,
+    parse_log_limit,
+    python_option,
+    reuse_verdicts_option,
+    state_dir_option,
+    world_options,
+    world_settings,
+    write_output,
+)
+from bisector.cli.progress import BackportProgress
+from bisector.envs import EnvSettings
+from bisector.errors import (
+    UsageError,
+)
+
+
+@click.command("backport")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository holding the fix and branches.")
+@click.option("--fix", required=True, callback=not_an_option, help="The fix: sha, tag or branch.")
+@click.option("--branches", "globs", multiple=True, required=True, metavar="GLOB",
+              help="Branches to check (local or remote-tracking, e.g. 'origin/releases/v0.2*').")
+@click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Scenario option; KEY=A,B judges every branch at each value (a column each; \\, for a comma).")
+@click.option("--create-branches", is_flag=True,
+              help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
+@state_dir_option
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
+@click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
+              help="Write the result as Markdown (PR comment).")
+@click.option("--junit", "junit_file", type=click.Path(path_type=Path),
+              help="Write JUnit XML: one test case per branch.")
+@python_option("Python environment scenarios run in.")
+@build_options
+@log_limit_option
+@env_options
+@click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
+@reuse_verdicts_option
+@world_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
+             markdown_file, junit_file, python, build, rocm_arch, wheels, allow_install_into_python, cache_size,
+             log_limit, env_mode,
+             env_cache_size, no_cache, reuse_verdicts, world, command):
+    """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
+    from bisector import report
+    from bisector.backport import BackportConfig, run_backport
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
+    outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
+               ("--junit", junit_file, report.backport_junit))
+    for option, path, _ in outputs:
+        check_writable(option, path)
+    if scenario_name and command:
+        raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
+    if options and not scenario_name:
+        raise UsageError("--option needs --scenario")
+    values = [(label, create(scenario_name, each)) for label, each in option_values(options)] \
+        if scenario_name else []
+    scenario = values[0][1] if values \
+        else CommandScenario(list(command), in_image=bool(world["image"])) if command else None
+    if world["image"] and scenario is None:
+        raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
+    world_asked = world_settings(world, scenario, env_mode, rocm_arch)
+    cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
+                         option_values=values if len(values) > 1 else (),
+                         create_branches=create_branches, timeout=timeout, state_dir=state_dir,
+                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
+                         .allowing_install(allow_install_into_python),
+                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, reuse_verdicts=reuse_verdicts,
+                         command_line=command_line(),
+                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
+    result = run_backport(cfg, BackportProgress())
+    click.echo(report.backport_text(result))
+    for option, path, render in outputs:
+        if path:
+            write_output(option, path, render(result))
+    sys.exit(result.exit_code)

@@ -1,0 +1,101 @@
+"""`bisector cache list|forget`: the verdict cache and the compile caches."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from bisector.cli.options import state_dir_option
+from bisector.cli.state import open_record
+from bisector.errors import (
+    GitError,
+    UsageError,
+)
+
+
+@click.group("cache")
+def cache() -> None:
+    """The verdict cache: list what is stored, forget verdicts so they are judged again."""
+
+
+def _sha_prefix(commit: str | None, repo: str) -> str:
+    """--commit as a sha prefix: a ref resolved in repo, else hex as given."""
+    from bisector.refs import GitRepo
+
+    if not commit:
+        return ""
+    try:
+        return GitRepo(Path(repo)).resolve(commit)
+    except GitError:
+        if all(c in "0123456789abcdef" for c in commit.lower()) and len(commit) >= 4:
+            return commit.lower()
+        raise UsageError(f"--commit: unknown commit {commit!r}") from None
+
+
+def cache_filters(command):
+    for option in reversed([
+            click.option("--repo", default=".", show_default=True, help="Repository whose cache to use."),
+            state_dir_option,
+            click.option("--commit", help="Only this commit (ref or sha prefix)."),
+            click.option("--scenario", "scenario_name", help="Only verdicts of this scenario (e.g. command).")]):
+        command = option(command)
+    return command
+
+
+@cache.command("list")
+@cache_filters
+def cache_list(repo, state_dir, commit, scenario_name):
+    """Cached verdicts per commit and key: runs, verdicts, and what the key stands for."""
+    store = open_record(repo, state_dir)
+    try:
+        rows = store.cached_verdicts(_sha_prefix(commit, repo), scenario_name)
+    finally:
+        store.close()
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["recorded"]))
+        click.echo(f"{row['sha'][:12]}  {row['scenario_key']}  {row['verdicts']} ({row['runs']} run(s))  {when}")
+        if row["parts"]:
+            click.echo(f"    {row['parts']}")
+    click.echo(f"{len(rows)} cached verdict(s)", err=True)
+    from bisector import compile_cache
+
+    click.echo(compile_cache.describe(compile_cache.cache_root(), _compile_cap()), err=True)
+
+
+@cache.command("forget")
+@cache_filters
+@click.option("--all", "everything", is_flag=True, help="Forget every cached verdict.")
+@click.option("--compile", "compiled", is_flag=True,
+              help="Delete the shared vLLM/Triton/Inductor compile caches and model dirs ($BISECTOR_CACHE_DIR).")
+def cache_forget(repo, state_dir, commit, scenario_name, everything, compiled):
+    """Drop cached verdicts (of --commit, --scenario, or --all): they are judged again next time.
+    --compile empties the GPU scenarios' compile caches instead (or as well)."""
+    if not (commit or scenario_name or everything or compiled):
+        raise UsageError("give --commit SHA, --scenario NAME, --all, or --compile")
+    if compiled:
+        from bisector import compile_cache
+
+        root = compile_cache.cache_root()
+        try:
+            entries, size = compile_cache.clear(root)
+        except compile_cache.CacheBusy as exc:
+            raise UsageError(f"{exc}: try again when it has finished") from None
+        click.echo(f"deleted {entries} compile cache entries and model dirs ({size >> 20} MiB) under {root}")
+        if not (commit or scenario_name or everything):
+            return
+    store = open_record(repo, state_dir)
+    try:
+        count = store.forget_verdicts(_sha_prefix(commit, repo), scenario_name)
+    finally:
+        store.close()
+    click.echo(f"forgot {count} execution(s)")
+
+
+def _compile_cap() -> int:
+    from bisector import compile_cache
+
+    try:
+        return compile_cache.size_cap()
+    except ValueError as exc:
+        raise UsageError(f"${compile_cache.SIZE_ENV}: {exc}") from None

@@ -1,0 +1,125 @@
+"""The progress display: one line per event on stderr (rich, imported at the first line printed)."""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bisector.redact import redact
+from bisector.results import BranchEntry
+from bisector.steps import Handler, Step
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class StderrConsole:
+    """rich's Console on stderr, made at the first line printed (importing rich costs more than click)."""
+
+    @functools.cached_property
+    def rich(self) -> Console:
+        from rich.console import Console
+        return Console(stderr=True, highlight=False, soft_wrap=True)  # one event, one line: never wrapped
+
+    def print(self, *objects: Any, **settings: Any) -> None:
+        """Print objects, credentials in text redacted (bisector.redact)."""
+        self.rich.print(*(redact(o) if isinstance(o, str) else o for o in objects), **settings)
+
+
+def escape(text: str) -> str:
+    """text with rich markup neutralised."""
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
+
+
+console = StderrConsole()
+
+
+class ProgressHandler(Handler):
+    """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
+    log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
+
+    def __init__(self, notes: list[str] | None = None):
+        self.count = 0
+        self.start = time.monotonic()
+        self.notes = notes or []  # said once, at the start
+        self.logs: Path | None = None
+        self.running: dict[str, float] = {}  # sha -> when it started
+        self.shown: dict[str, str] = {}      # sha -> the last progress line printed for it
+        self.period = float(os.environ.get("BISECTOR_PROGRESS_SECONDS") or 30)
+
+    def waiting(self, holder: str) -> None:
+        console.print(f"waiting for another bisector run on this repository ({escape(holder)}) …")
+
+    def started(self, run_id: int, total: int, resumed_from: int | None, logs: Path) -> None:
+        self.start = time.monotonic()  # the ETA counts from here, not from the wait for the lock
+        self.logs = logs
+        again = f", resuming run {resumed_from}" if resumed_from else ""
+        console.print(f"run {run_id}: {total} commits in range{again}")
+        if self.count == 0 and not self.running:  # once per command (--prefilter runs twice)
+            for note in self.notes:
+                console.print(escape(note))
+            threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
+
+    def testing(self, sha: str, role: str) -> None:
+        self.running[sha] = time.monotonic()
+        console.print(f"  testing {sha[:12]} ({role}) …", style="dim")
+
+    def tested(self, step: Step, left: int, steps_left: int) -> None:
+        self.running.pop(step.sha, None)
+        self.count += 1
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.count * steps_left
+        colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
+        cached = " cached" if step.cached else ""
+        build = escape(f" [build {step.build}]") if step.build else ""
+        console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
+                      f"({escape(step.reason)}){build} | {left} commits left, ~{steps_left} steps to go | "
+                      f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
+        if step.log_path:
+            console.print(f"  log: {escape(step.log_path)}", markup=True)
+
+    def level(self, text: str) -> None:
+        console.print(escape(text))
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(self.period)
+            for sha, since in list(self.running.items()):
+                line = self._progress(sha)
+                if line and line != self.shown.get(sha):
+                    self.shown[sha] = line
+                    console.print(f"  … {sha[:12]} {time.monotonic() - since:.0f}s {escape(line)}", markup=True)
+
+    def _progress(self, sha: str) -> str | None:
+        """The step's phase (build command or scenario) and the last line its newest log holds."""
+        logs = sorted(self.logs.glob(f"*{sha[:12]}*.log"), key=lambda p: p.stat().st_mtime) \
+            if self.logs and self.logs.is_dir() else []
+        if not logs:
+            return None
+        newest = logs[-1]
+        if newest.name.startswith("pull-"):  # bytes and layers so far (bisector.images)
+            from bisector.images import pull_progress
+            return f"pull: {pull_progress(newest) or '(no layer done yet)'}"
+        phase = "build " + newest.stem.rsplit("-", 1)[-1] if newest.name.startswith("build-") else \
+            "image check" if newest.name.startswith("image-") else "scenario"
+        with open(newest, "rb") as handle:
+            handle.seek(max(0, newest.stat().st_size - 4096))
+            lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+        return f"{phase}: {lines[-1][:200]}" if lines else f"{phase}: (no output yet)"
+
+
+class BackportProgress:
+    """One line per branch on stderr as its verdict lands."""
+
+    def checking(self, branch: str, tip: str) -> None:
+        console.print(f"  checking {branch} ({tip[:12]}) …", style="dim")
+
+    def checked(self, entry: BranchEntry) -> None:
+        colour = "green" if entry.settled else "red"
+        at = f" at {entry.options}" if entry.options else ""
+        console.print(f"{escape(entry.branch)}{escape(at)}: [{colour}]{entry.verdict}[/{colour}] "
+                      f"({escape(entry.reason)})")

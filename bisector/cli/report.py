@@ -1,0 +1,84 @@
+"""`bisector report` and `bisector runs`: the stored record, read back."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bisector.cli.options import (
+    check_writable,
+    not_an_option,
+    pr_links,
+    pr_url_template_option,
+    state_dir_option,
+    write_output,
+)
+from bisector.cli.state import open_record, repo_root
+from bisector.errors import (
+    UsageError,
+)
+from bisector.formats import FORMATS
+from bisector.results import StoredRun
+
+SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
+
+
+@click.command("report")
+@click.argument("run_id", metavar="RUN_ID|latest")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository whose record to read.")
+@click.option("--scenario", "scenario_name", help="latest: the last finished run of this scenario.")
+@state_dir_option
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
+@pr_url_template_option
+def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_template):
+    """Regenerate a run's report from the stored record (bisection or backport).
+
+    `latest` is the last finished run of --repo (and of --scenario when given)."""
+    from bisector import report
+
+    if run_id != "latest" and not (run_id.isascii() and run_id.isdigit()):
+        raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
+    check_writable("--output", output)
+    pr_url_template = pr_links(repo, pr_url_template)
+    store = open_record(repo, state_dir)
+    try:
+        if run_id == "latest":
+            root = repo_root(repo)
+            row = store.latest_finished(root, scenario_name)
+            if row is None:
+                raise UsageError(f"no finished run of {root or 'any repository'}"
+                                 + (f" with scenario {scenario_name}" if scenario_name else "")
+                                 + f" in {store.path}")
+        else:
+            row = store.run(run_id) if int(run_id) <= SQLITE_MAX_INTEGER else None
+            if row is None:
+                raise UsageError(f"no run {run_id} in {store.path}")
+        text = report.render(row, fmt, pr_url_template)
+    finally:
+        store.close()
+    if output:
+        write_output("--output", output, text)
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+
+
+@click.command("runs")
+@click.option("--repo", default=".", show_default=True, help="Repository whose runs to list.")
+@click.option("--all-repos", is_flag=True, help="Every repository recorded in the state dir.")
+@state_dir_option
+def runs_command(repo, all_repos, state_dir):
+    """Recorded runs: id, repository, range, command, state, answer."""
+    from bisector import report
+
+    store = open_record(repo, state_dir)
+    try:
+        rows = store.runs()
+    finally:
+        store.close()
+    root = None if all_repos else repo_root(repo)
+    for row in rows:
+        line = report.run_line(row)
+        if root is None or StoredRun.from_row(row).params.repo == root:
+            click.echo(line)

@@ -1,0 +1,176 @@
+"""`bisector run`: bisect good..bad."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from bisector.cli.options import (
+    FiniteFloat,
+    RegistryChoice,
+    build_options,
+    build_settings,
+    check_writable,
+    command_line,
+    env_options,
+    log_limit_option,
+    not_an_option,
+    parse_log_limit,
+    parse_options,
+    pr_links,
+    pr_url_template_option,
+    python_option,
+    registry_options,
+    reuse_verdicts_option,
+    state_dir_option,
+    world_options,
+    world_settings,
+    write_output,
+)
+from bisector.cli.progress import ProgressHandler, console, escape
+from bisector.envs import EnvSettings
+from bisector.errors import (
+    EXIT_OK,
+    UsageError,
+)
+from bisector.executor import EXECUTORS
+from bisector.redact import redact
+
+DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
+                      "--build auto builds vLLM trees)")
+
+
+@click.command("run", context_settings={"ignore_unknown_options": False})
+@click.option("--repo", default=".", callback=not_an_option, show_default=True,
+              help="Repository to bisect (never modified).")
+@click.option("--good", required=True, multiple=True, callback=not_an_option,
+              help="A commit without the fault (with --find-fix: the fixed one). May be given several times.")
+@click.option("--bad", required=True, multiple=True, callback=not_an_option,
+              help="A commit with the fault (with --find-fix, several may be given).")
+@click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--first-parent", is_flag=True, help="Follow first parents only (a merge is one unit).")
+@click.option("--path", "paths", multiple=True, metavar="PATHSPEC",
+              help="Only commits touching these paths are candidates.")
+@click.option("--find-fix", is_flag=True, help="Find the first commit where the fault disappears.")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-step timeout in seconds (skip).")
+@state_dir_option
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
+@click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
+              help="Write the result as Markdown (PR comment).")
+@pr_url_template_option
+@click.option("--no-verify-endpoints", is_flag=True, help="Trust --good/--bad without testing them.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Commits tested per round.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per commit; any fault makes it bad.")
+@python_option("Python environment scenarios run in.")
+@click.option("--fix", "fix", metavar="REF", callback=not_an_option,
+              help="A known fix: test first the commit its lines blame to (and that commit's parent).")
+@click.option("--culprit", "culprit", metavar="REF", callback=not_an_option,
+              help="--find-fix: the commit that brought the fault; test first what rewrote its lines.")
+@click.option("--flaky", is_flag=True, help="Intermittent fault: probabilistic search to --confidence.")
+@click.option("--confidence", type=FiniteFloat(0.5, 1, max_open=True), default=0.95,
+              show_default=True, help="--flaky: stop once one commit is this likely the culprit.")
+@click.option("--fault-rate", type=FiniteFloat(0, 1, min_open=True, max_open=True),
+              help="--flaky: probability a faulty commit faults per run (default: estimated).")
+@click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="--flaky: runs on one commit at most.")
+@build_options
+@click.option("--signature", metavar="auto|any|REGEX",
+              help="Which failures count as bad: any; auto = the bad endpoint's fault signature (others are "
+                   "skips); or a regex over the signature. Default: the scenario's (auto for the GPU "
+                   "scenario, any for -- CMD).")
+@click.option("--prefilter", "prefilter_name", metavar="SCENARIO",
+              help="Bisect with this cheap scenario first; the main one confirms its culprit and parent.")
+@click.option("--prefilter-option", "prefilter_options", multiple=True, metavar="KEY=VALUE",
+              help="Option of the --prefilter scenario.")
+@log_limit_option
+@env_options
+@click.option("--plan", is_flag=True, help="Print the first commits to test and their builds; run nothing.")
+@click.option("--executor", "executor_kind", type=RegistryChoice(EXECUTORS, sorted(EXECUTORS)), default="local",
+              show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
+@registry_options(EXECUTORS)
+@click.option("--gpus-per-run", type=click.IntRange(min=0),
+              help="GPUs each step gets (default: the scenario's need; 0 = CPU slots).")
+@click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
+@reuse_verdicts_option
+@world_options
+@click.option("--follow-pins", is_flag=True,
+              help="When the answer moves the AITER pin, go on bisecting inside AITER with this repository held "
+                   "at the answer (a level of its own, in the same record).")
+@click.option("--isolate", is_flag=True,
+              help="Run each step in a clone of its own (objects borrowed from the repository), for scripts "
+                   "that change refs, the stash or worktrees: those stay out of the repository.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
+        json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
+        confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
+        signature,
+        prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
+        gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, command):
+    """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
+    from bisector import report
+    from bisector.engine.config import RunConfig
+    from bisector.engine.planning import plan_bisection
+    from bisector.engine.run import run_bisection
+    from bisector.executor import Placement, create_executor
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
+    if bool(scenario_name) == bool(command):
+        raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+    if options and not scenario_name:
+        raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
+    if prefilter_options and not prefilter_name:
+        raise UsageError("--prefilter-option needs --prefilter")
+    check_writable("--json", json_file)
+    check_writable("--markdown", markdown_file)
+    scenario = create(scenario_name, parse_options(options)) if scenario_name \
+        else CommandScenario(list(command), in_image=bool(world["image"]))
+    prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
+    world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
+    pr_url_template = pr_links(repo, pr_url_template)
+    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command) \
+        .allowing_install(allow_install_into_python)
+    step_executor = create_executor(executor_kind, Placement(
+        jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
+        builder))
+    cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
+                    first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
+                    command_line=command_line(),
+                    paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
+                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
+                    fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
+                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
+                    signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
+                    envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
+                    follow_pins=follow_pins, isolate=isolate)
+    if plan:
+        step_executor.shutdown()
+        planned = plan_bisection(cfg)
+        click.echo(report.plan_text(planned))
+        if json_file:
+            write_output("--json", json_file, json.dumps(planned.to_json(), indent=2) + "\n")
+        sys.exit(EXIT_OK)
+    result = run_bisection(cfg, ProgressHandler([DEFAULT_BUILD_NOTE] if command and build is None else []))
+    for warning in result.warnings:
+        console.print(f"warning: {escape(warning)}")
+    click.echo(report.bisect_text(result))  # every outcome: found, inconclusive, or stopped and why
+    if json_file:
+        write_output("--json", json_file, report.bisect_json(result))
+    if markdown_file:
+        write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
+    last = result.levels[-1] if result.levels else result
+    if last.outcome == "interrupted":
+        click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume", err=True)
+    elif last.stopped and last.level is None:
+        aborted = "aborted: " if last.outcome == "aborted" else ""
+        click.echo(f"bisector: error: {aborted}{redact(last.stopped)}", err=True)
+    sys.exit(result.exit_code)
+
+
+def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:
+    return refs[0] if len(refs) == 1 else refs

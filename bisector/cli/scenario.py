@@ -1,0 +1,174 @@
+"""`bisector scenario list|run|calibrate|classify`: one scenario, one commit (or a saved log)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from bisector.builds import REGISTRY as BUILD_STRATEGIES
+from bisector.builds import STRATEGIES, BuildSettings
+from bisector.cli.options import (
+    FiniteFloat,
+    RegistryChoice,
+    build_options,
+    build_settings,
+    check_writable,
+    env_options,
+    log_limit_option,
+    not_an_option,
+    parse_log_limit,
+    parse_options,
+    python_option,
+    registry_options,
+    reuse_verdicts_option,
+    state_dir_option,
+    world_options,
+    world_settings,
+    write_output,
+)
+from bisector.envs import EnvSettings
+from bisector.errors import (
+    EXIT_BAD,
+    EXIT_GOOD,
+    EXIT_SKIP,
+    UsageError,
+)
+
+# `scenario run` and `scenario classify` answer with git bisect run's exit protocol.
+VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
+
+
+@click.group("scenario")
+def scenario() -> None:
+    """List scenarios, or run one on a single commit."""
+
+
+@scenario.command("list")
+def scenario_list() -> None:
+    """Scenarios by name, with the hash of their source (part of the verdict cache key) and needs."""
+    from scenarios import available
+    from scenarios.base import source_hash
+
+    for name, cls in sorted(available().items()):
+        needs = "build" if cls.needs_build else "no build"
+        defaults = " ".join(f"{k}={v}" for k, v in cls.option_defaults.items())
+        click.echo(f"{name} (source {source_hash(cls)[:8]}, {needs}): {cls.description}")
+        if defaults:
+            click.echo(f"    options: {defaults}")
+
+
+@scenario.command("run")
+@click.argument("name")
+@click.option("--repo", default=".", callback=not_an_option, show_default=True, help="Repository (never modified).")
+@click.option("--ref", default="HEAD", callback=not_an_option, show_default=True, help="Commit to judge.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Timeout in seconds (skip).")
+@state_dir_option
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
+@python_option("Python environment the scenario runs in.")
+@click.option("--build", "build", type=RegistryChoice(BUILD_STRATEGIES, STRATEGIES), default="none",
+              show_default=True, help="How the commit is built before it is judged (as for `bisector run`).")
+@registry_options(BUILD_STRATEGIES)
+@log_limit_option
+@env_options
+@world_options
+@reuse_verdicts_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
+                 allow_install_into_python, log_limit, env_mode, env_cache_size, world, reuse_verdicts, command):
+    """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    from bisector.engine.judge import Judge
+    from bisector.engine.run import judge_one
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
+    if (name == CommandScenario.name) != bool(command):
+        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
+    check_writable("--json", json_file)
+    scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
+        else create(name, parse_options(options))
+    judge = Judge(scenario, BuildSettings(build, python, rocm_arch, wheels,
+                                          install_into_python=allow_install_into_python), timeout, python,
+                  envs=EnvSettings(env_mode, python, env_cache_size),
+                  world=world_settings(world, scenario, env_mode, rocm_arch))
+    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit), reuse_verdicts)
+    click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
+    if outcome["log"]:
+        click.echo(f"log: {outcome['log']}")
+    if json_file:
+        write_output("--json", json_file, json.dumps(outcome, indent=2) + "\n")
+    sys.exit(VERDICT_EXIT[outcome["verdict"]])
+
+
+@scenario.command("calibrate")
+@click.argument("name")
+@click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
+@click.option("--good", required=True, help="A commit without the fault.")
+@click.option("--bad", required=True, help="A commit with the fault.")
+@click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True, help="Runs of each end.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
+@state_dir_option
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the calibration as JSON.")
+@python_option("Python environment the scenario runs in.")
+@build_options
+@world_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir, json_file, python, build,
+                       rocm_arch, wheels, allow_install_into_python, cache_size, world, command):
+    """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
+
+    NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
+    from bisector.engine.judge import Judge
+    from bisector.engine.run import calibrate
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
+    if (name == CommandScenario.name) != bool(command):
+        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
+    check_writable("--json", json_file)
+    scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
+        else create(name, parse_options(options))
+    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size)
+                  .allowing_install(allow_install_into_python), timeout, python,
+                  world=world_settings(world, scenario, "shared", rocm_arch))
+    result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
+    if json_file:
+        write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
+    for end in ("bad", "good"):
+        seen = result[end]
+        click.echo(f"{end} end {seen['sha'][:12]}: {seen['bad']} bad, {seen['skip']} skip in {seen['runs']} runs")
+    click.echo(f"reproduction rate: {result['reproduction_rate']:.0%}; signature: {result['signature'] or 'none'}")
+    click.echo(f"recommendation: {result['recommendation']}")
+    if result["options"]:
+        click.echo("scenario options: " + " ".join(f"--option {key}={value}"
+                                                    for key, value in result["options"].items()))
+
+
+@scenario.command("classify")
+@click.argument("name")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--log", "log_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A saved output of the scenario's child (e.g. a crash log from a GPU run).")
+@click.option("--exit-code", type=int, help="The child's exit code; -N means killed by signal N.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def scenario_classify(name, options, log_file, exit_code, as_json):
+    """The verdict, reason and matched lines scenario NAME gives a saved output, without running it;
+    exit 0 good, 1 bad, 125 skip."""
+    from bisector.seams import ClassifiesLogs
+    from scenarios import create
+
+    judged = create(name, parse_options(options))
+    if not isinstance(judged, ClassifiesLogs):
+        raise UsageError(f"scenario {name!r} cannot judge a saved log")
+    outcome = judged.classify_log(log_file.read_text(errors="replace"), exit_code)
+    if as_json:
+        click.echo(json.dumps({"verdict": outcome.verdict.value, "reason": outcome.reason,
+                               "details": outcome.details}, indent=2))
+    else:
+        click.echo(f"{outcome.verdict.value}: {outcome.reason}")
+        for line in outcome.details.get("matched", []):
+            click.echo(f"  {line}")
+    sys.exit(VERDICT_EXIT[outcome.verdict.value])
