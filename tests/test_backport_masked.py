@@ -152,14 +152,37 @@ def test_option_values_split_on_unescaped_commas():
         option_values(("arch=gfx942,gfx942",))
 
 
-def test_run_refuses_a_comma_list_in_one_line(make_repo, cli):
+@needs_torch
+def test_run_makes_one_run_per_listed_value_each_with_its_reports(history, cli, tmp_path):
+    """--find-fix from the buggy c0 to fix-b: at gfx942 the fix ends the fault; at gfx950 the AITER bump
+    before it already does (v2.0 sizes both q dtypes alike there)."""
+    vllm = history["vllm"]
+    fix_b = git(vllm, "rev-parse", "fix-b").strip()
+    before = git(vllm, "for-each-ref")
+    proc = cli("run", "--repo", str(vllm), "--find-fix", "--bad", f"{history['c1']}~1", "--good", "fix-b",
+               "--scenario", "aiter-mla-probe", "--option", "arch=gfx942,gfx950",
+               "--option", f"aiter_repo={history['aiter']}", "--state-dir", str(history["state"]),
+               "--json", str(tmp_path / "run.json"), "--markdown", str(tmp_path / "run.md"),
+               env={"BISECTOR_AITER_CACHE": str(history["cache"])})
+    assert proc.returncode == 0, proc.stderr
+    answers = {arch: json.loads((tmp_path / f"run.arch={arch}.json").read_text())["culprit"]["sha"]
+               for arch in ("gfx942", "gfx950")}
+    assert answers == {"gfx942": fix_b, "gfx950": history["c1"]}
+    assert (tmp_path / "run.arch=gfx950.md").exists() and not (tmp_path / "run.json").exists()
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
+    assert headers == ["== arch=gfx942", "== arch=gfx950"]
+    assert git(vllm, "for-each-ref") == before
+
+
+def test_a_comma_list_is_refused_where_one_value_is_needed(make_repo, cli):
     repo = make_repo()
-    good, bad = repo.commit("a", {"f": "1\n"}), repo.commit("b", {"f": "2\n"})
+    good = repo.commit("a", {"f": "1\n"})
     before = repo.snapshot()
-    proc = cli("run", "--repo", str(repo.path), "--good", good, "--bad", bad, "--scenario", "aiter-mla-probe",
+    proc = cli("scenario", "run", "aiter-mla-probe", "--repo", str(repo.path), "--ref", good,
                "--option", "arch=gfx942,gfx950")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "bisector: error: --option: 2 values given (arch=gfx942, arch=gfx950); only `bisector backport` takes a "
-        "comma list (a column per value): run once per value, or write \\, for a comma inside a value"]
+        "bisector: error: --option: 2 values given (arch=gfx942, arch=gfx950); only `bisector run` (a run per "
+        "value) and `bisector backport` (a column per value) take a comma list, or write \\, for a comma inside "
+        "a value"]
     assert repo.snapshot() == before

@@ -143,8 +143,8 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     combinations = option_values(pairs)
     if len(combinations) > 1:
         raise UsageError(f"--option: {len(combinations)} values given ({', '.join(label for label, _ in combinations)})"
-                         "; only `bisector backport` takes a comma list (a column per value): run once per value, "
-                         "or write \\, for a comma inside a value")
+                         "; only `bisector run` (a run per value) and `bisector backport` (a column per value) take "
+                         "a comma list, or write \\, for a comma inside a value")
     return combinations[0][1]
 
 

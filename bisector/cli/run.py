@@ -17,6 +17,7 @@ from bisector.cli.options import (
     env_options,
     log_limit_option,
     not_an_option,
+    option_values,
     parse_log_limit,
     parse_options,
     pr_links,
@@ -32,6 +33,7 @@ from bisector.cli.options import (
 from bisector.cli.progress import ProgressHandler, console, escape
 from bisector.envs import EnvSettings
 from bisector.errors import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     UsageError,
 )
@@ -115,7 +117,6 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     from bisector import report
     from bisector.engine.config import RunConfig
     from bisector.engine.planning import plan_bisection
-    from bisector.engine.run import run_bisection
     from bisector.executor import Placement, create_executor
     from scenarios import create
     from scenarios.command import CommandScenario
@@ -126,36 +127,58 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
-    check_writable("--json", json_file)
-    check_writable("--markdown", markdown_file)
-    scenario = create(scenario_name, parse_options(options)) if scenario_name \
-        else CommandScenario(list(command), in_image=bool(world["image"]))
+    runs = option_values(options) if scenario_name else [("", {})]
+    outputs = [(label, _labelled(json_file, label), _labelled(markdown_file, label)) for label, _ in runs]
+    for _, each_json, each_markdown in outputs:
+        check_writable("--json", each_json)
+        check_writable("--markdown", each_markdown)
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
-    world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
     pr_url_template = pr_links(repo, pr_url_template)
     builder = build_settings(build, python, rocm_arch, wheels, cache_size, command) \
         .allowing_install(allow_install_into_python)
-    step_executor = create_executor(executor_kind, Placement(
-        jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
-        builder))
-    cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
-                    first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
-                    command_line=command_line(),
-                    paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
-                    verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
-                    fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
-                    max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
-                    signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
-                    envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                    follow_pins=follow_pins, isolate=isolate)
-    if plan:
-        step_executor.shutdown()
-        planned = plan_bisection(cfg)
-        click.echo(report.plan_text(planned))
-        if json_file:
-            write_output("--json", json_file, json.dumps(planned.to_json(), indent=2) + "\n")
-        sys.exit(EXIT_OK)
-    result = run_bisection(cfg, ProgressHandler([DEFAULT_BUILD_NOTE] if command and build is None else []))
+    exit_codes = []
+    for (label, scenario_options), (_, each_json, each_markdown) in zip(runs, outputs):
+        scenario = create(scenario_name, scenario_options) if scenario_name \
+            else CommandScenario(list(command), in_image=bool(world["image"]))
+        world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
+        step_executor = create_executor(executor_kind, Placement(
+            jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
+            builder))
+        cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
+                        first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
+                        command_line=command_line(),
+                        paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
+                        verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
+                        fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
+                        max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
+                        signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
+                        envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
+                        follow_pins=follow_pins, isolate=isolate)
+        if label:
+            click.echo(f"== {label}")
+        if plan:
+            step_executor.shutdown()
+            planned = plan_bisection(cfg)
+            click.echo(report.plan_text(planned))
+            if each_json:
+                write_output("--json", each_json, json.dumps(planned.to_json(), indent=2) + "\n")
+            exit_codes.append(EXIT_OK)
+            continue
+        code = _bisect(cfg, DEFAULT_BUILD_NOTE if command and build is None else None, each_json, each_markdown,
+                       pr_url_template)
+        exit_codes.append(code)
+        if code == EXIT_INTERRUPTED:
+            break
+    sys.exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in exit_codes else max(exit_codes))
+
+
+def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: Path | None,
+            pr_url_template: str | None) -> int:
+    """One bisection with its reports written (every outcome); returns its exit code."""
+    from bisector import report
+    from bisector.engine.run import run_bisection
+
+    result = run_bisection(cfg, ProgressHandler([build_note] if build_note else []))
     for warning in result.warnings:
         console.print(f"warning: {escape(warning)}")
     click.echo(report.bisect_text(result))  # every outcome: found, inconclusive, or stopped and why
@@ -169,7 +192,15 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
     elif last.stopped and last.level is None:
         aborted = "aborted: " if last.outcome == "aborted" else ""
         click.echo(f"bisector: error: {aborted}{redact(last.stopped)}", err=True)
-    sys.exit(result.exit_code)
+    return result.exit_code
+
+
+def _labelled(path: Path | None, label: str) -> Path | None:
+    """A report path of one run among several (a comma-listed --option): its values before the suffix,
+    `run.json` → `run.arch=gfx950.json`."""
+    if path is None or not label:
+        return path
+    return path.with_name(f"{path.stem}.{label.replace(' ', '.')}{path.suffix}")
 
 
 def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:
