@@ -291,7 +291,7 @@ class CalibratePolicy:
         if step.verdict in ("bad", "skip"):
             seen[step.verdict] += 1
         if step.verdict == "bad":
-            signature = step.details.get("signature") or step.reason
+            signature = step.execution.signature or step.reason
             seen["signatures"][signature] = seen["signatures"].get(signature, 0) + 1
 
     def wants(self, sha: str) -> bool:

@@ -52,7 +52,7 @@ def keyed_on_environment(judge: Judge) -> Judge:
 
 def signature_of(run: Execution) -> str:
     """The failure signature a scenario gave its run, else its reason normalised."""
-    return run.details.get("signature") or normalise(run.reason)
+    return run.signature or normalise(run.reason)
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ class Judge:
             if run.verdict == Verdict.BAD and not self.signature.accepts(signature_of(run)):
                 return dataclasses.replace(run, verdict=Verdict.SKIP,
                                            reason=f"different failure: {signature_of(run)} ({run.reason})",
-                                           details={**run.details, "different_failure": True})
+                                           details={**run.details, "different_failure": True},
+                                           different_failure=True)
             if run.verdict in (Verdict.BAD, Verdict.SKIP):
                 return run
         if len(runs) >= self.repeat:
@@ -121,11 +122,12 @@ class Judge:
                 return runs[-1]
             return Execution(runs[-1].sha, Verdict.GOOD, f"{len(runs)} clean runs", runs[-1].log_path,
                              sum(r.seconds for r in runs), runs[-1].build,
-                             {**runs[-1].details, "clean_runs": [r.details for r in runs]})
+                             {**runs[-1].details, "clean_runs": [r.details for r in runs]},
+                             image_digest=runs[-1].image_digest, clean_runs=tuple(runs))
         return None
 
     def _outgrown_timeout(self, run: Execution) -> bool:
-        hit = run.details.get("timed_out_after")
+        hit = run.timed_out_after
         return hit is not None and (self.timeout is None or self.timeout > hit)
 
     def _opened(self) -> tuple[Build, Environments]:
@@ -194,6 +196,7 @@ class Judge:
             log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
             cause: str | None
+            timed_out_after: float | None = None
             if not build.ok:  # not a scenario run: the builder remembers its own failures
                 outcome_verdict, reason, log, cause = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path, "build"
@@ -205,9 +208,11 @@ class Judge:
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
                 details = dict(outcome.details)
                 if details.pop("timed_out", False):
-                    details["timed_out_after"] = self.timeout
+                    timed_out_after = details["timed_out_after"] = self.timeout
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                               summary, {**place.details, **details}), cause))
+                                               summary, {**place.details, **details},
+                                               signature=details.get("signature"), timed_out_after=timed_out_after,
+                                               image_digest=place.image_digest), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:
