@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import CacheUse, RunContext
-from bisector.engine.judge import Judge, keyed_on_environment
+from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
 from bisector.engine.run import run_logs
 from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
@@ -28,7 +28,7 @@ from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict, FixCheck
-from bisector.seams import Scenario
+from bisector.seams import BuildConfig, Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
 from bisector.world import WorldSettings
@@ -52,7 +52,7 @@ class BackportConfig:
     state_dir: Path | None = None
     python: str = "python3"
     repeat: int = 1
-    builder: object = field(default_factory=NoBuild)
+    builder: BuildConfig = field(default_factory=NoBuild)
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
     no_cache: bool = False
     reuse_verdicts: bool = False  # serve a command's verdicts of earlier runs too
@@ -160,8 +160,9 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         if cfg.scenario:
             builder, envs, world = (open_builder(cfg, repo, state_dir), cfg.envs.open(state_dir),
                                     cfg.world.open(repo, state_dir))
-            judges = [(label, keyed_on_environment(Judge(scenario, builder, cfg.timeout, cfg.python, cfg.repeat,
-                                                         envs=envs, world=world)))
+            judges = [(label, Judge(keyed_on_environment(JudgeSpec(scenario, cfg.builder, cfg.timeout, cfg.python,
+                                                                   cfg.repeat, envs=cfg.envs, world=cfg.world)),
+                                    builder, envs, world))
                       for label, scenario in values if scenario]
         else:
             judges = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bisector.builds.builder import NoBuild
-from bisector.engine.judge import Judge
+from bisector.engine.judge import JudgeSpec
 from bisector.errors import EndpointError
 from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, calibration
 from bisector.results import Evidence, FlakyAnswer, MergeBase
@@ -28,8 +28,8 @@ def run(verdict: str, reason: str = "", seconds: float = 1.0, **details) -> Exec
                      signature=details.get("signature"), timed_out_after=details.get("timed_out_after"))
 
 
-def judge(repeat: int = 1, signature: str = "any", timeout: float | None = None) -> Judge:
-    return Judge(CommandScenario(["true"]), NoBuild(), timeout, "python3", repeat, SignatureRule.parse(signature))
+def judge(repeat: int = 1, signature: str = "any", timeout: float | None = None) -> JudgeSpec:
+    return JudgeSpec(CommandScenario(["true"]), NoBuild(), timeout, "python3", repeat, SignatureRule.parse(signature))
 
 
 # -- Judge.decide -------------------------------------------------------------------------------------
