@@ -27,7 +27,7 @@ from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_eq
 from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict, FixCheck
+from bisector.results import BackportBranch, BackportResult, BranchEntry, FixCheck
 from bisector.seams import BuildConfig, Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
@@ -260,8 +260,7 @@ class _BranchChecker:
         entry = BranchEntry(branch=name, tip=tip, pick=pick.status, before=before_verdict, after=after,
                             verdict=decide(pick.status, before_verdict, after, present, bool(masked)),
                             options=self.label, masked=masked if before_verdict == "good" else None,
-                            conflicts=tuple(Conflict(file=c["file"], kind=c["kind"], hunks=tuple(c["hunks"]))
-                                            for c in pick.conflicts),
+                            conflicts=pick.conflicts,
                             picked=pick.sha, target="present" if present else "absent",
                             before_reason=before.reason if before else None, after_reason=after_reason)
         entry = dataclasses.replace(entry, reason=self._reason(entry) + self._pin_moved(entry))
@@ -312,8 +311,8 @@ class _BranchChecker:
             entry.after != entry.before else None
         if change is None:
             return ""
-        name = change["name"].upper()
-        return f"; the pick moves {name} {change['from']} → {change['to']}: the flip may come from {name}"
+        name = change.name.upper()
+        return f"; the pick moves {name} {change.old} → {change.new}: the flip may come from {name}"
 
     def _create_branch(self, name: str, picked: str) -> BackportBranch:
         branch = f"backport/{self.fix[:12]}/{name}"

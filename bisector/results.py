@@ -202,7 +202,7 @@ class PinChange:
     name: str
     old: str | None  # None: not pinned before
     new: str | None
-    continuation: str
+    continuation: str = ""  # the `bisector run` command line; "" until the follow-up is known
 
     @classmethod
     def from_json(cls, data: Mapping) -> PinChange:
