@@ -170,13 +170,13 @@ class Judge:
         """In the commit's environment and world: build, then run the scenario until sha's verdict is decided;
         new executions only (each records the environment's key and versions under details["env"], and
         the world's under details["image"] or details["aiter"])."""
-        builder, envs, world = self.builder, self.envs, self.world
-        with envs.environment(worktree_reader(worktree)) as environment:
+        with self.envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers the commit's failures
                 cause = "machine" if environment.machine_failure else "env"
                 return [_no_verdict(Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                               {"env": {"key": environment.key}}), cause)]
-            with world.enter(StepAt(sha, worktree, logs, slot_env, cancel), environment, self.spec.python) as place:
+            step = StepAt(sha, worktree, logs, slot_env, cancel)
+            with self.world.enter(step, environment, self.spec.python) as place:
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
                     return [Execution(sha, Verdict.SKIP, place.reason, place.log_path, 0.0, place.summary or None,
                                       dict(place.details), cause="world")]
@@ -186,12 +186,12 @@ class Judge:
                                             **stands_on.env},
                                        python=place.python or stands_on.python or self.spec.python, cancel=cancel,
                                        container=place.container)
-                fresh = self._runs(builder, sha, done, template, stands_on, place)
+                fresh = self._runs(sha, done, template, stands_on, place)
             if environment.key is None:
                 return fresh
             names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
             step_env = {"key": environment.key, "python": environment.python,
-                        "versions": envs.versions(environment, names)}
+                        "versions": self.envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
     def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
@@ -203,7 +203,7 @@ class Judge:
                 return path
             attempt += 1
 
-    def _runs(self, builder: Build, sha: str, done: list[Execution], template: StepContext,
+    def _runs(self, sha: str, done: list[Execution], template: StepContext,
               environment: Environment, place: Place) -> list[Execution]:
         """Build in environment (unless the image holds the build), then scenario runs with template's
         settings until the verdict is decided."""
@@ -218,7 +218,7 @@ class Judge:
         elif not place.build:
             build = BuildResult("image", True, place.summary)
         else:
-            build = builder.prepare(worktree, sha, logs, environment)
+            build = self.builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
             log_path = self._log_path(logs, sha, len(done) + len(fresh))
