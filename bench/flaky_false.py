@@ -47,10 +47,10 @@ def hunt(commits: int, culprit: int, q: float, p: float, learn: bool, seed: int)
                 at = -1 if sha == "old" else shas.index(sha)
                 faulted = rng.random() < q or (at >= culprit and rng.random() < p)
                 verdict = Verdict.BAD if faulted else Verdict.GOOD
-                history.setdefault(sha, []).append(Execution(sha, verdict, "", None, 0.0, None, {}))
+                execution = Execution(sha, verdict, "", None, 0.0, None, {})
+                history.setdefault(sha, []).append(execution)
                 runs += 1
-                step = Step(sha=sha, role=role, round=batch.round, verdict=verdict, reason="", cached=False,
-                            seconds=0.0, log_path=None, build=None)
+                step = Step(role=role, round=batch.round, execution=execution, cached=False)
                 policy.observe(step)
                 landed.append(step)
             try:

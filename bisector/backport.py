@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import CacheUse, RunContext
-from bisector.engine.judge import Judge, keyed_on_environment
+from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
 from bisector.engine.run import run_logs
 from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
@@ -27,8 +27,8 @@ from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_eq
 from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BackportBranch, BackportResult, BranchEntry, Conflict, FixCheck
-from bisector.seams import Scenario
+from bisector.results import BackportBranch, BackportResult, BranchEntry, FixCheck
+from bisector.seams import BuildConfig, Scenario
 from bisector.store import Execution
 from bisector.worktrees import WorktreePool
 from bisector.world import WorldSettings
@@ -52,7 +52,7 @@ class BackportConfig:
     state_dir: Path | None = None
     python: str = "python3"
     repeat: int = 1
-    builder: object = field(default_factory=NoBuild)
+    builder: BuildConfig = field(default_factory=NoBuild)
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
     no_cache: bool = False
     reuse_verdicts: bool = False  # serve a command's verdicts of earlier runs too
@@ -160,8 +160,9 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         if cfg.scenario:
             builder, envs, world = (open_builder(cfg, repo, state_dir), cfg.envs.open(state_dir),
                                     cfg.world.open(repo, state_dir))
-            judges = [(label, keyed_on_environment(Judge(scenario, builder, cfg.timeout, cfg.python, cfg.repeat,
-                                                         envs=envs, world=world)))
+            judges = [(label, Judge(keyed_on_environment(JudgeSpec(scenario, cfg.builder, cfg.timeout, cfg.python,
+                                                                   cfg.repeat, envs=cfg.envs, world=cfg.world)),
+                                    builder, envs, world))
                       for label, scenario in values if scenario]
         else:
             judges = []
@@ -259,8 +260,7 @@ class _BranchChecker:
         entry = BranchEntry(branch=name, tip=tip, pick=pick.status, before=before_verdict, after=after,
                             verdict=decide(pick.status, before_verdict, after, present, bool(masked)),
                             options=self.label, masked=masked if before_verdict == "good" else None,
-                            conflicts=tuple(Conflict(file=c["file"], kind=c["kind"], hunks=tuple(c["hunks"]))
-                                            for c in pick.conflicts),
+                            conflicts=pick.conflicts,
                             picked=pick.sha, target="present" if present else "absent",
                             before_reason=before.reason if before else None, after_reason=after_reason)
         entry = dataclasses.replace(entry, reason=self._reason(entry) + self._pin_moved(entry))
@@ -311,8 +311,8 @@ class _BranchChecker:
             entry.after != entry.before else None
         if change is None:
             return ""
-        name = change["name"].upper()
-        return f"; the pick moves {name} {change['from']} → {change['to']}: the flip may come from {name}"
+        name = change.name.upper()
+        return f"; the pick moves {name} {change.old} → {change.new}: the flip may come from {name}"
 
     def _create_branch(self, name: str, picked: str) -> BackportBranch:
         branch = f"backport/{self.fix[:12]}/{name}"

@@ -26,6 +26,7 @@ from bisector.registry import Option, Registry
 from bisector.seams import BuildConfig, Executor, Verdict
 
 if TYPE_CHECKING:
+    from bisector.engine.judge import Judge, JudgeSpec
     from bisector.store import Execution
     from bisector.worktrees import WorktreePool
 
@@ -86,7 +87,7 @@ class LocalExecutor:
     def start(self, pool: WorktreePool, logs: Path) -> None:
         self.worktrees, self.logs = pool, logs
 
-    def run_step(self, judge, sha: str, done: list) -> Future:
+    def run_step(self, judge: Judge, sha: str, done: list) -> Future:
         """Test sha in a local worktree on the next free slot."""
         cancel = threading.Event()
         future = self.pool.submit(self._on_slot, judge, sha, done, cancel)
@@ -94,7 +95,7 @@ class LocalExecutor:
         future.add_done_callback(lambda f: self.cancels.pop(f, None))
         return future
 
-    def _on_slot(self, judge, sha: str, done: list, cancel: threading.Event) -> list:
+    def _on_slot(self, judge: Judge, sha: str, done: list, cancel: threading.Event) -> list:
         assert self.worktrees is not None, "start() binds the worktree pool before the first step"
         import git
 
@@ -183,11 +184,11 @@ class RayExecutor:
                 num_cpus=1, num_gpus=self.gpus_per_run, max_retries=self.retries, retry_exceptions=False)
         return self.ray
 
-    def run_step(self, judge, sha: str, done: list) -> Future:
+    def run_step(self, judge: Judge, sha: str, done: list) -> Future:
         from bisector.builds.builder import NoBuild
         self._start()
-        judge = dataclasses.replace(judge, builder=self.build or NoBuild())
-        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge)
+        spec = dataclasses.replace(judge.spec, builder=self.build or NoBuild())
+        ref = self.task.remote(self.source, self.cache_dir, sha, done, spec)
         future: Future = Future()
         self.refs[future] = ref
         ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, self.logs))
@@ -296,11 +297,11 @@ def _last_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1]
 
 
-def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judge) -> list:
+def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec: JudgeSpec) -> list:
     """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs.
 
-    The node's clone and build artifacts live under its cache dir; judge.builder holds build
-    settings, opened here against that clone.
+    The node's clone and build artifacts live under its cache dir; spec (the judge's settings) is opened
+    here against that clone.
     """
     import git
     import ray
@@ -320,14 +321,11 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, judg
                     raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: cannot check out "
                                         f"{sha[:12]} from {source}: {_last_line(str(exc.stderr))}") from None
                 return [(skipped, None)]
-            builder = judge.builder.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
-            envs = judge.envs.open(cache / f"{checkout.clone_path.name}-state")
-            world = judge.world.settings.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
+            judge = spec.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
         except (UsageError, ValueError) as exc:
             raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
         # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
-        fresh = dataclasses.replace(judge, builder=builder, envs=envs, world=world).test(
-            checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
+        fresh = judge.test(checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
         return [(execution, _read(execution.log_path)) for execution in fresh]
 
 

@@ -14,6 +14,7 @@ import git
 
 from bisector.errors import GitError
 from bisector.refs import GitRepo
+from bisector.results import Conflict
 from bisector.worktrees import slot_git
 
 CHERRY_PICKED_FROM = re.compile(r"\(cherry picked from commit ([0-9a-f]{7,40})\)")
@@ -36,7 +37,7 @@ class Hunk:
 class PickResult:
     status: str  # clean | conflict | empty
     sha: str | None  # the picked commit when clean
-    conflicts: tuple[dict, ...] = ()  # {"file", "kind", "hunks"} per conflicted path
+    conflicts: tuple[Conflict, ...] = ()  # one per conflicted path
 
 
 def _patch_ids(repo: GitRepo, *log_args: str) -> dict[str, str]:
@@ -178,7 +179,7 @@ def cherry_pick(repo: GitRepo, worktree: Path, fix: str) -> PickResult:
             wt.reset("--hard", "--quiet", tip)
 
 
-def _conflicts(repo: GitRepo, wt: git.Git, fix: str) -> list[dict]:
+def _conflicts(repo: GitRepo, wt: git.Git, fix: str) -> list[Conflict]:
     """Conflicted paths of an unfinished pick with what conflicts in each: the combined diff's
     hunk headers, or the fix's own hunks for a file one side deleted."""
     stages: dict[str, set[str]] = {}
@@ -198,7 +199,7 @@ def _conflicts(repo: GitRepo, wt: git.Git, fix: str) -> list[dict]:
         else:
             fix_hunks = fix_hunks if fix_hunks is not None else diff_hunks(repo, fix)
             hunks = [h.header for h in fix_hunks if h.path == path]
-        conflicts.append({"file": path, "kind": kind, "hunks": hunks})
+        conflicts.append(Conflict(file=path, kind=kind, hunks=tuple(hunks)))
     return conflicts
 
 

@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bisector.results import PinChange
+
 DOCKERFILE = "docker/Dockerfile.rocm_base"
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"  # where the continuation looks when nothing names one
 # name -> (ARG holding the ref, ARG holding the repository URL)
@@ -54,14 +56,15 @@ def pins_at(repo: Path, commit: str) -> dict[str, Pin]:
     return parse_pins(shown.stdout) if shown.returncode == 0 else {}
 
 
-def pin_change(repo: Path, before: str, after: str, name: str = "aiter") -> dict | None:
-    """{"name", "from", "to"} when the commits pin `name` differently (from/to None where unpinned), else
-    None: for the step from the last good commit to the first bad one (or the reverse with --find-fix)."""
+def pin_change(repo: Path, before: str, after: str, name: str = "aiter") -> PinChange | None:
+    """The change when the commits pin `name` differently (old/new None where unpinned; no continuation
+    yet), else None: for the step from the last good commit to the first bad one (or the reverse with
+    --find-fix)."""
     old, new = pins_at(repo, before).get(name), pins_at(repo, after).get(name)
     old_ref, new_ref = (old.ref if old else None), (new.ref if new else None)
     if old_ref == new_ref:
         return None
-    return {"name": name, "from": old_ref, "to": new_ref}
+    return PinChange(name=name, old=old_ref, new=new_ref)
 
 
 def shares_history(dependency_repo: Path, ref_a: str, ref_b: str) -> bool:
@@ -94,14 +97,14 @@ def version_key(tag: str) -> tuple | None:
     return tuple(int(part) for part in match[1].split(".")) + ((int(post[1] or 0) + 1) if post else 0,)
 
 
-def continuation_argv(change: dict, vllm_repo: str, vllm_commit: str, dependency_repo: str,
+def continuation_argv(change: PinChange, vllm_repo: str, vllm_commit: str, dependency_repo: str,
                       options: dict[str, str] | None = None, find_fix: bool = False) -> list[str]:
     """The `bisector run` that continues inside the dependency with vLLM held at vllm_commit: the
     dependency's repository is bisected between the two pins, and the probe loads each dependency
     commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`)."""
-    old, new = change["from"], change["to"]
+    old, new = change.old, change.new
     good, bad = (new, old) if find_fix else (old, new)
-    argv = ["bisector", "run", "--repo", dependency_repo, "--good", good, "--bad", bad,
+    argv: list = ["bisector", "run", "--repo", dependency_repo, "--good", good, "--bad", bad,
             "--scenario", "aiter-mla-probe", "--option", f"vllm_repo={vllm_repo}",
             "--option", f"vllm_ref={vllm_commit}"]
     for key, value in sorted((options or {}).items()):

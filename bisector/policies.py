@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
 
 from bisector.errors import EndpointError, MergeBaseError, UsageError
-from bisector.results import Evidence, FlakyAnswer, MergeBase
+from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
 
@@ -256,8 +256,7 @@ class FlakyPolicy:
         posterior = self.search.posterior()
         ranked = sorted(posterior, key=lambda sha: -posterior[sha])
         found = confidence >= self.settings.model.confidence
-        evidence = {sha: Evidence(runs=seen["runs"], faults=seen["faults"])
-                    for sha, seen in self.search.evidence().items()}
+        evidence = self.search.evidence()
         clean = evidence.get(self.ends.new if self.ends.find_fix else self.ends.old)
         warnings = (f"false failures: the clean end faulted in {clean.faults} of {clean.runs} runs; about "
                     f"{self.search.false_failure_rate():.0%} of runs fault where the fault is not (the "
@@ -291,7 +290,7 @@ class CalibratePolicy:
         if step.verdict in ("bad", "skip"):
             seen[step.verdict] += 1
         if step.verdict == "bad":
-            signature = step.details.get("signature") or step.reason
+            signature = step.execution.signature or step.reason
             seen["signatures"][signature] = seen["signatures"].get(signature, 0) + 1
 
     def wants(self, sha: str) -> bool:

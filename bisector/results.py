@@ -86,6 +86,48 @@ class StepRecord:
 
 
 @dataclass(kw_only=True, frozen=True)
+class JudgedCommit:
+    """One commit judged (`scenario run`): its decided verdict, and whether it was served from the cache."""
+
+    sha: str
+    verdict: str  # a bisector.seams.Verdict
+    reason: str
+    log: str | None
+    seconds: float
+    cached: bool
+    scenario: str  # the verdict cache key
+    cache_key: dict
+    details: dict
+
+    def to_json(self) -> dict:
+        return {"sha": self.sha, "verdict": self.verdict, "reason": self.reason, "log": self.log,
+                "seconds": self.seconds, "cached": self.cached, "scenario": self.scenario,
+                "cache_key": self.cache_key, "details": self.details}
+
+
+@dataclass(kw_only=True, frozen=True)
+class Calibration:
+    """Both ends run afresh (`scenario calibrate`): each end's tally, the reproduction rate, the settings it
+    calls for, the options learned from the good end, and every step."""
+
+    scenario: str  # the verdict cache key
+    runs: int
+    good: dict  # the good end's tally: sha, runs, bad, skip, signatures
+    bad: dict
+    reproduction_rate: float
+    signature: str | None  # the bad end's most frequent failure signature
+    recommendation: str
+    options: dict
+    steps: tuple[StepRecord, ...]
+
+    def to_json(self) -> dict:
+        return {"scenario": self.scenario, "runs": self.runs, "good": self.good, "bad": self.bad,
+                "reproduction_rate": self.reproduction_rate, "signature": self.signature,
+                "recommendation": self.recommendation, "options": self.options,
+                "steps": [step.to_json() for step in self.steps]}
+
+
+@dataclass(kw_only=True, frozen=True)
 class SignatureRecord:
     """Which bad runs were the fault hunted (--signature): any, auto (the signature learned), or a regex."""
 
@@ -160,7 +202,7 @@ class PinChange:
     name: str
     old: str | None  # None: not pinned before
     new: str | None
-    continuation: str
+    continuation: str = ""  # the `bisector run` command line; "" until the follow-up is known
 
     @classmethod
     def from_json(cls, data: Mapping) -> PinChange:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Mapping, Sequence
 
+from bisector.results import Evidence
+
 
 class Term(str, Enum):
     OLD = "old"
@@ -251,8 +253,9 @@ class FlakyBisection:
         """sha cannot be judged (build failure, skip exit): never probe it again."""
         self.skipped.add(self.index[sha])
 
-    def evidence(self) -> dict[str, dict[str, int]]:
-        return {sha: {"runs": self.runs[i], "faults": self.faults[i]}
+    def evidence(self) -> dict[str, Evidence]:
+        """Per commit run at least once: its runs and faults."""
+        return {sha: Evidence(runs=self.runs[i], faults=self.faults[i])
                 for i, sha in enumerate(self.positions) if self.runs[i]}
 
     # -- posterior -------------------------------------------------------------------------------

@@ -6,31 +6,61 @@ from pathlib import Path
 
 from bisector.results import StepRecord
 from bisector.seams import Verdict
+from bisector.store import Execution
 
 
 @dataclass(kw_only=True, frozen=True)
 class Step:
-    """A judged commit as the run sees it land (the policy observes it, the handler shows it)."""
+    """A judged commit as the run sees it land (the policy observes it, the handler shows it): its decided
+    execution, and how the run came by it."""
 
-    sha: str
     role: str  # endpoint | seed | probe
     round: int
-    verdict: Verdict
-    reason: str
+    execution: Execution  # the decided verdict (bisector.engine.judge.Judge.decide)
     cached: bool
-    seconds: float
-    log_path: str | None
-    build: str | None
-    details: dict = field(default_factory=dict)
     cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
     from_earlier_run: bool = False  # cached from a run before this one (not this run nor one it resumes)
-    cause: str | None = None  # why it is no verdict about the commit (bisector.store.CAUSES): not cached
+
+    @property
+    def sha(self) -> str:
+        return self.execution.sha
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.execution.verdict
+
+    @property
+    def reason(self) -> str:
+        return self.execution.reason
+
+    @property
+    def seconds(self) -> float:
+        return self.execution.seconds
+
+    @property
+    def log_path(self) -> str | None:
+        return self.execution.log_path
+
+    @property
+    def build(self) -> str | None:
+        return self.execution.build
+
+    @property
+    def details(self) -> dict:
+        """What a human reads of it."""
+        return self.execution.details
+
+    @property
+    def cause(self) -> str | None:
+        """Why it is no verdict about the commit (bisector.store.CAUSES): not cached."""
+        return self.execution.cause
 
     def record(self) -> StepRecord:
         """The step as results keep it (seconds to the millisecond)."""
-        return StepRecord(sha=self.sha, role=self.role, round=self.round, verdict=self.verdict, reason=self.reason,
-                          cached=self.cached, seconds=round(self.seconds, 3), log=self.log_path, build=self.build,
-                          details={**self.details, **({"cause": self.cause} if self.cause else {})},
+        run = self.execution
+        return StepRecord(sha=run.sha, role=self.role, round=self.round, verdict=run.verdict, reason=run.reason,
+                          cached=self.cached, seconds=round(run.seconds, 3), log=run.log_path, build=run.build,
+                          details={**run.details, **({"cause": run.cause} if run.cause else {})},
                           cache_key=self.cache_key,
                           from_earlier_run=self.from_earlier_run)
 

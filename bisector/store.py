@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from bisector.errors import EXIT_RECORD, BisectorError
 from bisector.seams import Verdict
 
-SCHEMA_VERSION = 3  # PRAGMA user_version of the files this bisector writes
+SCHEMA_VERSION = 4  # PRAGMA user_version of the files this bisector writes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -38,9 +38,12 @@ CREATE TABLE IF NOT EXISTS executions (
     log_path TEXT,
     seconds REAL NOT NULL,
     build TEXT,
-    details TEXT,
+    details TEXT,                     -- JSON: what a human reads of the run (the engine reads none of it)
     recorded REAL NOT NULL,
-    run_id INTEGER                    -- the run that recorded it (NULL: a single judged commit)
+    run_id INTEGER,                   -- the run that recorded it (NULL: a single judged commit)
+    signature TEXT,                   -- the failure signature its scenario gave (NULL: none given)
+    timed_out_after REAL,             -- the timeout it hit (NULL: it did not time out)
+    image_digest TEXT                 -- the digest of the --image it ran in (NULL: no image)
 );
 CREATE INDEX IF NOT EXISTS executions_by_commit ON executions (sha, scenario_key);
 CREATE TABLE IF NOT EXISTS steps (
@@ -99,11 +102,24 @@ def _forget_machine_skips(db: sqlite3.Connection) -> None:
     db.execute("DELETE FROM executions WHERE json_extract(details, '$.machine_unfit')")
 
 
+def _typed_controls(db: sqlite3.Connection) -> None:
+    """Version 4 keeps what the engine reads of an execution in columns: read them out of each older row's
+    details once (the details stay as they were, for humans)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'executions'").fetchone():
+        return  # SCHEMA creates it with the columns
+    _add_columns(db, ("executions", "signature TEXT"), ("executions", "timed_out_after REAL"),
+                 ("executions", "image_digest TEXT"))
+    db.execute("UPDATE executions SET signature = json_extract(details, '$.signature'), "
+               "timed_out_after = json_extract(details, '$.timed_out_after'), "
+               "image_digest = json_extract(details, '$.image.digest') WHERE json_valid(details)")
+
+
 # How a file of schema version N becomes version N + 1 (0: files written before versions were kept).
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: lambda db: None,  # same tables as version 1
     1: lambda db: _add_columns(db, ("runs", "resumed_from INTEGER"), ("executions", "run_id INTEGER")),
     2: _forget_machine_skips,
+    3: _typed_controls,
 }
 # Why a skip is no verdict about the commit (Execution.cause), in words: such an execution is never stored in
 # executions, so never served from the cache; the run that saw it shows it as a step.
@@ -158,7 +174,10 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Execution:
-    """One scenario run on one commit (or a step's decided verdict); stored with its verdict's value."""
+    """One scenario run on one commit (or a step's decided verdict); stored with its verdict's value.
+
+    `details` is what a human reads of it (reports show it); what the engine decides on is typed.
+    """
 
     sha: str
     verdict: Verdict
@@ -169,6 +188,11 @@ class Execution:
     details: dict
     run_id: int | None = None  # the run that recorded it, once stored
     cause: str | None = None  # why it is no verdict about the commit (CAUSES): never stored; None: a verdict
+    signature: str | None = None  # the failure signature its scenario gave (engine.judge.signature_of)
+    timed_out_after: float | None = None  # the timeout it hit: counts only while the timeout is not larger
+    image_digest: str | None = None  # the --image it ran in: part of its verdict cache key
+    different_failure: bool = False  # a bad run judged skip: its signature is not the fault hunted
+    clean_runs: tuple[Execution, ...] = ()  # the good runs a repeated good verdict sums (--repeat N)
 
     @property
     def is_verdict(self) -> bool:
@@ -314,7 +338,8 @@ class Store:
         rows = self.db.execute(f"SELECT * FROM executions WHERE sha = ? AND scenario_key = ? AND id > ?{only} "
                                "ORDER BY id", (sha, scenario_key, after_id, *(runs or ()))).fetchall()
         return [Execution(r["sha"], Verdict(r["verdict"]), r["reason"], r["log_path"], r["seconds"], r["build"],
-                          json.loads(r["details"] or "{}"), r["run_id"]) for r in rows]
+                          json.loads(r["details"] or "{}"), r["run_id"], signature=r["signature"],
+                          timed_out_after=r["timed_out_after"], image_digest=r["image_digest"]) for r in rows]
 
     @_guarded
     def add_execution(self, scenario_key: str, execution: Execution, run_id: int | None = None) -> None:
@@ -323,10 +348,12 @@ class Store:
         if not execution.is_verdict:
             raise ValueError(f"not a verdict about the commit ({execution.cause}): not stored")
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
-                        "build, details, recorded, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "build, details, recorded, run_id, signature, timed_out_after, image_digest) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (execution.sha, scenario_key, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, execution.build,
-                         json.dumps(execution.details), time.time(), run_id))
+                         json.dumps(execution.details), time.time(), run_id, execution.signature,
+                         execution.timed_out_after, execution.image_digest))
 
     def last_execution_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]

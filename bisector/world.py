@@ -117,7 +117,8 @@ class Place:
     slot_env: Mapping[str, str] | None = None  # the slot's variables as the scenario sees them
     build: bool = True  # build the tree as usual (False: the image holds the build)
     summary: str = ""  # added to the step's build line
-    details: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # what a human reads of it (the step's details)
+    image_digest: str | None = None  # the --image the step runs in: part of its verdict cache key
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,7 @@ class World:
             try:
                 yield Place(True, container=container, python=IMAGE_PYTHON, slot_env=inside_gpu_env(slot_env),
                             build=False, summary=f"image {local.ref} ({proof.reason})",
-                            details={"image": {**record, "proof": proof.reason}})
+                            details={"image": {**record, "proof": proof.reason}}, image_digest=local.digest)
             finally:
                 container.cleanup()
 

@@ -13,6 +13,7 @@ import pytest
 
 from bisector import pins
 from bisector.errors import ScenarioError
+from bisector.results import PinChange
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.aiter_mla_probe.demo import write_tree
 from scenarios.base import StepContext, Verdict
@@ -151,7 +152,7 @@ def test_pins_from_git_objects_and_pin_change(repos):
     vllm, shas = repos["vllm"], repos["vllm_shas"]
     assert pins.pins_at(vllm, shas["c0"])["aiter"].ref == "v1.0"
     assert pins.pin_change(vllm, shas["c0"], shas["c1"]) is None
-    assert pins.pin_change(vllm, shas["c1"], shas["c2"]) == {"name": "aiter", "from": "v1.0", "to": "v2.0"}
+    assert pins.pin_change(vllm, shas["c1"], shas["c2"]) == PinChange(name="aiter", old="v1.0", new="v2.0")
     assert pins.pins_at(vllm, "no-such-ref") == {}
 
 
@@ -169,7 +170,7 @@ def test_version_key_orders_post_releases_and_drops_release_candidates():
 
 
 def test_continuation_command_holds_vllm_and_bisects_aiter():
-    change = {"name": "aiter", "from": "v1.0", "to": "v2.0"}
+    change = PinChange(name="aiter", old="v1.0", new="v2.0")
     assert pins.continuation_argv(change, "/src/vllm", "abc123", "/src/aiter", {"arch": "gfx950"}, find_fix=True) == [
         "bisector", "run", "--find-fix", "--repo", "/src/aiter", "--good", "v2.0", "--bad", "v1.0", "--scenario",
         "aiter-mla-probe", "--option", "vllm_repo=/src/vllm", "--option", "vllm_ref=abc123", "--option",
@@ -277,4 +278,4 @@ def test_find_fix_on_gfx950_names_the_pin_bump(repos, tmp_path, cli):
     answer = json.loads((tmp_path / "answer.json").read_text())
     assert result.returncode == 0, result.stdout + result.stderr
     assert answer["first_good"]["sha"] == shas["c2"]
-    assert pins.pin_change(repos["vllm"], shas["c1"], shas["c2"]) == {"name": "aiter", "from": "v1.0", "to": "v2.0"}
+    assert pins.pin_change(repos["vllm"], shas["c1"], shas["c2"]) == PinChange(name="aiter", old="v1.0", new="v2.0")

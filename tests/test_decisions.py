@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bisector.builds.builder import NoBuild
-from bisector.engine.judge import Judge
+from bisector.engine.judge import JudgeSpec
 from bisector.errors import EndpointError
 from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, calibration
 from bisector.results import Evidence, FlakyAnswer, MergeBase
@@ -23,11 +23,13 @@ HSA_FAULT = ("Memory access fault by GPU node-2 (Agent handle: 0x55d5c8a0b1c0) o
 
 
 def run(verdict: str, reason: str = "", seconds: float = 1.0, **details) -> Execution:
-    return Execution("c1", verdict, reason or verdict, f"/logs/{verdict}.log", seconds, "none", details)
+    """An execution as the judge records it: its signature and timeout typed (and in details, for humans)."""
+    return Execution("c1", verdict, reason or verdict, f"/logs/{verdict}.log", seconds, "none", details,
+                     signature=details.get("signature"), timed_out_after=details.get("timed_out_after"))
 
 
-def judge(repeat: int = 1, signature: str = "any", timeout: float | None = None) -> Judge:
-    return Judge(CommandScenario(["true"]), NoBuild(), timeout, "python3", repeat, SignatureRule.parse(signature))
+def judge(repeat: int = 1, signature: str = "any", timeout: float | None = None) -> JudgeSpec:
+    return JudgeSpec(CommandScenario(["true"]), NoBuild(), timeout, "python3", repeat, SignatureRule.parse(signature))
 
 
 # -- Judge.decide -------------------------------------------------------------------------------------
@@ -45,13 +47,14 @@ def test_repeat_needs_that_many_clean_runs_and_sums_them():
     decided = judge(repeat=3).decide(runs)
     assert (decided.verdict, decided.reason, decided.seconds) == ("good", "3 clean runs", 4.5)
     assert decided.details["clean_runs"] == [{"level": 0}, {"level": 1}, {"level": 2}]
+    assert decided.clean_runs == tuple(runs)
     assert judge().decide(runs[:1]) == runs[0]  # one run asked: that run, as it was
 
 
 def test_a_bad_run_of_another_signature_is_a_skip():
     other = run("bad", "ImportError: cannot import name 'x'", signature="ImportError")
     decided = judge(signature="GPU memory").decide([other])
-    assert decided.verdict == "skip" and decided.details["different_failure"] is True
+    assert decided.verdict == "skip" and decided.details["different_failure"] is True and decided.different_failure
     assert decided.reason == "different failure: ImportError (ImportError: cannot import name 'x')"
     hunted = run("bad", "fault", signature="GPU memory access fault")
     assert judge(signature="GPU memory").decide([hunted]) == hunted
@@ -91,8 +94,9 @@ def ends(shas: list[str], find_fix: bool = False, merge_bases: tuple[str, ...] =
 
 
 def step(sha: str, role: str, round_no: int, verdict: str, **details) -> Step:
-    return Step(sha=sha, role=role, round=round_no, verdict=Verdict(verdict), reason=verdict, cached=False, seconds=1.0,
-                log_path=None, build=None, details=details)
+    execution = Execution(sha, Verdict(verdict), verdict, None, 1.0, None, details,
+                          signature=details.get("signature"))
+    return Step(role=role, round=round_no, execution=execution, cached=False)
 
 
 def drive(policy, verdict_of, history: dict | None = None) -> list[Step]:

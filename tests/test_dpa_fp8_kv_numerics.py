@@ -17,7 +17,7 @@ import pytest
 
 from bisector.builds.builder import NoBuild
 from bisector.compile_cache import cache_root
-from bisector.engine.judge import Judge
+from bisector.engine.judge import JudgeSpec
 from bisector.engine.run import calibrate
 from scenarios import create
 from scenarios.base import StepContext, Verdict
@@ -276,11 +276,11 @@ def test_calibrate_learns_the_bounds_from_the_good_ends_clean_pair(tmp_path, nvi
         monkeypatch.setenv(key, value)
     scenario = create(NAME, {**SMALL, "check": "numerics"})
     scenario.system_root = nvidia_root
-    judge = Judge(scenario, NoBuild(), 120, sys.executable)
+    judge = JudgeSpec(scenario, NoBuild(), 120, sys.executable)
     result = calibrate(repo.path, good, bad, judge, runs=1, state_dir=tmp_path / "state")
-    assert result["good"]["bad"] == 0 and result["bad"]["bad"] == 1
-    assert result["signature"] == numerics.SIGNATURE
-    assert result["options"] == {"min_token_agreement": "0.980", "min_topk_overlap": "0.980"}
+    assert result.good["bad"] == 0 and result.bad["bad"] == 1
+    assert result.signature == numerics.SIGNATURE
+    assert result.options == {"min_token_agreement": "0.980", "min_topk_overlap": "0.980"}
 
 
 def test_seeded_weights_are_deterministic_and_checked(tmp_path):

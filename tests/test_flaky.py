@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from bisector.results import Evidence
 from bisector.search import FlakyBisection, FlakyModel, InconsistentVerdicts
 
 pytestmark = pytest.mark.integration
@@ -63,7 +64,7 @@ def test_skips_and_run_limits_take_commits_out_of_play():
     for _ in range(2):
         search.record("c0", False)
     assert set(search.expected_entropies()) == {"old", "c2"}
-    assert search.evidence() == {"c0": {"runs": 2, "faults": 0}}
+    assert search.evidence() == {"c0": Evidence(runs=2, faults=0)}
 
 
 def test_priors_pull_the_first_probe():

@@ -145,13 +145,13 @@ def test_data_parallel_ranks_cannot_talk_without_a_network(make_repo, tmp_path, 
     docker.add_image(expand(TEMPLATE, sha), image_site(sha, 0))
     scenario = create(NAME, {"dp": "2"})
     scenario.system_root = gpu_root
-    from bisector.engine.judge import Judge
+    from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import judge_one
-    judge = Judge(scenario, scenario_build(), 120, sys.executable, world=WorldSettings(ImageSettings(TEMPLATE)))
+    judge = JudgeSpec(scenario, scenario_build(), 120, sys.executable, world=WorldSettings(ImageSettings(TEMPLATE)))
     outcome = judge_one(repo.path, sha, judge, tmp_path / "state")
-    assert outcome["verdict"] == "skip"
-    assert outcome["reason"] == ("dp=2 runs one container per rank and the ranks talk over TCP: give "
-                                 "--container-network host (not cached: the machine, not the commit)")
+    assert outcome.verdict == "skip"
+    assert outcome.reason == ("dp=2 runs one container per rank and the ranks talk over TCP: give "
+                              "--container-network host (not cached: the machine, not the commit)")
 
 
 def scenario_build():

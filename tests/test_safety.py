@@ -19,7 +19,7 @@ import pytest
 
 from bisector.errors import EXIT_RECORD, EXIT_USAGE
 from bisector.seams import Verdict
-from bisector.store import Execution, Store, StoreError
+from bisector.store import SCHEMA_VERSION, Execution, Store, StoreError
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,7 +286,7 @@ def test_record_files_carry_a_schema_version_and_newer_ones_are_refused(make_rep
             "--", *state_is_good)
     assert cli(*args).returncode == 0
     db = sqlite3.connect(state / "bisector.sqlite")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.execute("PRAGMA user_version = 99")
     db.close()

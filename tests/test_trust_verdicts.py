@@ -17,7 +17,7 @@ import pytest
 
 from bisector.process import ProcessResult
 from bisector.seams import StepContext, Verdict
-from bisector.store import Store
+from bisector.store import SCHEMA_VERSION, Store
 from scenarios.command import CommandScenario
 from scenarios.dpa_fp8_kv.child import READY_MARKER
 from scenarios.dpa_fp8_kv.classify import classify
@@ -181,7 +181,7 @@ def test_a_version_1_record_file_gains_the_run_columns(tmp_path):
         first, _ = store.start_run("bisect", "key", {}, 1)
         second, resumed = store.start_run("bisect", "key", {}, 1)
         assert resumed == first and store.lineage(second) == (second, first)
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 # -- item 3: --flaky when good commits fail now and then too ------------------------------------------------
@@ -211,9 +211,9 @@ def flaky_hunt(q: float, p: float, seed: int, commits: int = 30, culprit: int = 
             [(sha, role)] = batch.commits
             at = -1 if sha == "old" else shas.index(sha)
             verdict = Verdict.BAD if rng.random() < q or (at >= culprit and rng.random() < p) else Verdict.GOOD
-            history.setdefault(sha, []).append(Execution(sha, verdict, "", None, 0.0, None, {}))
-            step = Step(sha=sha, role=role, round=batch.round, verdict=verdict, reason="", cached=False,
-                        seconds=0.0, log_path=None, build=None)
+            execution = Execution(sha, verdict, "", None, 0.0, None, {})
+            history.setdefault(sha, []).append(execution)
+            step = Step(role=role, round=batch.round, execution=execution, cached=False)
             policy.observe(step)
             try:
                 batch = batches.send([step])

@@ -79,7 +79,7 @@ def scenario_list() -> None:
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
                  allow_install_into_python, log_limit, env_mode, env_cache_size, world, reuse_verdicts, command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
-    from bisector.engine.judge import Judge
+    from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import judge_one
     from scenarios import create
     from scenarios.command import CommandScenario
@@ -89,11 +89,11 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = Judge(scenario, BuildSettings(build, python, rocm_arch, wheels,
-                                          install_into_python=allow_install_into_python), timeout, python,
-                  envs=EnvSettings(env_mode, python, env_cache_size),
-                  world=world_settings(world, scenario, env_mode, rocm_arch))
-    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit), reuse_verdicts)
+    judge = JudgeSpec(scenario, BuildSettings(build, python, rocm_arch, wheels,
+                                              install_into_python=allow_install_into_python), timeout, python,
+                      envs=EnvSettings(env_mode, python, env_cache_size),
+                      world=world_settings(world, scenario, env_mode, rocm_arch))
+    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit), reuse_verdicts).to_json()
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
@@ -121,7 +121,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
 
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
-    from bisector.engine.judge import Judge
+    from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
     from scenarios import create
     from scenarios.command import CommandScenario
@@ -131,10 +131,10 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = Judge(scenario, build_settings(build, python, rocm_arch, wheels, cache_size)
-                  .allowing_install(allow_install_into_python), timeout, python,
-                  world=world_settings(world, scenario, "shared", rocm_arch))
-    result = calibrate(Path(repo), good, bad, judge, runs, state_dir)
+    judge = JudgeSpec(scenario, build_settings(build, python, rocm_arch, wheels, cache_size)
+                      .allowing_install(allow_install_into_python), timeout, python,
+                      world=world_settings(world, scenario, "shared", rocm_arch))
+    result = calibrate(Path(repo), good, bad, judge, runs, state_dir).to_json()
     if json_file:
         write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
     for end in ("bad", "good"):

@@ -57,7 +57,7 @@ class RunContext:
         (with --image: the digest of the image it ran in); returns fresh."""
         for execution in fresh:
             if execution.is_verdict:
-                key, parts = self.judge.key_for(execution.sha, (execution.details.get("image") or {}).get("digest"))
+                key, parts = self.judge.key_for(execution.sha, execution.image_digest)
                 if key != self.judge.key:
                     self.store.remember_key(key, parts)
                 self.store.add_execution(key, execution, self.run_id)
@@ -68,10 +68,8 @@ class RunContext:
         """Record a decided verdict as this run's step (cached: served from the store, from this run or
         the runs it resumes, else from an earlier run)."""
         earlier = cached and any(run.run_id not in self.own_runs for run in self.history(sha))
-        step = Step(sha=sha, role=role, round=round_no, verdict=execution.verdict, reason=execution.reason,
-                    cached=cached, seconds=execution.seconds, log_path=execution.log_path, build=execution.build,
-                    details=dict(execution.details), cache_key=self.judge.key_parts, from_earlier_run=earlier,
-                    cause=execution.cause)
+        step = Step(role=role, round=round_no, execution=execution, cached=cached,
+                    cache_key=self.judge.key_parts, from_earlier_run=earlier)
         if self.run_id is not None:
             self.store.add_step(self.run_id, len(self.steps), round_no, role, execution, cached)
         self.steps.append(step)

@@ -49,11 +49,10 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     change = pin_change(repo.root, parents[0], culprit) if parents else None
     if change is None:
         return None
-    follow = scenario_follow_up(cfg.scenario, change["name"]) or FollowUp()
-    argv = continuation_argv(change, str(repo.root), culprit, _dependency_source(repo, culprit, change["name"],
-                                                                                   follow),
+    follow = scenario_follow_up(cfg.scenario, change.name) or FollowUp()
+    argv = continuation_argv(change, str(repo.root), culprit, _dependency_source(repo, culprit, change.name, follow),
                              dict(follow.options), cfg.find_fix)
-    return PinChange(name=change["name"], old=change["from"], new=change["to"], continuation=shlex.join(argv))
+    return dataclasses.replace(change, continuation=shlex.join(argv))
 
 
 def scenario_follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
@@ -80,20 +79,24 @@ class LevelPlan:
     chain: tuple[str, ...] = ()  # release tags: old_ref, the tags between in version order, new_ref
 
 
-def plan_level(repo: GitRepo, old_ref: str, new_ref: str, tags: bool, single_old: bool = False) -> LevelPlan | str:
-    """How to bisect old_ref..new_ref of the dependency, or why it cannot be (a sentence). tags: when the
+class NoLevel(Exception):
+    """Why a level inside the dependency cannot be bisected (a sentence): the levels end there."""
+
+
+def plan_level(repo: GitRepo, old_ref: str, new_ref: str, tags: bool, single_old: bool = False) -> LevelPlan:
+    """How to bisect old_ref..new_ref of the dependency, or NoLevel saying why it cannot be. tags: when the
     two share no history and no equivalent is found, test the release tags between them (else give up)."""
     try:
         old, new = repo.resolve(old_ref), repo.resolve(new_ref)
     except GitError as exc:
-        return f"{exc} in {repo.root}"
+        raise NoLevel(f"{exc} in {repo.root}") from None
     if old == new:
-        return f"{old_ref} and {new_ref} are one commit ({old[:12]}): nothing to bisect"
+        raise NoLevel(f"{old_ref} and {new_ref} are one commit ({old[:12]}): nothing to bisect")
     if repo.is_ancestor(old, new):
         return LevelPlan("ancestor", (old_ref,), new_ref)
     if repo.is_ancestor(new, old):
-        return (f"{new_ref} is an ancestor of {old_ref}: the pin moved back, which --follow-pins does not "
-                f"follow (bisect by hand with the ends swapped)")
+        raise NoLevel(f"{new_ref} is an ancestor of {old_ref}: the pin moved back, which --follow-pins does not "
+                      f"follow (bisect by hand with the ends swapped)")
     found = rewritten_equivalent(repo, old, new)
     if found:
         equivalent, how = found
@@ -102,7 +105,8 @@ def plan_level(repo: GitRepo, old_ref: str, new_ref: str, tags: bool, single_old
     if repo.merge_base(old, new):
         return LevelPlan("shared history", (old_ref,), new_ref)
     if not tags:
-        return f"{old_ref} and {new_ref} share no history and {old_ref} has no equivalent in {new_ref}'s history"
+        raise NoLevel(f"{old_ref} and {new_ref} share no history and {old_ref} has no equivalent in "
+                      f"{new_ref}'s history")
     return LevelPlan("release tags", (old_ref,), new_ref, chain=tuple(tag_chain(repo.root, old_ref, new_ref)))
 
 
@@ -193,9 +197,10 @@ def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handl
     levels: list[BisectResult] = []
     parent, old_ref, new_ref, tags_allowed = first.run_id, change.old, change.new, True
     while True:
-        plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky)
-        if isinstance(plan, str):
-            return levels, [f"{'no second level' if not levels else 'the levels end here'}: {plan}"]
+        try:
+            plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky)
+        except NoLevel as why:
+            return levels, [f"{'no second level' if not levels else 'the levels end here'}: {why}"]
         level = PinLevel(number=len(levels) + 2, parent_run=parent, dependency=change.name,
                          repo=str(dependency.root), held_repo=str(repo.root), held_commit=held_commit,
                          held_label=label, old_ref=old_ref, new_ref=new_ref, how=plan.how,

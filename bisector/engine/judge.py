@@ -1,7 +1,6 @@
 """How one checked-out commit gets its verdict: build, then run the scenario until the verdict is decided."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -15,9 +14,11 @@ from pathlib import Path
 from typing import Mapping
 
 from bisector.builds.base import BuildResult
-from bisector.envs import DEFAULT_VERSIONS, Environment, EnvSettings, SharedEnv, worktree_reader
+from bisector.engine.state import open_builder
+from bisector.envs import DEFAULT_VERSIONS, Environment, EnvSettings, worktree_reader
 from bisector.errors import UsageError
 from bisector.redact import redact_json
+from bisector.refs import GitRepo
 from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
 from bisector.signatures import SignatureRule, normalise
 from bisector.store import CAUSES, Execution
@@ -42,35 +43,39 @@ def environment_hash(environ: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]
 
 
-def keyed_on_environment(judge: Judge) -> Judge:
-    """judge, for a scenario whose inputs are not known (a command: its steps inherit this process's
+def keyed_on_environment(spec: JudgeSpec) -> JudgeSpec:
+    """spec, for a scenario whose inputs are not known (a command: its steps inherit this process's
     environment), with that environment in its verdict cache key."""
-    if judge.scenario.inputs_known:
-        return judge
-    return dataclasses.replace(judge, environment=environment_hash(os.environ))
+    if spec.scenario.inputs_known:
+        return spec
+    return dataclasses.replace(spec, environment=environment_hash(os.environ))
 
 
 def signature_of(run: Execution) -> str:
     """The failure signature a scenario gave its run, else its reason normalised."""
-    return run.details.get("signature") or normalise(run.reason)
+    return run.signature or normalise(run.reason)
 
 
 @dataclass(frozen=True)
-class Judge:
-    """How one checked-out commit is judged: build, then run the scenario until its verdict is decided.
-
-    Holds no open resources, so a remote worker can run it too (it is pickled into Ray tasks).
-    """
+class JudgeSpec:
+    """How one checked-out commit is judged, as settings: what the verdict cache key hashes and how runs
+    settle a verdict. Holds no open resources: an executor ships it (pickled into Ray tasks) and opens it
+    where the step runs (`open`)."""
 
     scenario: Scenario
-    builder: Build | BuildConfig  # settings until opened where the step runs
+    builder: BuildConfig  # --build and its options
     timeout: float | None
     python: str
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
-    envs: Environments | EnvSettings = field(default_factory=SharedEnv)  # settings until opened (bisector.envs)
-    world: World | WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env (bisector.envs)
+    world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
     environment: str | None = None  # inputs not known: environment_hash of the driver's (keyed_on_environment)
+
+    def open(self, repo: GitRepo, state_dir: Path) -> Judge:
+        """The judge that tests with these settings on repo, its artifacts and environments under state_dir."""
+        return Judge(self, open_builder(self, repo, state_dir), self.envs.open(state_dir),
+                     self.world.open(repo, state_dir))
 
     @cached_property
     def key_parts(self) -> dict:
@@ -79,29 +84,19 @@ class Judge:
         the world's parts (the image template, the AITER mode); for a scenario whose inputs are not known,
         the environment's hash. Credentials in URLs among them are redacted: the parts are stored and shown."""
         build = self.builder.name if self.scenario.needs_build else "none"
-        envs = self.envs if isinstance(self.envs, EnvSettings) else self.envs.settings
-        return redact_json({**self.scenario.identity(self.python), "build": build, "env": envs.mode,
-                            **self.world.settings.key_parts,
+        return redact_json({**self.scenario.identity(self.python), "build": build, "env": self.envs.mode,
+                            **self.world.key_parts,
                             **({"environment_variables": self.environment} if self.environment else {})})
 
     @property
     def key(self) -> str:
         """The verdict cache key: which question this judge answers (`scenario/hash of key_parts`)."""
-        return self._key(self.key_parts)
+        return self.key_with(self.key_parts)
 
-    def _key(self, parts: dict) -> str:
+    def key_with(self, parts: dict) -> str:
+        """The verdict cache key of parts (`scenario/hash`)."""
         blob = json.dumps(parts, sort_keys=True, default=str)
         return f"{self.scenario.name}/{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
-
-    def key_for(self, sha: str, digest: str | None = None) -> tuple[str, dict]:
-        """The verdict cache key of sha (and its parts): with --image, the image digest is part of it (the
-        one a run recorded, else the one its image has now); without one, `key`."""
-        if digest is None and isinstance(self.world, World):
-            digest = self.world.digest(sha)
-        if digest is None:
-            return self.key, self.key_parts
-        parts = {**self.key_parts, "image_digest": digest}
-        return self._key(parts), parts
 
     def decide(self, runs: list[Execution]) -> Execution | None:
         """The verdict these executions settle: any bad or skip decides; else `repeat` clean runs.
@@ -113,7 +108,8 @@ class Judge:
             if run.verdict == Verdict.BAD and not self.signature.accepts(signature_of(run)):
                 return dataclasses.replace(run, verdict=Verdict.SKIP,
                                            reason=f"different failure: {signature_of(run)} ({run.reason})",
-                                           details={**run.details, "different_failure": True})
+                                           details={**run.details, "different_failure": True},
+                                           different_failure=True)
             if run.verdict in (Verdict.BAD, Verdict.SKIP):
                 return run
         if len(runs) >= self.repeat:
@@ -121,47 +117,81 @@ class Judge:
                 return runs[-1]
             return Execution(runs[-1].sha, Verdict.GOOD, f"{len(runs)} clean runs", runs[-1].log_path,
                              sum(r.seconds for r in runs), runs[-1].build,
-                             {**runs[-1].details, "clean_runs": [r.details for r in runs]})
+                             {**runs[-1].details, "clean_runs": [r.details for r in runs]},
+                             image_digest=runs[-1].image_digest, clean_runs=tuple(runs))
         return None
 
     def _outgrown_timeout(self, run: Execution) -> bool:
-        hit = run.details.get("timed_out_after")
+        hit = run.timed_out_after
         return hit is not None and (self.timeout is None or self.timeout > hit)
 
-    def _opened(self) -> tuple[Build, Environments]:
-        """builder and envs as opened where the step runs (a judge tests only once its settings are opened)."""
-        if not isinstance(self.builder, Build) or not isinstance(self.envs, Environments):
-            raise TypeError("a judge tests only with its build and environments opened")
-        return self.builder, self.envs
+
+@dataclass(frozen=True)
+class Judge:
+    """A JudgeSpec opened where its steps run: its build, environments and world, on one repository and
+    state dir. Tests a checked-out commit; asks its spec for keys and decisions."""
+
+    spec: JudgeSpec
+    builder: Build
+    envs: Environments
+    world: World
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.spec.scenario
+
+    @property
+    def signature(self) -> SignatureRule:
+        return self.spec.signature
+
+    @property
+    def key_parts(self) -> dict:
+        return self.spec.key_parts
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    def decide(self, runs: list[Execution]) -> Execution | None:
+        return self.spec.decide(runs)
+
+    def key_for(self, sha: str, digest: str | None = None) -> tuple[str, dict]:
+        """The verdict cache key of sha (and its parts): with --image, the image digest is part of it (the
+        one a run recorded, else the one its image has now); without one, `key`."""
+        if digest is None:
+            digest = self.world.digest(sha)
+        if digest is None:
+            return self.key, self.key_parts
+        parts = {**self.key_parts, "image_digest": digest}
+        return self.spec.key_with(parts), parts
 
     def test(self, worktree: Path, sha: str, done: list[Execution], logs: Path,
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
         """In the commit's environment and world: build, then run the scenario until sha's verdict is decided;
         new executions only (each records the environment's key and versions under details["env"], and
         the world's under details["image"] or details["aiter"])."""
-        builder, envs = self._opened()
-        world = self.world if isinstance(self.world, World) else _no_world(self.world)
-        with envs.environment(worktree_reader(worktree)) as environment:
+        with self.envs.environment(worktree_reader(worktree)) as environment:
             if not environment.ok:  # not a scenario run: the environment store remembers the commit's failures
                 cause = "machine" if environment.machine_failure else "env"
                 return [_no_verdict(Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                               {"env": {"key": environment.key}}), cause)]
-            with world.enter(StepAt(sha, worktree, logs, slot_env, cancel), environment, self.python) as place:
+            step = StepAt(sha, worktree, logs, slot_env, cancel)
+            with self.world.enter(step, environment, self.spec.python) as place:
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
                     return [Execution(sha, Verdict.SKIP, place.reason, place.log_path, 0.0, place.summary or None,
                                       dict(place.details), cause="world")]
                 stands_on = place.environment or environment
-                template = StepContext(checkout=worktree, log_path=logs, timeout=self.timeout,
+                template = StepContext(checkout=worktree, log_path=logs, timeout=self.spec.timeout,
                                        env={**(place.slot_env if place.slot_env is not None else slot_env),
                                             **stands_on.env},
-                                       python=place.python or stands_on.python or self.python, cancel=cancel,
+                                       python=place.python or stands_on.python or self.spec.python, cancel=cancel,
                                        container=place.container)
-                fresh = self._runs(builder, sha, done, template, stands_on, place)
+                fresh = self._runs(sha, done, template, stands_on, place)
             if environment.key is None:
                 return fresh
             names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
             step_env = {"key": environment.key, "python": environment.python,
-                        "versions": envs.versions(environment, names)}
+                        "versions": self.envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
     def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
@@ -173,7 +203,7 @@ class Judge:
                 return path
             attempt += 1
 
-    def _runs(self, builder: Build, sha: str, done: list[Execution], template: StepContext,
+    def _runs(self, sha: str, done: list[Execution], template: StepContext,
               environment: Environment, place: Place) -> list[Execution]:
         """Build in environment (unless the image holds the build), then scenario runs with template's
         settings until the verdict is decided."""
@@ -188,12 +218,13 @@ class Judge:
         elif not place.build:
             build = BuildResult("image", True, place.summary)
         else:
-            build = builder.prepare(worktree, sha, logs, environment)
+            build = self.builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
             log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
             cause: str | None
+            timed_out_after: float | None = None
             if not build.ok:  # not a scenario run: the builder remembers its own failures
                 outcome_verdict, reason, log, cause = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path, "build"
@@ -205,9 +236,11 @@ class Judge:
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
                 details = dict(outcome.details)
                 if details.pop("timed_out", False):
-                    details["timed_out_after"] = self.timeout
+                    timed_out_after = details["timed_out_after"] = self.spec.timeout
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                               summary, {**place.details, **details}), cause))
+                                               summary, {**place.details, **details},
+                                               signature=details.get("signature"), timed_out_after=timed_out_after,
+                                               image_digest=place.image_digest), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:
@@ -224,20 +257,6 @@ def _no_verdict(execution: Execution, cause: str | None) -> Execution:
         return execution
     note = f" (not cached: {CAUSES['machine']})" if cause == "machine" else ""
     return dataclasses.replace(execution, reason=execution.reason + note, cause=cause)
-
-
-class _MachineAsItIs:
-    """The world when nothing is asked of it (no --image, --aiter any): the machine as it is."""
-
-    @contextlib.contextmanager
-    def enter(self, *args, **kwargs):
-        yield Place(True)
-
-
-def _no_world(settings: WorldSettings) -> _MachineAsItIs:
-    if settings != WorldSettings():
-        raise RuntimeError("world settings are opened (WorldSettings.open) before a step runs")
-    return _MachineAsItIs()
 
 
 def signature_rule(text: str) -> SignatureRule:

@@ -14,7 +14,7 @@ from bisector.blame import blame_fix, blame_reverse
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import AS_ASKED, CacheUse, RunContext
 from bisector.engine.follow import follow_pins, pin_follow_up, stopped_level
-from bisector.engine.judge import Judge, keyed_on_environment, signature_rule
+from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import AbortError, EndpointError, GitError, MergeBaseError, UsageError
@@ -22,7 +22,7 @@ from bisector.executor import LocalExecutor
 from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import ANSWERED, BisectResult, PrefilterRecord, end_json
+from bisector.results import ANSWERED, BisectResult, Calibration, JudgedCommit, PrefilterRecord, end_json
 from bisector.seams import LearnsOptions, Scenario
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seeding import SeedPlan, plan_seeds
@@ -88,10 +88,11 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
     with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store):
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
-        judge = keyed_on_environment(Judge(cfg.scenario, builder, cfg.timeout, cfg.python,
-                                           1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
-                                           signature_rule(cfg.signature or cfg.scenario.default_signature),
-                                           cfg.envs.open(state_dir), world))
+        spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python,
+                                              1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                                              signature_rule(cfg.signature or cfg.scenario.default_signature),
+                                              cfg.envs, cfg.world))
+        judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
         world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
         params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
                   "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
@@ -232,39 +233,37 @@ def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str
 
 
 @contextlib.contextmanager
-def single_commit_context(repo: GitRepo, state_dir: Path | None, judge: Judge,
+def single_commit_context(repo: GitRepo, state_dir: Path | None, spec: JudgeSpec,
                           log_limit: int = DEFAULT_LOG_LIMIT, cache: CacheUse = AS_ASKED) -> Iterator[RunContext]:
-    """A RunContext on one local slot and no run row, for judging single commits; judge.builder holds
-    build settings (e.g. NoBuild, BuildSettings), opened here on the repository. Without a run row a
-    scenario whose inputs are not known is served no stored verdict unless cache.reuse_verdicts."""
+    """A RunContext on one local slot and no run row, for judging single commits; spec is opened here on
+    the repository. Without a run row a scenario whose inputs are not known is served no stored verdict
+    unless cache.reuse_verdicts."""
     with open_state(repo, state_dir, log_limit=log_limit) as (state_dir, pool, store):
         executor = LocalExecutor([{}])
         try:
             executor.start(pool, state_dir / "logs")
-            judge = dataclasses.replace(judge, builder=open_builder(judge, repo, state_dir),
-                                        envs=judge.envs.open(state_dir),
-                                        world=judge.world.settings.open(repo, state_dir))
-            yield RunContext(store, judge, executor, cache=cache)
+            yield RunContext(store, spec.open(repo, state_dir), executor, cache=cache)
         finally:
             GROUPS.stop()
             executor.shutdown()
 
 
-def judge_one(repo_path: Path, ref: str, judge: Judge, state_dir: Path | None = None,
-              log_limit: int = DEFAULT_LOG_LIMIT, reuse_verdicts: bool = False) -> dict:
+def judge_one(repo_path: Path, ref: str, spec: JudgeSpec, state_dir: Path | None = None,
+              log_limit: int = DEFAULT_LOG_LIMIT, reuse_verdicts: bool = False) -> JudgedCommit:
     """Judge a single commit (through the verdict cache; a command's stored verdicts only with
     reuse_verdicts); returns the outcome."""
     repo = GitRepo(repo_path)
     sha = repo.resolve(ref)
-    with single_commit_context(repo, state_dir, keyed_on_environment(judge), log_limit,
+    with single_commit_context(repo, state_dir, keyed_on_environment(spec), log_limit,
                                CacheUse(reuse_verdicts=reuse_verdicts)) as ctx:
         execution, cached = ctx.verdict(sha)
-    return {"sha": sha, "verdict": execution.verdict, "reason": execution.reason,
-            "log": execution.log_path, "seconds": round(execution.seconds, 3), "cached": cached,
-            "scenario": ctx.judge.key, "cache_key": ctx.judge.key_parts, "details": execution.details}
+    return JudgedCommit(sha=sha, verdict=execution.verdict, reason=execution.reason, log=execution.log_path,
+                        seconds=round(execution.seconds, 3), cached=cached, scenario=ctx.judge.key,
+                        cache_key=ctx.judge.key_parts, details=execution.details)
 
 
-def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, state_dir: Path | None = None) -> dict:
+def calibrate(repo_path: Path, good: str, bad: str, spec: JudgeSpec, runs: int,
+              state_dir: Path | None = None) -> Calibration:
     """Run both ends `runs` times afresh (each run recorded) and report the reproduction rate and the
     settings it calls for."""
     repo = GitRepo(repo_path)
@@ -272,9 +271,9 @@ def calibrate(repo_path: Path, good: str, bad: str, judge: Judge, runs: int, sta
     if good_sha == bad_sha:
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
     policy = CalibratePolicy(good_sha, bad_sha, runs)
-    with single_commit_context(repo, state_dir, keyed_on_environment(judge)) as ctx:
+    with single_commit_context(repo, state_dir, keyed_on_environment(spec)) as ctx:
         ctx.drive(policy)
-    learned = judge.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
-        if isinstance(judge.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end
-    return {"scenario": ctx.judge.key, "runs": runs, **policy.answer()[1], "options": learned,
-            "steps": [step.record().to_json() for step in ctx.steps]}
+    learned = spec.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
+        if isinstance(spec.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end
+    return Calibration(scenario=ctx.judge.key, runs=runs, **policy.answer()[1], options=learned,
+                       steps=tuple(step.record() for step in ctx.steps))
