@@ -117,6 +117,8 @@ class Scenario(Protocol):
     # verdicts are reused only by the run that recorded them (and its resumptions), or on request
     # (`--reuse-verdicts`, the environment then in the key); True: identity() names every input.
     inputs_known: ClassVar[bool]
+    runs_in_images: ClassVar[bool]  # True: it starts its processes through ctx.container (--image)
+    aiter_sensitive: ClassVar[bool]  # True: its verdict depends on AITER (--aiter defaults to installed)
 
     @property
     def gpus_per_run(self) -> int: ...
@@ -223,7 +225,8 @@ class Build(Protocol):
 class BuildConfig(Protocol):
     """Build settings (`--build` and its options): pickled into Ray tasks, opened where steps run."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def open(self, repo: GitRepo, state_dir: Path) -> Build: ...
 

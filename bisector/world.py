@@ -49,6 +49,7 @@ from bisector.process import run_process
 
 if TYPE_CHECKING:
     from bisector.refs import GitRepo
+    from bisector.seams import Scenario
 
 AITER_MODES = ("pinned", "installed", "any")
 # Relative costs the search weighs (a compile costs 1.0, bisector.builds.base): an image here costs
@@ -86,13 +87,15 @@ class WorldSettings:
                                            else "")
         return parts
 
-    def check(self, scenario, env_mode: str, executor: str = "local") -> None:
-        """UsageError for combinations that cannot work."""
+    def check(self, scenario: Scenario | None, env_mode: str, executor: str = "local") -> None:
+        """UsageError for combinations that cannot work (scenario None: `backport` without one)."""
         if self.aiter not in AITER_MODES:
             raise UsageError(f"--aiter {self.aiter!r}: one of {', '.join(AITER_MODES)}")
         if self.image is None:
             return
-        if not getattr(scenario, "runs_in_images", False):
+        if scenario is None:
+            raise UsageError("--image runs a scenario")
+        if not scenario.runs_in_images:
             raise UsageError(f"scenario {scenario.name} cannot run inside an image (it judges the checkout on "
                              f"this machine); --image is for the command scenario and dpa-fp8-kv-graph-capture")
         if env_mode != "shared":

@@ -29,7 +29,7 @@ class BaseScenario(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     needs_build: ClassVar[bool] = True
-    option_defaults: ClassVar[dict[str, str]] = {}
+    option_defaults: ClassVar[Mapping[str, str]] = {}
     default_signature: ClassVar[str] = "any"  # --signature when not given: any | auto | a regex
     env_versions: ClassVar[tuple[str, ...]] = ("torch", "transformers")  # recorded per step (--env per-commit)
     runs_in_images: ClassVar[bool] = False  # True: it starts its processes through ctx.container (--image)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+from typing import Any, NoReturn, Sequence
 
 import click
 
@@ -40,9 +41,12 @@ class BisectorGroup(click.Group):
     """The commands of COMMANDS, each imported when asked for; turns every BisectorError and click usage error
     into its one line and exit code, and an interrupt into 130."""
 
-    def main(self, args=None, prog_name=None, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> NoReturn:
+        """Run the command given in args and exit; always standalone, in the group's own way (standalone_mode is
+        taken for click's signature only)."""
         try:
-            code = super().main(args, prog_name, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as exc:
             from bisector.redact import redact
 

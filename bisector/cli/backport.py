@@ -24,7 +24,6 @@ from bisector.cli.options import (
     world_settings,
     write_output,
 )
-from bisector.cli.progress import BackportProgress
 from bisector.envs import EnvSettings
 from bisector.errors import (
     UsageError,
@@ -64,6 +63,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     from bisector import report
     from bisector.backport import BackportConfig, run_backport
+    from bisector.cli.backport_progress import BackportProgress
     from scenarios import create
     from scenarios.command import CommandScenario
 

@@ -6,6 +6,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -19,6 +20,10 @@ from bisector.errors import (
 from bisector.executor import checked_git_source
 from bisector.redact import redact_all
 from bisector.registry import Registry
+
+if TYPE_CHECKING:
+    from bisector.seams import Scenario
+    from bisector.world import WorldSettings
 
 
 class RegistryChoice(click.Choice):
@@ -262,9 +267,10 @@ def world_options(command):
     return with_world
 
 
-def world_settings(world: dict, scenario, env_mode: str, rocm_arch: str | None = None, executor: str = "local"):
-    """The world options as bisector.world.WorldSettings, checked against the scenario and the other options
-    (UsageError in one line)."""
+def world_settings(world: dict, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
+                   executor: str = "local") -> WorldSettings:
+    """The world options as bisector.world.WorldSettings, checked against the scenario (None: `backport`
+    without one) and the other options (UsageError in one line)."""
     from bisector.aiter import DEFAULT_AITER_CACHE_SIZE, AiterSettings
     from bisector.images import DEFAULT_IMAGE_CACHE_SIZE, DEFAULT_NETWORK, ImageSettings, check_template
     from bisector.world import WorldSettings
@@ -289,7 +295,8 @@ def world_settings(world: dict, scenario, env_mode: str, rocm_arch: str | None =
         image = ImageSettings(check_template(world["image"]), world["container_runtime"] or "docker",
                               world["image_fallback"] or "skip", world["container_network"] or DEFAULT_NETWORK,
                               cache)
-    aiter = world["aiter"] or ("installed" if getattr(scenario, "aiter_sensitive", False) and not image else "any")
+    aiter_sensitive = scenario is not None and scenario.aiter_sensitive
+    aiter = world["aiter"] or ("installed" if aiter_sensitive and not image else "any")
     settings = WorldSettings(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
                                                         bool(world["aiter_prebuild"]), world["aiter_repo"],
                                                         rocm_arch))

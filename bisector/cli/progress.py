@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bisector.redact import redact
-from bisector.results import BranchEntry
 from bisector.steps import Handler, Step
 
 if TYPE_CHECKING:
@@ -111,15 +110,3 @@ class ProgressHandler(Handler):
             lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
         return f"{phase}: {lines[-1][:200]}" if lines else f"{phase}: (no output yet)"
 
-
-class BackportProgress:
-    """One line per branch on stderr as its verdict lands."""
-
-    def checking(self, branch: str, tip: str) -> None:
-        console.print(f"  checking {branch} ({tip[:12]}) …", style="dim")
-
-    def checked(self, entry: BranchEntry) -> None:
-        colour = "green" if entry.settled else "red"
-        at = f" at {entry.options}" if entry.options else ""
-        console.print(f"{escape(entry.branch)}{escape(at)}: [{colour}]{entry.verdict}[/{colour}] "
-                      f"({escape(entry.reason)})")

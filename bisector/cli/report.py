@@ -55,7 +55,7 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
             row = store.run(run_id) if int(run_id) <= SQLITE_MAX_INTEGER else None
             if row is None:
                 raise UsageError(f"no run {run_id} in {store.path}")
-        text = report.render(row, fmt, pr_url_template)
+        text = report.render(dict(row), fmt, pr_url_template)
     finally:
         store.close()
     if output:

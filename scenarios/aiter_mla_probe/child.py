@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig, judge
 
@@ -157,7 +158,7 @@ class Probe:
                                       f"probe made up ({self._aiter_failures() or 'no module failed'})")
                 if inspect.isfunction(value) and value.__module__ == function.__module__:
                     pending.append(value)
-        dtypes = sys.modules.get("aiter").dtypes
+        dtypes = sys.modules["aiter"].dtypes
         on_path = {dtypes.__name__, *_imported_modules(dtypes)}
         failed = sorted(set(self.importer.failures) & on_path)
         if failed:
@@ -356,7 +357,8 @@ def _calls_quant(body: list[ast.stmt]) -> bool:
     for statement in body:
         for node in ast.walk(statement):
             if isinstance(node, ast.Call):
-                name = getattr(node.func, "attr", None) or getattr(node.func, "id", "")
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
                 if "quant" in name:
                     return True
     return False
@@ -430,7 +432,8 @@ def _cpu():
     return torch.device("cpu")
 
 
-def _is_real_class(obj) -> bool:
+def _is_real_class(obj: object) -> TypeGuard[type[Any]]:
+    """A class the checkout's code defines (not a placeholder the probe made)."""
     return isinstance(obj, type) and not obj.__dict__.get("_is_placeholder")
 
 

@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 import types
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -59,11 +59,11 @@ def answer_hardware_queries(config: ProbeConfig) -> None:
         name=DEVICE_NAMES[config.arch], gcnArchName=f"{config.arch}:sramecc+:xnack-",
         multi_processor_count=config.cu_num, major=major, minor=minor,
         total_memory=DEVICE_MEMORY[config.arch], warp_size=64)
-    torch.cuda.get_device_properties = lambda device=None: properties
-    torch.cuda.get_device_name = lambda device=None: properties.name
-    torch.cuda.get_device_capability = lambda device=None: (major, minor)
-    torch.cuda.current_device = lambda: 0
-    torch.cuda.device_count = lambda: 1
+    # torch.cuda's own functions replaced in its namespace: the stand-ins answer as duck types
+    vars(torch.cuda).update(get_device_properties=lambda device=None: properties,
+                            get_device_name=lambda device=None: properties.name,
+                            get_device_capability=lambda device=None: (major, minor),
+                            current_device=lambda: 0, device_count=lambda: 1)
 
 
 def aiter_stand_in(config: ProbeConfig, sizing: Callable) -> StandIn:
@@ -76,8 +76,7 @@ def aiter_stand_in(config: ProbeConfig, sizing: Callable) -> StandIn:
 
     def fill(module: types.ModuleType) -> None:
         if module.__name__ == "aiter":
-            module.dtypes = dtypes
-            module.get_mla_metadata_info_v1 = sizing
+            vars(module).update(dtypes=dtypes, get_mla_metadata_info_v1=sizing)
         elif module.__name__ == "aiter.dtypes":
             module.__dict__.update(vars(dtypes))
     return fill
@@ -89,13 +88,12 @@ def aiter_source_stand_ins(config: ProbeConfig, sizing: Callable) -> dict[str, S
     from), the hardware queries of `aiter.jit.utils.chip_info`, and `aiter.jit.core`'s JIT builder."""
     def package(module: types.ModuleType) -> None:
         if module.__name__ == "aiter":
-            module.get_mla_metadata_info_v1 = sizing
+            vars(module).update(get_mla_metadata_info_v1=sizing)
 
     def chip_info(module: types.ModuleType) -> None:
-        module.get_gfx = module.get_gfx_runtime = lambda: config.arch
-        module.get_gfx_list = lambda: [config.arch]
-        module.get_cu_num = lambda: config.cu_num
-        module.get_device_name = lambda: DEVICE_NAMES[config.arch].rpartition(" ")[2]
+        vars(module).update(get_gfx=lambda: config.arch, get_gfx_runtime=lambda: config.arch,
+                            get_gfx_list=lambda: [config.arch], get_cu_num=lambda: config.cu_num,
+                            get_device_name=lambda: DEVICE_NAMES[config.arch].rpartition(" ")[2])
 
     def jit_core(module: types.ModuleType) -> None:
         def compile_ops(*args, **kwargs):
@@ -105,8 +103,7 @@ def aiter_source_stand_ins(config: ProbeConfig, sizing: Callable) -> dict[str, S
                 compiled.__name__ = function.__name__
                 return compiled
             return decorate
-        module.compile_ops = compile_ops
-        module.is_experimental_enabled = _aiter_experimental_enabled
+        vars(module).update(compile_ops=compile_ops, is_experimental_enabled=_aiter_experimental_enabled)
     return {"aiter": package, "aiter.jit.utils.chip_info": chip_info, "aiter.jit.core": jit_core}
 
 
@@ -164,7 +161,7 @@ class PlatformProxy:
 def platforms_stand_in(proxy: PlatformProxy) -> StandIn:
     """`vllm.platforms` (and over its source submodules): current_platform is proxy."""
     def fill(module: types.ModuleType) -> None:
-        module.current_platform = proxy
+        vars(module).update(current_platform=proxy)
     return fill
 
 
@@ -183,45 +180,48 @@ def checkout_platform(config: ProbeConfig):
         rocm = importlib.import_module("vllm.platforms.rocm")
     except Exception as exc:  # noqa: BLE001 - the checkout's code, any failure
         return None, f"vllm.platforms.rocm: {type(exc).__name__}: {exc}"
-    rocm_cls = getattr(rocm, "RocmPlatform", None)
-    if not isinstance(rocm_cls, type) or issubclass(rocm_cls, Placeholder):
+    rocm_cls = loadable_class(rocm, "RocmPlatform")
+    if rocm_cls is None:
         return None, "vllm/platforms/rocm.py defines no loadable RocmPlatform"
     major, minor = CAPABILITIES[config.arch]
-    capability_cls = getattr(sys.modules.get("vllm.platforms.interface"), "DeviceCapability", None)
-    if isinstance(capability_cls, type) and not issubclass(capability_cls, Placeholder):
+    capability_cls = loadable_class(sys.modules.get("vllm.platforms.interface"), "DeviceCapability")
+    if capability_cls is not None:
         capability = capability_cls(major=major, minor=minor)
     else:
         capability = types.SimpleNamespace(major=major, minor=minor, to_int=lambda: major * 10 + minor)
     fp8 = fp8_dtype(config.arch)
 
-    class ProbedRocmPlatform(rocm_cls):
-        """The checkout's RocmPlatform; only its hardware queries are the probe's."""
+    def get_device_capability(cls, device_id=0):
+        return capability
 
-        @classmethod
-        def get_device_capability(cls, device_id=0):
-            return capability
+    def get_device_name(cls, device_id=0):
+        return DEVICE_NAMES[config.arch]
 
-        @classmethod
-        def get_device_name(cls, device_id=0):
-            return DEVICE_NAMES[config.arch]
+    def num_compute_units(cls, device_id=0):
+        return config.cu_num
 
-        @classmethod
-        def num_compute_units(cls, device_id=0):
-            return config.cu_num
+    def supports_fp8(cls):
+        return True
 
-        @classmethod
-        def supports_fp8(cls):
-            return True
+    def is_fp8_fnuz(cls):
+        return config.arch == "gfx942"
 
-        @classmethod
-        def is_fp8_fnuz(cls):
-            return config.arch == "gfx942"
+    def fp8_dtype_of(cls):
+        return fp8
 
-        @classmethod
-        def fp8_dtype(cls):
-            return fp8
-    ProbedRocmPlatform.__qualname__ = ProbedRocmPlatform.__name__ = rocm_cls.__name__
-    return ProbedRocmPlatform(), None
+    hardware = {"get_device_capability": get_device_capability, "get_device_name": get_device_name,
+                "num_compute_units": num_compute_units, "supports_fp8": supports_fp8, "is_fp8_fnuz": is_fp8_fnuz,
+                "fp8_dtype": fp8_dtype_of}
+    # The checkout's RocmPlatform, subclassed under its own name; only its hardware queries are the probe's.
+    probed = types.new_class(rocm_cls.__name__, (rocm_cls,), exec_body=lambda namespace: namespace.update(
+        {name: classmethod(query) for name, query in hardware.items()}))
+    return probed(), None
+
+
+def loadable_class(module: object, name: str) -> type[Any] | None:
+    """module's class called name, when the checkout's code defines one (not a placeholder); else None."""
+    found = getattr(module, name, None)
+    return found if isinstance(found, type) and not issubclass(found, Placeholder) else None
 
 
 def stand_in_platform(config: ProbeConfig) -> Placeholder:
@@ -257,12 +257,13 @@ def distributed_stand_in() -> StandIn:
     group = Section("process_group", world_size=1, rank_in_group=0, rank=0, local_rank=0)
 
     def fill(module: types.ModuleType) -> None:
-        module.get_dcp_world_size_and_rank = module.get_pcp_world_size_and_rank = lambda enabled=True: (1, 0)
+        vars(module).update(get_dcp_world_size_and_rank=lambda enabled=True: (1, 0),
+                            get_pcp_world_size_and_rank=lambda enabled=True: (1, 0),
+                            get_tensor_model_parallel_world_size=lambda: 1,
+                            get_tensor_model_parallel_rank=lambda: 0)
         for name in ("get_tp_group", "get_dp_group", "get_pp_group", "get_dcp_group", "get_pcp_group",
                      "get_ep_group", "get_world_group"):
             setattr(module, name, lambda: group)
-        module.get_tensor_model_parallel_world_size = lambda: 1
-        module.get_tensor_model_parallel_rank = lambda: 0
     return fill
 
 
@@ -283,7 +284,7 @@ def vllm_config(config: ProbeConfig) -> Section:
         q_lora_rank=Q_LORA_RANK, kv_lora_rank=KV_LORA_RANK, qk_nope_head_dim=QK_NOPE_HEAD_DIM,
         qk_rope_head_dim=QK_ROPE_HEAD_DIM, v_head_dim=V_HEAD_DIM,
         qk_head_dim=QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM, kv_cache_dtype=config.kv_cache_dtype)
-    cudagraph_mode = Section("vllm_config.compilation_config.cudagraph_mode",
+    cudagraph_mode: Section = Section("vllm_config.compilation_config.cudagraph_mode",
                              has_full_cudagraphs=lambda: True, decode_mode=lambda: cudagraph_mode,
                              mixed_mode=lambda: cudagraph_mode, name="FULL_AND_PIECEWISE")
     return Section(
@@ -325,6 +326,5 @@ def impl_arguments(config: ProbeConfig) -> dict:
 def config_stand_in(config: Section) -> StandIn:
     """`vllm.config`: the configuration is the probe's input, so the current config is config."""
     def fill(module: types.ModuleType) -> None:
-        module.get_current_vllm_config = lambda: config
-        module.get_current_vllm_config_or_none = lambda: config
+        vars(module).update(get_current_vllm_config=lambda: config, get_current_vllm_config_or_none=lambda: config)
     return fill

@@ -23,7 +23,7 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Literal, Mapping
 
 StandIn = Callable[[types.ModuleType], None]  # fills a stand-in module's attributes
 
@@ -161,7 +161,7 @@ class Placeholder(metaclass=_PlaceholderMeta):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         return False
 
     def __repr__(self) -> str:
@@ -199,7 +199,7 @@ def _missing_attribute(module: types.ModuleType, name: str):
 
 def make_permissive(module: types.ModuleType) -> None:
     """Give module a PEP 562 `__getattr__` that answers unknown names with placeholder classes."""
-    module.__getattr__ = lambda name: _missing_attribute(module, name)
+    vars(module)["__getattr__"] = lambda name: _missing_attribute(module, name)
 
 
 ALSO_REAL = ("packaging",)  # pure-Python version parsing; the probe extra installs it
@@ -221,8 +221,8 @@ def available_top_levels() -> set[str]:
             continue
         names.add(name.replace("-", "_"))
         names.update((dist.read_text("top_level.txt") or "").split())
-        pending += [re.match(r"[A-Za-z0-9._-]+", req).group(0)
-                    for req in dist.requires or [] if "extra ==" not in req]
+        pending += [match.group(0) for req in dist.requires or []
+                    if "extra ==" not in req and (match := re.match(r"[A-Za-z0-9._-]+", req))]
     return names
 
 
@@ -325,10 +325,13 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         spec = module.__spec__
+        assert spec is not None, "the import system runs exec_module on the module made from our spec"
         if spec.loader_state == "stand-in":
-            self.stand_ins[self._stand_in(spec.name)](module)
+            owner = self._stand_in(spec.name)
+            assert owner is not None, "find_spec makes a stand-in spec only for a name a stand-in owns"
+            self.stand_ins[owner](module)
             if spec.name in self.source_below:
-                module.__getattr__ = self._reexports(module)
+                vars(module)["__getattr__"] = self._reexports(module)
                 return
         elif spec.loader_state == "stub":
             self.stubbed.append(spec.name)

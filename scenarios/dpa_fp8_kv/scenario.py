@@ -30,7 +30,7 @@ from scenarios.dpa_fp8_kv.environment import (
 from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
 from scenarios.dpa_fp8_kv.model import ModelError, prepare_model
-from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, parse_options
+from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, Options, parse_options
 from scenarios.dpa_fp8_kv.plan import CUDA_ENV, Launch, build_plan, step_devices
 
 
@@ -151,14 +151,17 @@ class DpaFp8KvScenario(BaseScenario):
             # A private copy, so the child's sys.path[0] holds nothing but itself.
             child_script = Path(shutil.copy(child.__file__, work / "child.py"))
             # in an image, vLLM is the image's own build: the checkout is not put on PYTHONPATH
-            common = dict(platform=platform, platform_env={**platform_env, **caches}, python=ctx.python,
-                          child_script=child_script, model_dir=model.path,
-                          checkout=None if container else ctx.checkout, devices=devices, base_env=env,
-                          timeout=ctx.timeout, load_format=model.load_format)
-            launches = build_plan(settings, master_port=_free_port(), **common)
+
+            def plan(options: Options, first_rank: int = 0) -> list[Launch]:
+                return build_plan(options, platform=platform, platform_env={**platform_env, **caches},
+                                  python=ctx.python, child_script=child_script, model_dir=model.path,
+                                  checkout=None if container else ctx.checkout, devices=devices, base_env=env,
+                                  master_port=_free_port(), timeout=ctx.timeout, load_format=model.load_format,
+                                  first_rank=first_rank)
+
+            launches = plan(settings)
             # check=numerics: the reference engine runs beside the one under test, on the same GPUs.
-            references = build_plan(reference, master_port=_free_port(), first_rank=len(launches),
-                                    **common) if compared else []
+            references = plan(reference, first_rank=len(launches)) if compared else []
             mounts = [work, model.path, root] if container else []
             started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
                                                                            mounts=mounts), env=dict(os.environ))
@@ -283,11 +286,12 @@ def _numerics_verdict(settings, backend: str, reference, reference_name: str, pl
         return Verdict.SKIP, f"numerics: {exc}", {"reference": about}, []
     agrees, reason = numerics.judge(comparison, settings.min_token_agreement, settings.min_topk_overlap,
                                     backend, reference_name)
-    extra = {"reference": about,
-             "numerics": {**comparison.summary(), "min_token_agreement": settings.min_token_agreement,
-                          "min_topk_overlap": settings.min_topk_overlap,
-                          "disagreeing": len(comparison.disagreeing(settings.min_topk_overlap)),
-                          "worst": comparison.worst(), "per_sequence": comparison.sequences}}
+    extra: dict[str, object] = {
+        "reference": about,
+        "numerics": {**comparison.summary(), "min_token_agreement": settings.min_token_agreement,
+                     "min_topk_overlap": settings.min_topk_overlap,
+                     "disagreeing": len(comparison.disagreeing(settings.min_topk_overlap)),
+                     "worst": comparison.worst(), "per_sequence": comparison.sequences}}
     if not agrees:
         extra["signature"] = numerics.SIGNATURE
     return (Verdict.GOOD if agrees else Verdict.BAD), reason, extra, \
