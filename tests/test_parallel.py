@@ -74,7 +74,7 @@ class _Launches(Handler):
 
 def test_result_deciding_the_answer_kills_the_running_step(make_repo, tmp_path,
                                                            deciding_answer_kills_the_rest, pid_alive,
-                                                           script_scenario):
+                                                           script_scenario, wait_for):
     repo = make_repo()
     shas = repo.linear(4, bad_from=1)
     start = time.monotonic()
@@ -83,7 +83,8 @@ def test_result_deciding_the_answer_kills_the_running_step(make_repo, tmp_path,
                                      state_dir=tmp_path / "state"))
     assert time.monotonic() - start < 300  # well under the sleeper's 600 s: it did not wait for it
     assert result.culprit.sha == shas[1]
-    assert not pid_alive(int((tmp_path / "sleeper").read_text()))
+    sleeper = int((tmp_path / "sleeper").read_text())
+    assert wait_for(lambda: not pid_alive(sleeper))  # killed: it dies as soon as the kernel runs it
     assert shas[2] not in [s.sha for s in result.steps]
 
 
