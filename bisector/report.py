@@ -239,6 +239,8 @@ def _level_text(result: BisectResult) -> str:
         lines.append(f"{_no_answer(result)}: {_inconclusive(result)}")
         lines.extend(f"  {sha}" for sha in result.candidates)
     lines += _search_notes(result)
+    if result.skipped_by_user:
+        lines.append(f"skipped by --skip: {len(result.skipped_by_user)} commits")
     lines += [f"warning: {warning}" for warning in result.warnings]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
@@ -746,6 +748,8 @@ def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
     imaged = f", {plan.imaged} of them with an image" if plan.imaged is not None else ""
     lines = [f"plan: {plan.commits} commits in range{imaged}, --build {plan.builder}"]
+    if plan.skipped_by_user:
+        lines.append(f"skipped by --skip: {plan.skipped_by_user} commits")
     for probe in plan.probes:
         lines.append(f"  {probe.sha[:12]}  {probe.role:<28} {probe.build:<13} {probe.reason}")
         if probe.world:

@@ -351,6 +351,7 @@ class BisectResult:
     stopped: str | None = None       # why a run stopped before its answer (outcome not found/inconclusive)
     levels: tuple[BisectResult, ...] = ()  # --follow-pins, on the first level: the levels that followed
     follow_notes: tuple[str, ...] = ()     # --follow-pins: why no further level ran, or where they ended
+    skipped_by_user: tuple[str, ...] = ()  # --skip/--skip-file: commits of the range never tested
 
     def __post_init__(self) -> None:
         if not self.outcome:
@@ -396,6 +397,8 @@ class BisectResult:
             record["merge_bases"] = [{"sha": base.sha, "verdict": base.verdict} for base in self.merge_bases]
         if self.warnings:
             record["warnings"] = list(self.warnings)
+        if self.skipped_by_user:
+            record["skipped_by_user"] = list(self.skipped_by_user)
         if self.flaky:
             record.update(self.flaky.to_json())
         if self.seeded:
@@ -437,7 +440,7 @@ class BisectResult:
             prefilter=PrefilterRecord.from_json(data["prefilter"]) if data.get("prefilter") else None,
             merge_bases=tuple(MergeBase(sha=base["sha"], verdict=base["verdict"])
                               for base in data.get("merge_bases", ())),
-            warnings=tuple(data.get("warnings", ())),
+            warnings=tuple(data.get("warnings", ())), skipped_by_user=tuple(data.get("skipped_by_user", ())),
             flaky=FlakyAnswer.from_json(data) if "confidence" in data else None,
             seeded=SeedRecord.from_json(data["seeded"]) if data.get("seeded") else None,
             pin_change=PinChange.from_json(data) if data.get("pin_change") else None,
@@ -725,16 +728,19 @@ class Plan:
     merge_bases: tuple[str, ...] = ()
     probes: tuple[PlannedStep, ...] = ()
     imaged: int | None = None  # --image: how many commits of the range have an image
+    skipped_by_user: int = 0   # --skip/--skip-file: how many commits of the range are never tested
 
     def to_json(self) -> dict:
         return {"commits": self.commits, "good": end_json(self.good), "bad": end_json(self.bad),
                 "builder": self.builder, "merge_bases": list(self.merge_bases),
-                "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged}
+                "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged,
+                **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
         return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
                    builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
+                   skipped_by_user=data.get("skipped_by_user", 0),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),

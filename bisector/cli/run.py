@@ -53,6 +53,10 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
               help="A commit with the fault (with --find-fix, several may be given).")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
+@click.option("--skip", "skip", multiple=True, metavar="REV", callback=not_an_option,
+              help="Never test this commit (A..B: that range's commits), as git bisect skip; may be repeated.")
+@click.option("--skip-file", type=click.Path(path_type=Path), metavar="PATH",
+              help="REVs or A..B ranges to skip, one a line (# comments and blank lines ignored).")
 @click.option("--first-parent", is_flag=True, help="Follow first parents only (a merge is one unit).")
 @click.option("--path", "paths", multiple=True, metavar="PATHSPEC",
               help="Only commits touching these paths are candidates.")
@@ -107,7 +111,7 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
               help="Run each step in a clone of its own (objects borrowed from the repository), for scripts "
                    "that change refs, the stash or worktrees: those stay out of the repository.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
+def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
         signature,
@@ -127,6 +131,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
         raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
+    skip = (*skip, *_skip_file_revs(skip_file)) if skip_file else skip
     runs = option_values(options) if scenario_name else [("", {})]
     outputs = [(label, _labelled(json_file, label), _labelled(markdown_file, label)) for label, _ in runs]
     for _, each_json, each_markdown in outputs:
@@ -153,7 +158,7 @@ def run(repo, good, bad, scenario_name, options, first_parent, paths, find_fix, 
                         max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
                         signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                        follow_pins=follow_pins, isolate=isolate)
+                        follow_pins=follow_pins, isolate=isolate, skip=skip)
         if label:
             click.echo(f"== {label}")
         if plan:
@@ -201,6 +206,15 @@ def _labelled(path: Path | None, label: str) -> Path | None:
     if path is None or not label:
         return path
     return path.with_name(f"{path.stem}.{label.replace(' ', '.')}{path.suffix}")
+
+
+def _skip_file_revs(path: Path) -> list[str]:
+    """The REVs of a --skip-file: one a line, # comments and blank lines left out."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--skip-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return [line for line in (raw.partition("#")[0].strip() for raw in text.splitlines()) if line]
 
 
 def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:

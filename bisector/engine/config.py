@@ -47,6 +47,7 @@ class RunConfig:
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
     isolate: bool = False              # each slot a clone of its own (refs, stash, worktrees), not a linked worktree
+    skip: Sequence[str] = ()           # --skip/--skip-file: revs and A..B ranges never tested (git bisect skip)
     follow_pins: bool = False          # when the answer moves a pin, go on bisecting inside the dependency
     level: PinLevel | None = None      # this run is such a level (bisector.engine.follow): how it came about
     chain: Sequence[str] = ()          # bisect these commits, oldest first, each standing on the one before

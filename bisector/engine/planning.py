@@ -4,6 +4,7 @@ from __future__ import annotations
 from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.ranges import resolve_range
+from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.results import Plan, PlannedCommand, PlannedStep
 from bisector.search import Bisection, Term
@@ -19,6 +20,7 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     """
     asked = resolve_range(cfg)
     ends, commits = asked.ends, asked.commits
+    skipped = skipped_by_user(cfg, asked)
     state_dir = prepare_state_dir(choose_state_dir(asked.repo, cfg.state_dir))
     # a scenario that runs the checkout as it is never builds, whatever --build says
     builder = open_builder(cfg, asked.repo, state_dir) if cfg.scenario.needs_build else NoBuild()
@@ -51,7 +53,7 @@ def plan_bisection(cfg: RunConfig) -> Plan:
         add(ends.new, f"endpoint ({ends.new_name})")
     for base in ends.merge_bases:
         add(base, "merge base")
-    blind = [sha for sha in world.untestable([sha for sha, _ in commits]) if sha != ends.new]
+    blind = [sha for sha in (*world.untestable([sha for sha, _ in commits]), *skipped) if sha != ends.new]
     first_search = Bisection(commits, ends.new)
     for sha in blind:
         first_search.record(sha, Term.SKIP)
@@ -68,4 +70,5 @@ def plan_bisection(cfg: RunConfig) -> Plan:
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
-                imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None)
+                imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
+                skipped_by_user=len(skipped))

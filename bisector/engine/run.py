@@ -29,16 +29,18 @@ from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler
 
 
-def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str) -> str:
+def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str, skipped: Sequence[str] = ()) -> str:
     """What was asked, hashed: the same command resumes the same unfinished run (judge_key holds the
-    environment of a scenario whose inputs are not known: a changed one asks another question)."""
+    environment of a scenario whose inputs are not known: a changed one asks another question; skipped,
+    the commits --skip names, another)."""
     old = olds[0] if len(olds) == 1 else list(olds)
     blob = json.dumps([str(Path(cfg.repo).resolve()), old, new, judge_key, cfg.first_parent,
                        list(cfg.paths), cfg.find_fix, cfg.repeat, cfg.fix, cfg.flaky, cfg.confidence,
                        cfg.fault_rate, cfg.max_runs_per_commit] + ([cfg.culprit] if cfg.culprit else [])
                       + ([cfg.signature] if cfg.signature else [])
                       + ([cfg.prefilter.identity(cfg.python)] if cfg.prefilter else [])
-                      + ([list(cfg.chain)] if cfg.chain else []))
+                      + ([list(cfg.chain)] if cfg.chain else [])
+                      + ([sorted(skipped)] if skipped else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -46,6 +48,30 @@ def run_logs(state_dir: Path, run_id: int) -> Path:
     """Where a run's step and build logs go: its own folder, so a later run (--no-cache, a rerun) never
     overwrites the logs an earlier run's report links to."""
     return state_dir / "logs" / f"run-{run_id}"
+
+
+def skipped_by_user(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
+    """The commits of the range that --skip/--skip-file name (a REV, or A..B for that range's commits, as
+    git bisect skip takes them), oldest first; a --follow-pins level skips nothing of the dependency.
+    Raises UsageError for a REV that does not resolve or one that is an endpoint."""
+    if not cfg.skip or cfg.level:
+        return ()
+    repo, ends = asked.repo, asked.ends
+    named: set[str] = set()
+    for rev in cfg.skip:
+        try:
+            if ".." in rev:
+                start, _, end = rev.partition("..")
+                named.update(sha for sha, _ in repo.range_commits([repo.resolve(start or "HEAD")],
+                                                                  repo.resolve(end or "HEAD")))
+            else:
+                named.add(repo.resolve(rev))
+        except GitError as exc:
+            raise UsageError(f"--skip {rev}: {exc}") from None
+    for end, name in ((ends.new, ends.new_name), *((old, ends.old_name) for old in ends.olds)):
+        if end in named:
+            raise UsageError(f"--skip names the --{name} endpoint {end[:12]}: an endpoint is tested, not skipped")
+    return tuple(sha for sha, _ in asked.commits if sha in named)
 
 
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
@@ -78,6 +104,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
     handler = handler or Handler()
     asked = resolve_range(cfg)
     repo, ends = asked.repo, asked.ends
+    skipped = skipped_by_user(cfg, asked)
     prefilter = None
     if cfg.prefilter:
         seeds, prefilter, cheap = _prefilter_seeds(cfg, cfg.prefilter, asked, handler)
@@ -103,10 +130,11 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
                      for kind in ("fix", "culprit", "prefilter")},
+                  **({"skip": list(cfg.skip), "skipped_by_user": list(skipped)} if skipped else {}),
                   **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         try:
-            with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key), params) as run:
+            with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key, skipped), params) as run:
                 logs = run_logs(state_dir, run.id)
                 ctx = RunContext(store, judge, executor, run.id, handler, CacheUse(cfg.no_cache, cfg.reuse_verdicts))
                 policy: SearchPolicy | None = None
@@ -116,7 +144,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     executor.start(pool, logs)
                     handler.started(run.id, len(asked.commits), run.resumed_from, logs)
                     policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
-                                     world.untestable([sha for sha, _ in asked.commits]))
+                                     [*world.untestable([sha for sha, _ in asked.commits]), *skipped])
                     ctx.drive(policy)
                     answer, found = policy.answer()
                 except (EndpointError, AbortError, KeyboardInterrupt) as exc:
@@ -138,7 +166,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     prefilter=prefilter,
                     seeded=seeds.record(policy.confirmed) if seeds and policy else None,
                     pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
-                    outcome=outcome, stopped=stopped, **found)
+                    skipped_by_user=skipped, outcome=outcome, stopped=stopped, **found)
                 run.result = result.to_json()
                 _close(result)
         except (StoppedRun, InterruptedRun) as stop:
