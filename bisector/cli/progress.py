@@ -37,6 +37,11 @@ def escape(text: str) -> str:
 console = StderrConsole()
 
 
+def counted(number: int, noun: str) -> str:
+    """`1 commit`, `2 commits`: the number with its noun in the right number."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 class ProgressHandler(Handler):
     """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
@@ -76,7 +81,8 @@ class ProgressHandler(Handler):
         cached = " cached" if step.cached else ""
         build = escape(f" [build {step.build}]") if step.build else ""
         console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
-                      f"({escape(step.reason)}){build} | {left} commits left, ~{steps_left} steps to go | "
+                      f"({escape(step.reason)}){build} | {counted(left, 'commit')} left, "
+                      f"~{counted(steps_left, 'step')} to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
         if step.log_path:
             console.print(f"  log: {escape(step.log_path)}", markup=True)

@@ -1,0 +1,14 @@
+"""Printed lines that said something untrue (issue 34 items 4 and 7), each checked on a real CLI run."""
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_progress_line_says_one_commit_left_in_the_singular(make_repo, cli, state_is_good):
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=2)
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--", *state_is_good)
+    assert proc.returncode == 0, proc.stderr
+    assert "| 1 commit left, ~1 step to go |" in proc.stderr
+    assert " commits left, ~" in proc.stderr  # more than one: the plural
+    assert "1 commits" not in proc.stderr and "1 steps" not in proc.stderr
