@@ -12,3 +12,12 @@ def test_progress_line_says_one_commit_left_in_the_singular(make_repo, cli, stat
     assert "| 1 commit left, ~1 step to go |" in proc.stderr
     assert " commits left, ~" in proc.stderr  # more than one: the plural
     assert "1 commits" not in proc.stderr and "1 steps" not in proc.stderr
+
+
+@pytest.mark.parametrize("page", ["docs/run.md", "docs/backport.md"])
+def test_docs_list_exit_code_5_with_the_other_exit_codes(project_root, page):
+    from bisector.errors import EXIT_RECORD
+
+    codes = next(paragraph for paragraph in (project_root / page).read_text().split("\n\n")
+                 if paragraph.startswith("Exit codes:"))
+    assert f"; {EXIT_RECORD} the record file (`bisector.sqlite`) cannot be used" in codes
