@@ -21,3 +21,17 @@ def test_docs_list_exit_code_5_with_the_other_exit_codes(project_root, page):
     codes = next(paragraph for paragraph in (project_root / page).read_text().split("\n\n")
                  if paragraph.startswith("Exit codes:"))
     assert f"; {EXIT_RECORD} the record file (`bisector.sqlite`) cannot be used" in codes
+
+
+def test_aiter_named_by_its_own_sha_is_printed_once(make_repo):
+    from dataclasses import asdict
+
+    from scenarios.aiter_mla_probe.child import aiter_label
+    from scenarios.aiter_mla_probe.sources import PACKAGE, checkout_aiter
+
+    repo = make_repo("aiter")
+    sha = repo.commit("kernels", {f"{PACKAGE}/__init__.py": ""})
+    untagged = aiter_label(asdict(checkout_aiter(repo.path)))  # describe --always: an abbreviated sha
+    assert untagged == f"AITER {sha[:10]}"
+    repo.git("tag", "v0.1.13")
+    assert aiter_label(asdict(checkout_aiter(repo.path))) == f"AITER v0.1.13 ({sha[:10]})"
