@@ -35,3 +35,14 @@ def test_aiter_named_by_its_own_sha_is_printed_once(make_repo):
     assert untagged == f"AITER {sha[:10]}"
     repo.git("tag", "v0.1.13")
     assert aiter_label(asdict(checkout_aiter(repo.path))) == f"AITER v0.1.13 ({sha[:10]})"
+
+
+def test_cancelled_step_is_said_on_the_progress_display(make_repo, tmp_path, cli, deciding_answer_kills_the_rest):
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=1)
+    script = tmp_path / "scenario.sh"
+    script.write_text(f"n=$(cat counter.txt)\nPIDS={tmp_path}\n{deciding_answer_kills_the_rest}\n")
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[3], "--jobs", "2",
+               "--", "sh", str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert f"\n  {shas[2][:12]} cancelled (answer found elsewhere)\n" in proc.stderr

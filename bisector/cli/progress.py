@@ -87,6 +87,10 @@ class ProgressHandler(Handler):
         if step.log_path:
             console.print(f"  log: {escape(step.log_path)}", markup=True)
 
+    def cancelled(self, sha: str) -> None:
+        self.running.pop(sha, None)
+        console.print(f"  {sha[:12]} cancelled (answer found elsewhere)")
+
     def level(self, text: str) -> None:
         console.print(escape(text))
 
