@@ -46,3 +46,25 @@ def test_cancelled_step_is_said_on_the_progress_display(make_repo, tmp_path, cli
                "--", "sh", str(script))
     assert proc.returncode == 0, proc.stderr
     assert f"\n  {shas[2][:12]} cancelled (answer found elsewhere)\n" in proc.stderr
+
+
+def test_cache_list_prints_a_table_and_json_gives_the_raw_records(make_repo, cli, state_is_good):
+    import json
+
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=2)
+    assert cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[2], "--",
+               *state_is_good).returncode == 0
+    listed = cli("cache", "list", "--repo", str(repo.path))
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["COMMIT", "SCENARIO", "VERDICTS", "RUNS", "RECORDED", "KEY"]
+    assert len(rows) == 3
+    first = next(row for row in rows if row.startswith(shas[0][:12]))
+    assert first.split()[1:4] == ["command", "good", "1"]
+    assert "argv=\"grep -q good state\" build=none " in first and "{" not in listed.stdout
+    raw = cli("cache", "list", "--repo", str(repo.path), "--commit", shas[2], "--json")
+    assert raw.returncode == 0, raw.stderr
+    [record] = json.loads(raw.stdout)
+    assert record["sha"] == shas[2] and record["verdicts"] == "bad" and record["runs"] == 1
+    assert record["scenario_key"].startswith("command/") and record["parts"]["argv"] == state_is_good
