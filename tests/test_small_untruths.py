@@ -68,3 +68,41 @@ def test_cache_list_prints_a_table_and_json_gives_the_raw_records(make_repo, cli
     [record] = json.loads(raw.stdout)
     assert record["sha"] == shas[2] and record["verdicts"] == "bad" and record["runs"] == 1
     assert record["scenario_key"].startswith("command/") and record["parts"]["argv"] == state_is_good
+
+
+def test_interrupt_says_what_a_rerun_does_and_the_rerun_resumes(make_repo, tmp_path, git_env, project_root,
+                                                                 wait_for):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    repo = make_repo()
+    shas = repo.linear(8, bad_from=5)
+    release, blocked = tmp_path / "release", tmp_path / "blocked"
+    script = tmp_path / "check.sh"
+    script.write_text(  # the first probe after the two ends waits until released
+        f'n=$(cat counter.txt)\nif [ "$n" != 0 ] && [ "$n" != 7 ] && [ ! -e {release} ]; then\n'
+        f'  touch {blocked}; while [ ! -e {release} ]; do sleep 0.05; done\nfi\ngrep -q good state\n')
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0], "--bad",
+            shas[-1], "--json", str(out)]
+    env = {**os.environ, **git_env, "PYTHONPATH": str(project_root)}
+    first = subprocess.Popen([*argv, "--no-cache", "--", "sh", str(script)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: blocked.exists() or first.poll() is not None) and first.poll() is None
+    first.send_signal(signal.SIGINT)
+    _, said = first.communicate(timeout=120)
+    assert first.returncode == 130, said
+    assert ("bisector: interrupted; verdicts so far are kept, without --no-cache the same command resumes and "
+            "reuses them (with it, every commit is judged again)\n") in said
+    assert "run the same command to resume" not in said
+    interrupted = json.loads(out.read_text())
+    release.touch()
+    again = subprocess.run([*argv, "--", "sh", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"run {interrupted['run_id'] + 1}: 7 commits in range, resuming run {interrupted['run_id']}\n" \
+        in again.stderr
+    result = json.loads(out.read_text())
+    assert result["resumed_from"] == interrupted["run_id"] and result["first_bad"]["sha"] == shas[5]

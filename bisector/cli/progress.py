@@ -37,6 +37,12 @@ def escape(text: str) -> str:
 console = StderrConsole()
 
 
+def resume_hint(no_cache: bool) -> str:
+    """What a rerun does with the verdicts an interrupted run kept: --no-cache judges every commit again."""
+    return ("without --no-cache the same command resumes and reuses them (with it, every commit is judged again)"
+            if no_cache else "run the same command to resume")
+
+
 def counted(number: int, noun: str) -> str:
     """`1 commit`, `2 commits`: the number with its noun in the right number."""
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
