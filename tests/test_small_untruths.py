@@ -106,3 +106,4 @@ def test_interrupt_says_what_a_rerun_does_and_the_rerun_resumes(make_repo, tmp_p
         in again.stderr
     result = json.loads(out.read_text())
     assert result["resumed_from"] == interrupted["run_id"] and result["first_bad"]["sha"] == shas[5]
+    assert {step["sha"] for step in result["steps"] if step["cached"]} == {shas[0], shas[-1]}  # reused, as said
