@@ -107,3 +107,15 @@ def test_interrupt_says_what_a_rerun_does_and_the_rerun_resumes(make_repo, tmp_p
     result = json.loads(out.read_text())
     assert result["resumed_from"] == interrupted["run_id"] and result["first_bad"]["sha"] == shas[5]
     assert {step["sha"] for step in result["steps"] if step["cached"]} == {shas[0], shas[-1]}  # reused, as said
+
+
+def test_aiter_install_pinned_by_sha_names_the_sha_once(make_repo):
+    from bisector.aiter import AiterBuild
+
+    sha = make_repo("aiter").commit("kernels", {"aiter/__init__.py": ""})
+    pinned = AiterBuild(ref=sha[:10], repo="aiter", commit=sha, arch="gfx950", torch="2.9.0", python="3.12",
+                        prebuild=False)
+    assert pinned.describe().startswith(f"AITER {sha[:10]} for gfx950, torch 2.9.0, Python 3.12, JIT: key ")
+    tagged = AiterBuild(ref="v0.1.13", repo="aiter", commit=sha, arch="gfx950", torch="2.9.0", python="3.12",
+                        prebuild=True)
+    assert tagged.describe().startswith(f"AITER v0.1.13 ({sha[:10]}) for gfx950")
