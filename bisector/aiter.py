@@ -82,7 +82,8 @@ class AiterBuild:
 
     def describe(self) -> str:
         mode = "prebuilt kernels" if self.prebuild else "JIT"
-        return (f"AITER {self.ref} ({self.commit[:10]}) for {self.arch}, torch {self.torch}, Python {self.python}, "
+        named = f"{self.ref} ({self.commit[:10]})" if not self.commit.startswith(self.ref) else self.commit[:10]
+        return (f"AITER {named} for {self.arch}, torch {self.torch}, Python {self.python}, "
                 f"{mode}: key {self.key}")
 
     def to_json(self) -> dict:

@@ -260,10 +260,9 @@ class Store:
     @_guarded
     def start_run(self, kind: str, key: str, params: dict, pid: int) -> tuple[int, int | None]:
         """A new run row; returns (run id, id of the unfinished run with the same key it resumes)."""
-        row = self.db.execute("SELECT id FROM runs WHERE key = ? AND status = 'running' "
-                              "ORDER BY id DESC LIMIT 1", (key,)).fetchone()
-        resumed = row["id"] if row else None
-        if resumed is not None:
+        row = self.db.execute("SELECT id, status FROM runs WHERE key = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+        resumed = row["id"] if row and row["status"] in ("running", "interrupted") else None  # killed, or Ctrl-C
+        if resumed is not None and row["status"] == "running":
             self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?", (resumed,))
         cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params, resumed_from) "
                               "VALUES (?, ?, 'running', ?, ?, ?, ?)",

@@ -91,8 +91,10 @@ class BisectorGroup(click.Group):
             click.echo(f"bisector: error: {redact(exc.message())}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume",
-                       err=True)
+            from bisector.cli.progress import resume_hint
+
+            hint = resume_hint(ctx.meta.get("no_cache", False))
+            click.echo(f"bisector: interrupted; verdicts so far are kept, {hint}", err=True)
             sys.exit(EXIT_INTERRUPTED)
 
 

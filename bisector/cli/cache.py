@@ -1,6 +1,8 @@
 """`bisector cache list|forget`: the verdict cache and the compile caches."""
 from __future__ import annotations
 
+import json
+import shlex
 import time
 from pathlib import Path
 
@@ -45,22 +47,44 @@ def cache_filters(command):
 
 @cache.command("list")
 @cache_filters
-def cache_list(repo, state_dir, commit, scenario_name):
+@click.option("--json", "as_json", is_flag=True, help="The raw records as JSON, one object per commit and key.")
+def cache_list(repo, state_dir, commit, scenario_name, as_json):
     """Cached verdicts per commit and key: runs, verdicts, and what the key stands for."""
     store = open_record(repo, state_dir)
     try:
         rows = store.cached_verdicts(_sha_prefix(commit, repo), scenario_name)
     finally:
         store.close()
-    for row in rows:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["recorded"]))
-        click.echo(f"{row['sha'][:12]}  {row['scenario_key']}  {row['verdicts']} ({row['runs']} run(s))  {when}")
-        if row["parts"]:
-            click.echo(f"    {row['parts']}")
+    if as_json:
+        click.echo(json.dumps([{**dict(row), "parts": json.loads(row["parts"]) if row["parts"] else None}
+                               for row in rows], indent=2))
+    elif rows:
+        table = [("COMMIT", "SCENARIO", "VERDICTS", "RUNS", "RECORDED", "KEY")]
+        table += [(row["sha"][:12], row["scenario_key"].split("/", 1)[0], row["verdicts"], str(row["runs"]),
+                   time.strftime("%Y-%m-%d %H:%M", time.localtime(row["recorded"])), _key_text(row))
+                  for row in rows]
+        widths = [max(len(line[column]) for line in table) for column in range(len(table[0]) - 1)]
+        for line in table:
+            click.echo("  ".join([*(cell.ljust(width) for cell, width in zip(line, widths)), line[-1]]))
     click.echo(f"{len(rows)} cached verdict(s)", err=True)
     from bisector import compile_cache
 
     click.echo(compile_cache.describe(compile_cache.cache_root(), _compile_cap()), err=True)
+
+
+def _key_text(row) -> str:
+    """The key's parts as `name=value` words (nested parts as `outer.inner=value`), or the key itself."""
+    if not row["parts"]:
+        return row["scenario_key"]
+
+    def words(prefix: str, value) -> list[str]:
+        if isinstance(value, dict):
+            return [word for name, inner in value.items() for word in words(f"{prefix}{name}.", inner)]
+        shown = shlex.join(map(str, value)) if isinstance(value, list) else str(value)
+        return [f'{prefix[:-1]}="{shown}"' if " " in shown else f"{prefix[:-1]}={shown}"]
+
+    parts = {name: value for name, value in json.loads(row["parts"]).items() if name != "scenario"}
+    return " ".join(words("", parts))
 
 
 @cache.command("forget")

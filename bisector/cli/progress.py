@@ -37,6 +37,17 @@ def escape(text: str) -> str:
 console = StderrConsole()
 
 
+def resume_hint(no_cache: bool) -> str:
+    """What a rerun does with the verdicts an interrupted run kept: --no-cache judges every commit again."""
+    return ("without --no-cache the same command resumes and reuses them (with it, every commit is judged again)"
+            if no_cache else "run the same command to resume")
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 commit`, `2 commits`: the number with its noun in the right number."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 class ProgressHandler(Handler):
     """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
@@ -76,10 +87,15 @@ class ProgressHandler(Handler):
         cached = " cached" if step.cached else ""
         build = escape(f" [build {step.build}]") if step.build else ""
         console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
-                      f"({escape(step.reason)}){build} | {left} commits left, ~{steps_left} steps to go | "
+                      f"({escape(step.reason)}){build} | {counted(left, 'commit')} left, "
+                      f"~{counted(steps_left, 'step')} to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
         if step.log_path:
             console.print(f"  log: {escape(step.log_path)}", markup=True)
+
+    def cancelled(self, sha: str) -> None:
+        self.running.pop(sha, None)
+        console.print(f"  {sha[:12]} cancelled (answer found elsewhere)")
 
     def level(self, text: str) -> None:
         console.print(escape(text))

@@ -30,7 +30,7 @@ from bisector.cli.options import (
     world_settings,
     write_output,
 )
-from bisector.cli.progress import ProgressHandler, console, escape
+from bisector.cli.progress import ProgressHandler, console, escape, resume_hint
 from bisector.envs import EnvSettings
 from bisector.errors import (
     EXIT_INTERRUPTED,
@@ -125,6 +125,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     from scenarios import create
     from scenarios.command import CommandScenario
 
+    click.get_current_context().meta["no_cache"] = no_cache  # for the interrupt message (bisector.cli)
     if bool(scenario_name) == bool(command):
         raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
     if options and not scenario_name:
@@ -193,7 +194,7 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
     last = result.levels[-1] if result.levels else result
     if last.outcome == "interrupted":
-        click.echo("bisector: interrupted; verdicts so far are kept, run the same command to resume", err=True)
+        click.echo(f"bisector: interrupted; verdicts so far are kept, {resume_hint(cfg.no_cache)}", err=True)
     elif last.stopped and last.level is None:
         aborted = "aborted: " if last.outcome == "aborted" else ""
         click.echo(f"bisector: error: {aborted}{redact(last.stopped)}", err=True)

@@ -129,6 +129,7 @@ class RunContext:
                 if future not in cancelled and not policy.wants(sha):
                     cancelled.add(future)
                     self.executor.cancel(future)
+                    self.handler.cancelled(sha)
         return landed
 
     def drive(self, policy: SearchPolicy) -> int:

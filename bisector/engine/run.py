@@ -209,8 +209,9 @@ def _stopped(cfg: RunConfig, ends: Endpoints, ctx: RunContext,
              error: BaseException) -> tuple[str, str]:
     """The outcome of a run an error or an interrupt stopped, and why, in words."""
     if isinstance(error, KeyboardInterrupt):
-        return "interrupted", (f"Ctrl-C or SIGTERM after {len(ctx.steps)} step(s); the verdicts so far are kept: "
-                               f"run the same command to resume")
+        rerun = "without --no-cache the same command resumes and reuses them" if cfg.no_cache else \
+            "run the same command to resume"
+        return "interrupted", f"Ctrl-C or SIGTERM after {len(ctx.steps)} step(s); the verdicts so far are kept: {rerun}"
     if isinstance(error, MergeBaseError):
         return "merge-base", str(error)
     if isinstance(error, EndpointError):

@@ -43,8 +43,9 @@ def aiter_label(aiter: dict) -> str:
     """"AITER v0.1.13 (1a2b3c4d5e)", or the rule's name when no AITER source is used."""
     if not aiter.get("path"):
         return "hand-written AITER tile rule"
-    commit = (aiter.get("commit") or "")[:10]
-    return f"AITER {aiter['version']} ({commit})" if aiter.get("version") != aiter.get("commit") else f"AITER {commit}"
+    full, version = aiter.get("commit") or "", aiter.get("version") or ""
+    named = version and not full.startswith(version)  # a tag or branch, not the commit's own sha said again
+    return f"AITER {version} ({full[:10]})" if named else f"AITER {full[:10]}"
 
 
 def probe(checkout: Path, config: ProbeConfig, aiter: dict | None = None) -> dict:
