@@ -19,7 +19,16 @@ from bisector.envs import DEFAULT_VERSIONS, Environment, EnvSettings, worktree_r
 from bisector.errors import UsageError
 from bisector.redact import redact_json
 from bisector.refs import GitRepo
-from bisector.seams import Build, BuildConfig, Environments, RecordsVersions, Scenario, StepContext, Verdict
+from bisector.seams import (
+    Build,
+    BuildConfig,
+    ChecksMachine,
+    Environments,
+    RecordsVersions,
+    Scenario,
+    StepContext,
+    Verdict,
+)
 from bisector.signatures import SignatureRule, normalise
 from bisector.store import CAUSES, Execution
 from bisector.world import Place, StepAt, World, WorldSettings
@@ -245,9 +254,7 @@ class Judge:
 
     def _unfit(self, template: StepContext) -> str | None:
         """What the scenario says this machine lacks for the step (bisector.seams.ChecksMachine)."""
-        from bisector.seams import ChecksMachine
         return self.scenario.machine_check(template) if isinstance(self.scenario, ChecksMachine) else None
-
 
 
 def _no_verdict(execution: Execution, cause: str | None) -> Execution:
