@@ -68,10 +68,16 @@ class BisectorGroup(click.Group):
         return getattr(importlib.import_module(module), attribute)
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
+        """The command asked for, its configuration loaded (bisector.config) as the defaults of its options."""
         try:
-            return super().resolve_command(ctx, args)
+            name, command, rest = super().resolve_command(ctx, args)
         except click.exceptions.NoSuchCommand as exc:  # "did you mean" from the map (no command is loaded)
             raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
+        if name is not None and command is not None and not ctx.resilient_parsing:
+            from bisector.cli.options import configure
+
+            configure(ctx, name, command, rest)
+        return name, command, rest
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands and their one-line help, as click writes them, from COMMANDS alone."""
