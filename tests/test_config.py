@@ -35,11 +35,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def state_dir_of(cli, world, *args: str, env: dict) -> str:
-    """The state dir `runs` reads (it names it when it holds no record): the effective state_dir."""
-    done = cli("runs", "--repo", str(world["repo"].path), *args, env=env)
-    assert done.returncode != 0 and done.stderr.startswith("bisector: error: no bisector record in "), done.stderr
-    return done.stderr.strip().removeprefix("bisector: error: no bisector record in ")
+def doctor_lines(cli, repo: Path, *args: str, env: dict) -> list[str]:
+    done = cli("doctor", "--repo", str(repo), *args, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
 
 
 # --- precedence: command line > environment > repository > user file ------------------------------
@@ -59,9 +58,15 @@ def test_each_level_overrides_the_ones_below_it(cli, world, level):
     if level in ("environment", "command line"):
         env["BISECTOR_STATE_DIR"] = str(tmp / "from-env")
     args = ("--state-dir", str(tmp / "from-cli")) if level == "command line" else ()
-    expected = {"user file": "from-user", "XDG user file": "from-xdg", "repository": "from-repo",
-                "environment": "from-env", "command line": "from-cli"}[level]
-    assert state_dir_of(cli, world, *args, env=env) == str(tmp / expected)
+    expected, source = {
+        "user file": ("from-user", str(world["home"] / ".config" / "bisector" / "config.toml")),
+        "XDG user file": ("from-xdg", str(world["xdg"] / "bisector" / "config.toml")),
+        "repository": ("from-repo", f"{world['repo'].path / 'pyproject.toml'} [tool.bisector]"),
+        "environment": ("from-env", "$BISECTOR_STATE_DIR"),
+        "command line": ("from-cli", "command line, --state-dir")}[level]
+    lines = doctor_lines(cli, world["repo"].path, *args, env=env)
+    assert f"state dir: {tmp / expected} (not created yet)" in lines  # the state dir the command uses
+    assert f"config state_dir: {tmp / expected} ({source})" in lines
 
 
 def test_repository_config_is_read_from_the_top_of_the_repository_given(cli, world):
@@ -70,6 +75,7 @@ def test_repository_config_is_read_from_the_top_of_the_repository_given(cli, wor
     (world["repo"].path / "sub").mkdir()
     done = cli("runs", "--repo", str(world["repo"].path / "sub"), cwd=world["tmp"], env=world["env"])
     assert done.stderr == f"bisector: error: no bisector record in {world['repo'].path / 'kept-here'}\n"
+    assert not (world["repo"].path / ".git" / "bisector").exists()
 
 
 def test_doctor_prints_each_value_and_where_it_came_from(cli, world):
@@ -124,12 +130,8 @@ def test_bad_configuration_is_one_line_exit_2_and_the_repository_untouched(cli, 
     assert done.stderr == f"bisector: error: {message.format(path=path)}\n"
     assert repo.snapshot() == before
     assert not (repo.path / ".git" / "bisector").exists()
-
-
-def test_help_reads_no_configuration(cli, world):
-    write(world["xdg"] / "bisector" / "config.toml", "not toml at all\n")
-    done = cli("--help", env=world["env"])
-    assert done.returncode == 0 and "Commands:" in done.stdout
+    listed = cli("--help", env=world["env"])  # read only when a command runs
+    assert listed.returncode == 0 and "Commands:" in listed.stdout
 
 
 # --- aiter_repo: one name for AITER's repository ----------------------------------------------------
@@ -161,13 +163,11 @@ def test_the_clone_error_names_the_option_and_the_config_key(cli, tmp_path, prob
 
 
 @needs_torch
-@pytest.mark.parametrize("how", ["--option", "--aiter-repo", "repository", "user file", "environment"])
+@pytest.mark.parametrize("how", ["--aiter-repo", "repository", "user file", "environment"])
 def test_aiter_repo_is_one_setting_under_every_spelling(cli, tmp_path, probe_repos, how):
     aiter, env = str(probe_repos["aiter"]), {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     args: tuple[str, ...] = ()
-    if how == "--option":
-        args = ("--option", f"aiter_repo={aiter}")
-    elif how == "--aiter-repo":  # the alias: fed to the probe's option (once refused without --aiter pinned)
+    if how == "--aiter-repo":  # the alias: fed to the probe's option (once refused without --aiter pinned)
         args = ("--aiter-repo", aiter)
     elif how == "repository":
         write(probe_repos["vllm"] / "pyproject.toml", f'[tool.bisector]\naiter_repo = "../{Path(aiter).name}"\n')
@@ -190,8 +190,12 @@ def test_two_spellings_with_two_values_are_refused(cli, tmp_path, probe_repos):
                                                  "aiter_repo=PATH|URL\n")
 
 
+@needs_torch
 def test_the_command_line_aiter_repo_overrides_the_configured_one(cli, tmp_path, probe_repos):
-    write(tmp_path / "xdg" / "bisector" / "config.toml", f'aiter_repo = "{probe_repos["aiter"]}"\n')
-    outcome = probe(cli, tmp_path, probe_repos, "--option", f"aiter_repo={FAKE_URL}",
-                    env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
-    assert outcome["verdict"] == "skip" and outcome["reason"].startswith(f"cannot clone {FAKE_URL}: ")
+    other = "https://aiter.invalid/other.git"
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "BISECTOR_AITER_REPO": str(probe_repos["aiter"])}
+    write(probe_repos["vllm"] / "pyproject.toml", f'[tool.bisector]\naiter_repo = "{other}"\n')
+    configured = probe(cli, tmp_path, probe_repos, env=env)  # the environment over the repository
+    assert configured["verdict"] == "good" and configured["details"]["aiter"]["repo"] == str(probe_repos["aiter"])
+    given = probe(cli, tmp_path, probe_repos, "--option", f"aiter_repo={other}", env=env)
+    assert given["verdict"] == "skip" and given["reason"].startswith(f"cannot clone {other}: ")
