@@ -63,6 +63,10 @@ class Config:
         """The values as click's default_map takes them: parameter name -> value."""
         return {KEYS[key].parameter: setting.value for key, setting in self.settings.items()}
 
+    def source_of(self, parameter: str) -> str:
+        """Where the configured default of the click parameter came from."""
+        return next(setting.source for key, setting in self.settings.items() if KEYS[key].parameter == parameter)
+
     def lines(self, given: Mapping[str, str] = {}) -> list[str]:
         """`key: value (source)` for every key, the precedence first; given: keys the command line set."""
         lines = ["config: command line > environment (BISECTOR_*) > repository ([tool.bisector] in "

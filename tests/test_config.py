@@ -102,7 +102,8 @@ def test_configured_executor_reaches_run_and_the_command_line_overrides_it(cli, 
     run = ("run", "--repo", str(world["repo"].path), "--good", shas[0], "--bad", shas[1], "--plan", "--", "true")
     configured = cli(*run, env=world["env"])
     assert configured.returncode == 2
-    assert "'no-such-executor' is not one of" in configured.stderr
+    assert configured.stderr == ("bisector: error: Invalid value for '--executor': 'no-such-executor' is not one of "
+                                 f"'local', 'ray'. (configured: {world['xdg'] / 'bisector' / 'config.toml'})\n")
     overridden = cli(*run[:-2], "--executor", "local", "--", "true", env=world["env"])
     assert overridden.returncode == 0, overridden.stderr
 
