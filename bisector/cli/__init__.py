@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "Versions, GPUs, the container runtime and disk use, for support requests (changes nothing)."),
     "env": ("bisector.cli.env", "env_group",
             "Per-commit environments (--env per-commit): create one, list them, remove them."),
+    "mark": ("bisector.cli.mark", "mark_command",
+             "Give REV a verdict by hand in run RUN (good, bad or skip); resumed, the run uses it untested."),
     "report": ("bisector.cli.report", "report_command",
                "Regenerate a run's report from the stored record (bisection or backport)."),
     "run": ("bisector.cli.run", "run",
