@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("bisector.cli.run", "run",
             "Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."),
     "runs": ("bisector.cli.report", "runs_command", "Recorded runs: id, repository, range, command, state, answer."),
+    "shell": ("bisector.cli.shell", "shell_command",
+              "Open REV built as a step would build it, in $SHELL or running `-- CMD` (exit code: the command's)."),
     "scenario": ("bisector.cli.scenario", "scenario", "List scenarios, or run one on a single commit."),
 }
 
