@@ -52,6 +52,7 @@ def left_behind(repo, state) -> dict:
             "branches": repo.git("branch", "--list"), "shells": sorted(shells.iterdir()) if shells.exists() else []}
 
 
+@pytest.mark.slow
 def test_command_runs_in_the_built_tree_at_the_commit_and_nothing_is_left(make_repo, tmp_path, cli, venv_python):
     repo, shas = native_repo(make_repo)
     state = tmp_path / "state"
@@ -108,3 +109,20 @@ def test_a_bad_ref_is_one_line_and_leaves_the_repository_as_it_was(make_repo, cl
         "no-such-ref" in proc.stderr, proc.stderr
     assert repo.snapshot() == before
     assert not (repo.path / ".git" / "bisector").exists() and not (repo.path / ".git" / "bisector.lock").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_build_is_one_line_and_the_worktree_is_removed(make_repo, tmp_path, cli, venv_python):
+    repo, shas = native_repo(make_repo)
+    broken = repo.commit("broken native", {"csrc/native.c": "syntax error here\n"})
+    state = tmp_path / "state"
+    before = repo.snapshot()
+    proc = cli("shell", "--ref", broken, "--repo", str(repo.path), "--state-dir", str(state), "--python",
+               venv_python, "--build", "auto", "--allow-install-into-python", "--", "touch", str(tmp_path / "ran"),
+               env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"bisector: error: {broken[:12]}: build failed: ") and "(log: " in line
+    assert not (tmp_path / "ran").exists()
+    assert repo.snapshot() == before
+    assert left_behind(repo, state) == {"worktrees": 1, "branches": "* main", "shells": []}
