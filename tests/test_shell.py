@@ -126,3 +126,38 @@ def test_a_failed_build_is_one_line_and_the_worktree_is_removed(make_repo, tmp_p
     assert not (tmp_path / "ran").exists()
     assert repo.snapshot() == before
     assert left_behind(repo, state) == {"worktrees": 1, "branches": "* main", "shells": []}
+
+
+def test_image_runs_the_command_in_the_commits_container_with_the_worktree_mounted(make_repo, tmp_path, cli):
+    from fake_docker import FakeDocker, vllm_site
+
+    from bisector.images import expand
+
+    docker = FakeDocker(tmp_path / "fake")
+    repo = make_repo()
+    check = "import vllm\nprint('vllm from', vllm.__file__, vllm.__version__)\n"
+    sha = repo.commit("one", {"tools/check.py": check, "vllm/__init__.py": "__version__ = 'src'\n"})
+    template = "rocm/vllm-ci:{commit}"
+    docker.add_image(expand(template, sha), vllm_site(f"0.9.1.dev0+g{sha[:9]}", False),
+                     labels={"org.opencontainers.image.revision": sha})
+    state = tmp_path / "state"
+    proc = cli("shell", "--ref", sha, "--repo", str(repo.path), "--state-dir", str(state), "--image", template,
+               "--", "python3", "tools/check.py", env=docker.env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"vllm from {docker.home / 'sites'}")  # the image's vLLM, not the checkout's
+    [run] = [argv for argv in docker.runs() if "tools/check.py" in argv]
+    worktree = run[run.index("-w") + 1]
+    assert worktree.startswith(f"{state.resolve()}/shells/") and f"{worktree}:{worktree}" in run
+    assert run[run.index("--entrypoint") + 1] == "python3" and run[-1] == "tools/check.py"
+    assert left_behind(repo, state) == {"worktrees": 1, "branches": "* main", "shells": []}
+    assert not any((docker.home / "containers").iterdir())
+
+
+def test_the_command_sees_the_gpu_variables_a_slot_gets(make_repo, tmp_path, cli):
+    repo = make_repo()
+    repo.commit("one", {"a.txt": "1\n"})
+    proc = cli("shell", "--ref", "HEAD", "--repo", str(repo.path), "--state-dir", str(tmp_path / "state"), "--",
+               "sh", "-c", "echo $ROCR_VISIBLE_DEVICES $HIP_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES",
+               env={"ROCR_VISIBLE_DEVICES": "2,5", "HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "5 0 0\n"  # bisector.gpus: HIP indexes within ROCR; the step's physical ids, from 0
