@@ -70,19 +70,21 @@ class StepRecord:
     details: dict = field(default_factory=dict)
     cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
     from_earlier_run: bool = False  # cached from an earlier run (not this run nor one it resumed)
+    manual: bool = False  # a verdict given by hand (bisector mark): no scenario ran
 
     def to_json(self) -> dict:
         return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
                 "reason": self.reason, "cached": self.cached, "seconds": self.seconds, "log": self.log,
                 "build": self.build, "details": self.details, "cache_key": self.cache_key,
-                **({"from_earlier_run": True} if self.from_earlier_run else {})}
+                **({"from_earlier_run": True} if self.from_earlier_run else {}),
+                **({"manual": True} if self.manual else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> StepRecord:
         return cls(sha=data["sha"], role=data["role"], round=data["round"], verdict=data["verdict"],
                    reason=data["reason"], cached=data["cached"], seconds=data["seconds"], log=data.get("log"),
                    build=data.get("build"), details=data.get("details", {}), cache_key=data.get("cache_key", {}),
-                   from_earlier_run=data.get("from_earlier_run", False))
+                   from_earlier_run=data.get("from_earlier_run", False), manual=data.get("manual", False))
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -62,7 +62,7 @@ class Step:
                           cached=self.cached, seconds=round(run.seconds, 3), log=run.log_path, build=run.build,
                           details={**run.details, **({"cause": run.cause} if run.cause else {})},
                           cache_key=self.cache_key,
-                          from_earlier_run=self.from_earlier_run)
+                          from_earlier_run=self.from_earlier_run, manual=run.manual)
 
 
 class Handler:

@@ -28,11 +28,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "Versions, GPUs, the container runtime and disk use, for support requests (changes nothing)."),
     "env": ("bisector.cli.env", "env_group",
             "Per-commit environments (--env per-commit): create one, list them, remove them."),
+    "mark": ("bisector.cli.mark", "mark_command",
+             "Give REV a verdict by hand in run RUN (good, bad or skip); resumed, the run uses it untested."),
     "report": ("bisector.cli.report", "report_command",
                "Regenerate a run's report from the stored record (bisection or backport)."),
     "run": ("bisector.cli.run", "run",
             "Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."),
     "runs": ("bisector.cli.report", "runs_command", "Recorded runs: id, repository, range, command, state, answer."),
+    "shell": ("bisector.cli.shell", "shell_command",
+              "Open REV built as a step would build it, in $SHELL or running `-- CMD` (exit code: the command's)."),
     "scenario": ("bisector.cli.scenario", "scenario", "List scenarios, or run one on a single commit."),
 }
 
