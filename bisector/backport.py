@@ -8,6 +8,7 @@ worktrees; the user's branches only change with create_branches (a new backport/
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import re
@@ -135,14 +136,37 @@ def _natural(name: str) -> list:
 
 def matching_branches(repo: GitRepo, globs: Sequence[str]) -> list[tuple[str, str]]:
     """(name, tip) of every branch some glob matches, in natural order; UsageError for a glob
-    matching nothing."""
+    matching nothing.
+
+    A glob matches a branch by its name (`releases/*`: the local releases/v0.19; `origin/releases/*`: the
+    remote-tracking origin/releases/v0.19) and a remote-tracking branch also by its name on the remote, as
+    a clone has them (`releases/*`: origin/releases/v0.19), unless a local branch of that name matched.
+    """
     found: dict[str, str] = {}
+    remote = _remote_tracking(repo)
     for glob in globs:
-        matches = repo.branches(glob)
+        matches = dict(repo.branches(glob))
+        named = {remote[name][0] if name in remote else name for name in matches}  # local first
+        for full, (short, tip) in remote.items():
+            if short not in named and fnmatch.fnmatchcase(short, glob):
+                matches[full] = tip
+                named.add(short)  # the first remote's branch of that name; not the same branch twice
         if not matches:
             raise UsageError(f"--branches {glob!r} matches no local or remote-tracking branch")
         found.update(matches)
     return sorted(found.items(), key=lambda item: _natural(item[0]))
+
+
+def _remote_tracking(repo: GitRepo) -> dict[str, tuple[str, str]]:
+    """Remote-tracking branch (origin/releases/v0.19) -> (its name on the remote, tip); origin/HEAD left out."""
+    out = repo.git.for_each_ref("--format=%(refname:lstrip=2)%00%(refname:lstrip=3)%00%(objectname)%00%(symref)",
+                                "refs/remotes")
+    branches = {}
+    for line in out.splitlines():
+        full, short, tip, symref = line.split("\0")
+        if not symref:
+            branches[full] = (short, tip)
+    return branches
 
 
 def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> BackportResult:
