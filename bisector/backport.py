@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import CacheUse, RunContext
@@ -62,11 +62,22 @@ class BackportConfig:
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
 
 
-class BackportHandler:
-    """Receives per-branch events; the CLI's progress display overrides what it shows."""
+@runtime_checkable
+class BackportHandler(Protocol):
+    """Hears of each branch as it is checked (the CLI's BackportProgress shows it)."""
 
     def checking(self, branch: str, tip: str) -> None: ...
     def checked(self, entry: BranchEntry) -> None: ...
+
+
+class _Silent:
+    """The BackportHandler of a caller that shows nothing."""
+
+    def checking(self, branch: str, tip: str) -> None:
+        pass
+
+    def checked(self, entry: BranchEntry) -> None:
+        pass
 
 
 def decide(pick: str, before: str | None, after: str | None, target_present: bool, masked: bool = False) -> str:
@@ -171,7 +182,7 @@ def _remote_tracking(repo: GitRepo) -> dict[str, tuple[str, str]]:
 
 def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> BackportResult:
     """Validate, then check every matching branch; returns the result (its record is stored in the run's row)."""
-    handler = handler or BackportHandler()
+    handler = handler or _Silent()
     if not cfg.branches:
         raise UsageError("give at least one --branches GLOB")
     repo = GitRepo(cfg.repo)
