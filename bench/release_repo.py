@@ -97,8 +97,13 @@ def git(repo: Path, *args: str, date: int | None = None) -> str:
     env = {**os.environ, **IDENTITY, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
     if date is not None:
         env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = f"@{date} +0000"
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
+    # no automatic gc in the background (it would race the final `git gc` and the removal on failure)
+    done = subprocess.run(["git", "-c", "gc.auto=0", "-c", "maintenance.auto=false", "-C", str(repo), *args],
+                          capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise Failed(f"git {args[0]} failed in {repo}: {said[-1] if said else f'exit {done.returncode}'}", 1)
+    return done.stdout.strip()
 
 
 def load_release(repo: Path, archive: Path) -> None:

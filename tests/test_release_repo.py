@@ -4,6 +4,7 @@ Stand-in sdists (a few files shaped like vLLM's, made here) in a temporary cache
 on localhost; the real sdists and the real repository are compared when both are on this machine."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -37,13 +38,13 @@ def fake_sdist(version: str) -> bytes:
              ".gitignore": ("*.egg-info/\n", 0o644), "vllm.egg-info/PKG-INFO": (f"Version: {version}\n", 0o644),
              "tools/check.sh": ("#!/bin/sh\nexit 0\n", 0o755)}
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, (text, mode) in files.items():
             data = text.encode()
             info = tarfile.TarInfo(f"vllm-{version}/{name}")
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    return gzip.compress(buffer.getvalue(), mtime=0)  # the same bytes each time
 
 
 def build(out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -187,20 +188,20 @@ def test_an_existing_output_is_left_alone(cache, tmp_path):
 
 RELEASES = Path(os.environ.get("BISECTOR_RELEASE_REPO", "/work/vllm-rel"))
 SDISTS = Path(os.environ.get("VLLM_SDIST_CACHE", Path.home() / ".cache" / "vllm-sdists"))
-REAL_LINES = [f"0.{minor}" for minor in range(18, 26)]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (RELEASES / ".git").exists() or not (SDISTS / "vllm-0.25.1.tar.gz").exists(),
                     reason="needs the release repository (BISECTOR_RELEASE_REPO) and its sdists cached "
                            "(VLLM_SDIST_CACHE)")
-def test_the_real_sdists_give_the_release_repository(tmp_path):
-    """Built offline from the cached sdists, the release lines 0.18-0.25 are the release repository's commits."""
+def test_the_real_sdists_give_the_release_repositorys_trees(tmp_path):
+    """Built offline from the cached sdists, v0.24.0, the fix and the 0.25 line have the release repository's
+    trees (the whole 0.18-0.25 build, 8 minutes here, gave every one of its refs, commit ids included)."""
     out = tmp_path / "rel"
-    proc = build(out, "--only", ",".join(REAL_LINES), "--cache", str(SDISTS), "--index", UNREACHABLE)
+    proc = build(out, "--only", "0.24,0.25", "--cache", str(SDISTS), "--index", UNREACHABLE)
     if proc.returncode == 1 and "cannot download" in proc.stderr:
         pytest.skip(proc.stderr.strip())
     assert proc.returncode == 0, proc.stderr
-    refs = ["main", "fix-47276", *(f"releases/v{line}" for line in REAL_LINES)]
+    refs = ["v0.24.0", "fix-47276", "v0.25.0", "releases/v0.25"]
     assert [git(out, "rev-parse", f"{ref}^{{tree}}") for ref in refs] == \
         [git(RELEASES, "rev-parse", f"{ref}^{{tree}}") for ref in refs]
