@@ -105,6 +105,9 @@ ROWS = {
                                   Expected(None, 6, 6, 4, ("c8", "c9"), ("c0", "c16", "c8", "c7", "c11", "c9"))),
     "a skip away from it": (History(17, 9, {"c12": ("skip",)}),
                             Expected("c9", 6, 6, 4, tested=("c0", "c16", "c8", "c12", "c11", "c9"))),
+    "skips around the culprit are stepped around": (
+        History(17, 9, {f"c{i}": ("skip",) for i in (7, 10, 11, 12)}),
+        Expected("c9", 8, 8, 6, tested=("c0", "c16", "c8", "c12", "c11", "c13", "c10", "c9"))),
     "every probe skips": (History(5, 3, {f"c{i}": ("skip",) for i in (1, 2, 3)}),
                           Expected(None, 5, 5, 3, ("c1", "c2", "c3", "c4"))),
     # --find-fix: the old end is bad, the fix is the first good commit
