@@ -177,7 +177,7 @@ def _search_notes(result: BisectResult) -> list[str]:
         name = change.name.upper()
         notes.append(f"this commit moves {name} {change.old} → {change.new}; the behaviour "
                      f"change may come from {name}")
-        if not result.levels:  # --follow-pins went on by itself
+        if not result.levels and change.continuation:  # --follow-pins went on by itself; one-sided: no range
             notes.append(f"  continue inside {name}: {change.continuation}")
     signature = result.signature
     if signature.mode != "any":
