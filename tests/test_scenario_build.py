@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_docker import FakeDocker
+from test_images import TEMPLATE, history, publish
 
 pytestmark = pytest.mark.integration
 
@@ -154,6 +156,25 @@ def test_plan_warns_what_this_machine_lacks_and_sums_the_estimate(make_repo, tmp
     plain = cli(*common[:7], "--plan", "--state-dir", str(tmp_path / "state"), "--", "true")
     assert plain.returncode == 0 and "warning:" not in plain.stdout  # a command: nothing missing here
     assert "estimate: 0 min" in plain.stdout
+
+
+def test_plan_warns_about_planned_steps_without_an_image(make_repo, tmp_path, cli):
+    docker = FakeDocker(tmp_path / "fake")
+    repo, shas = history(make_repo, count=6, culprit=3)
+    publish(docker, shas, [0], culprit=3, local={0})  # the good end only
+    args = ("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+            str(tmp_path / "state"), "--image", TEMPLATE, "--plan", "--json", str(tmp_path / "plan.json"))
+    plan = cli(*args, "--", "python3", "tests/check.py", env=docker.env)
+    assert plan.returncode == 0, plan.stderr
+    probes = json.loads((tmp_path / "plan.json").read_text())["probes"]
+    blind = [probe for probe in probes if probe["sha"] != shas[0]]
+    assert blind and plan.stdout.splitlines()[-1] == (
+        f"warning: {len(blind)} of {len(probes)} planned steps have no image ({blind[0]['sha'][:12]}: no image "
+        f"{TEMPLATE.format(commit=blind[0]['sha'])}): they would skip; push or pull the images --image names, or "
+        "give --image-fallback build to build those commits here")
+    fallback = cli(*args, "--image-fallback", "build", "--", "python3", "tests/check.py", env=docker.env)
+    assert fallback.returncode == 0 and "warning:" not in fallback.stdout, fallback.stdout
+    assert not docker.runs()  # nothing ran
 
 
 def test_a_skips_log_path_exists_and_holds_the_reason(make_repo, tmp_path, cli):
