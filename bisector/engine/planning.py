@@ -11,6 +11,7 @@ from bisector.engine.config import RunConfig
 from bisector.engine.ranges import resolve_range
 from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
+from bisector.executor import LocalExecutor
 from bisector.results import Plan, PlannedCommand, PlannedStep
 from bisector.seams import ChecksMachine, StepContext
 from bisector.search import Bisection, Term
@@ -108,10 +109,11 @@ def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: Worl
 
 def machine_unfit(cfg: RunConfig) -> str | None:
     """Why this machine cannot run the scenario's steps (its own ChecksMachine check, on --python with no
-    checkout's pins: a bare directory stands for one), or None. Not asked with --image: steps run in the
-    images, not on this machine's Python."""
+    checkout's pins: a bare directory stands for one), or None. Not asked with --image (steps run in the
+    images, not on this machine's Python) nor with steps on other machines (Ray)."""
     scenario = cfg.scenario
-    if not isinstance(scenario, ChecksMachine) or not scenario.needs_build or cfg.world.image is not None:
+    elsewhere = cfg.world.image is not None or not isinstance(cfg.executor, (LocalExecutor, type(None)))
+    if not isinstance(scenario, ChecksMachine) or not scenario.needs_build or elsewhere:
         return None
     with tempfile.TemporaryDirectory(prefix="bisector-plan-") as bare:
         return scenario.machine_check(StepContext(checkout=Path(bare), log_path=Path(bare) / "plan.log",
