@@ -187,7 +187,7 @@ class Judge:
             step = StepAt(sha, worktree, logs, slot_env, cancel)
             with self.world.enter(step, environment, self.spec.python) as place:
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
-                    log = _reason_log(place.log_path, self._log_path(logs, sha, len(done)), place.reason)
+                    log = _reason_log(place.log_path, self._log_path(logs, sha, len(done)), f"skip: {place.reason}")
                     return [Execution(sha, Verdict.SKIP, place.reason, log, 0.0, place.summary or None,
                                       dict(place.details), cause="world")]
                 stands_on = place.environment or environment
@@ -247,7 +247,8 @@ class Judge:
                 details = dict(outcome.details)
                 if details.pop("timed_out", False):
                     timed_out_after = details["timed_out_after"] = self.spec.timeout
-            log = _reason_log(log, log_path, f"{outcome_verdict.value}: {reason}")
+            if outcome_verdict == Verdict.SKIP:  # a good or bad ran its process, which wrote the log
+                log = _reason_log(log, log_path, f"skip: {reason}")
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                                summary, {**place.details, **details},
                                                signature=details.get("signature"), timed_out_after=timed_out_after,
@@ -260,9 +261,9 @@ class Judge:
 
 
 def _reason_log(log: str | None, step_log: Path, reason: str) -> str | None:
-    """The log an execution names, made to exist: one named but missing or empty (a scenario that gave up before
-    its process started, a build that failed before writing, an earlier run's log removed) becomes the step's
-    own log, holding the reason; None stays None (no log is shown)."""
+    """The log a skip names, made to exist: one named but missing or empty (a scenario that gave up before its
+    process started, a build that failed before writing, an earlier run's log removed) becomes the step's own
+    log, holding the reason; None stays None (no log is shown)."""
     if log is None:
         return None
     named = Path(log)
