@@ -759,6 +759,10 @@ def plan_text(plan: Plan) -> str:
         for command in probe.commands:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
             lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command.argv)}")
+    low, high = plan.minutes
+    lines.append(f"estimate: {low if low == high else f'{low}-{high}'} min of builds, pulls and installs for "
+                 f"these steps (the costlier second probe counted; each step's scenario run comes on top)")
+    lines.extend(f"warning: {warning}" for warning in plan.warnings)
     return "\n".join(lines)
 
 

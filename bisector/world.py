@@ -66,6 +66,7 @@ AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
 BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
                    "reuse": "stored artifacts copied, seconds", "none": "no build",
                    "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
+BUILD_MINUTES = {"source": (30, 60), "precompiled": (2, 2)}  # the same figures, summed by --plan (others: 0)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ class PlannedWorld:
     text: str
     commands: tuple = ()
     cost: str = ""
+    minutes: tuple[int, int] = (0, 0)  # the cost as a range of minutes (builds, pulls, installs), for a total
 
 
 class World:
@@ -265,21 +267,22 @@ class World:
                 if info.local:
                     return PlannedWorld(f"image {info.ref} (here{size})", (), "no build, no pull: the run only")
                 seconds = (info.size or 0) / PULL_BYTES_PER_SECOND
+                minutes = max(1, round(seconds / 60))
                 return PlannedWorld(f"image {info.ref} (in the registry{size}: pulled)", (),
-                                    f"pull{size.replace(',', '')} (~{max(1, round(seconds / 60))} min), no build")
+                                    f"pull{size.replace(',', '')} (~{minutes} min), no build", (minutes, minutes))
             if self._fallback_builds:
                 return PlannedWorld(f"no image {info.ref}: built here (--image-fallback build)", (),
-                                    BUILD_ESTIMATES.get(build, build))
+                                    BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
             return PlannedWorld(f"{self.index.missing_reason(sha)}: skip", (), "none: skipped")
         if self.settings.aiter == "any":
-            return PlannedWorld("", (), BUILD_ESTIMATES.get(build, build))
+            return PlannedWorld("", (), BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
         pin = pins_at(self.repo.root, sha).get("aiter")
         if pin is None:
             return PlannedWorld("no AITER pin (docker/Dockerfile.rocm_base): skip", (), "none: skipped")
         if self.settings.aiter == "installed":
             problem = installed_against_pin(pin.ref, _installed_aiter(python))
             return PlannedWorld(f"AITER must be the pin {pin.ref}: " + (f"{problem}: skip" if problem else "it is"),
-                                (), BUILD_ESTIMATES.get(build, build))
+                                (), BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
         assert self.aiter is not None
         try:
             planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, python)
@@ -295,8 +298,10 @@ class World:
         minutes = AITER_PREBUILD_MINUTES if planned.prebuild else AITER_JIT_MINUTES
         cost = BUILD_ESTIMATES.get(build, build) + ("" if failed or stored or earlier else
                                                     f"; AITER wheel ~{minutes} min")
+        low, high = (0, 0) if failed else BUILD_MINUTES.get(build, (0, 0))  # failed before: the step skips
+        wheel = 0 if failed or stored or earlier else minutes
         commands = () if failed else self.aiter.reuse_commands(planned) if stored or earlier else planned.commands
-        return PlannedWorld(f"{planned.describe()}, {state}", commands, cost)
+        return PlannedWorld(f"{planned.describe()}, {state}", commands, cost, (low + wheel, high + wheel))
 
     # -- a step ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
