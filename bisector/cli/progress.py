@@ -6,9 +6,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from bisector.redact import redact
+from bisector.results import named
 from bisector.steps import Handler, Step
 
 if TYPE_CHECKING:
@@ -60,6 +61,13 @@ class ProgressHandler(Handler):
         self.running: dict[str, float] = {}  # sha -> when it started
         self.shown: dict[str, str] = {}      # sha -> the last progress line printed for it
         self.period = float(os.environ.get("BISECTOR_PROGRESS_SECONDS") or 30)
+        self.names: dict[str, str] = {}  # sha -> the tag or branch naming it, of the runs so far
+
+    def named(self, names: Mapping[str, str]) -> None:
+        self.names.update(names)
+
+    def _named(self, sha: str) -> str:
+        return escape(named(sha, self.names))
 
     def waiting(self, holder: str) -> None:
         console.print(f"waiting for another bisector run on this repository ({escape(holder)}) …")
@@ -85,7 +93,7 @@ class ProgressHandler(Handler):
 
     def testing(self, sha: str, role: str) -> None:
         self.running[sha] = time.monotonic()
-        console.print(f"  testing {sha[:12]} ({role}) …", style="dim")
+        console.print(f"  testing {self._named(sha)} ({role}) …", style="dim")
 
     def tested(self, step: Step, left: int, steps_left: int) -> None:
         self.running.pop(step.sha, None)
@@ -95,7 +103,7 @@ class ProgressHandler(Handler):
         colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
         cached = " cached" if step.cached else ""
         build = escape(f" [build {step.build}]") if step.build else ""
-        console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
+        console.print(f"step {self.count}: {self._named(step.sha)} [{colour}]{step.verdict}[/{colour}]{cached} "
                       f"({escape(step.reason)}){build} | {counted(left, 'commit')} left, "
                       f"~{counted(steps_left, 'step')} to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
@@ -104,7 +112,7 @@ class ProgressHandler(Handler):
 
     def cancelled(self, sha: str) -> None:
         self.running.pop(sha, None)
-        console.print(f"  {sha[:12]} cancelled (answer found elsewhere)")
+        console.print(f"  {self._named(sha)} cancelled (answer found elsewhere)", markup=True)
 
     def level(self, text: str) -> None:
         console.print(escape(text))
@@ -116,7 +124,7 @@ class ProgressHandler(Handler):
                 line = self._progress(sha)
                 if line and line != self.shown.get(sha):
                     self.shown[sha] = line
-                    console.print(f"  … {sha[:12]} {time.monotonic() - since:.0f}s {escape(line)}", markup=True)
+                    console.print(f"  … {self._named(sha)} {time.monotonic() - since:.0f}s {escape(line)}", markup=True)
 
     def _progress(self, sha: str) -> str | None:
         """The step's phase (build command or scenario) and the last line its newest log holds."""
