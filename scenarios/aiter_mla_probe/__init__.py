@@ -24,8 +24,9 @@ DEFAULT_TIMEOUT = 120.0
 VLLM_PATHS = ("vllm/v1/attention/backends/mla/rocm_aiter_mla.py",
               "vllm/model_executor/layers/attention/mla_attention.py", "vllm/v1/attention/backends/mla/common.py",
               "vllm/platforms/rocm.py", "vllm/config/cache.py", "docker/Dockerfile.rocm_base")
-# ... and of an AITER checkout (vllm_repo/vllm_ref hold vLLM): its MLA metadata sizing.
-AITER_PATHS = ("aiter/*mla*", "csrc/*mla*")
+# ... and of an AITER checkout (vllm_repo/vllm_ref hold vLLM): where get_mla_metadata_info_v1 is defined, and
+# the MLA code around it.
+AITER_PATHS = ("aiter/ops/attention.py", "aiter/*mla*", "csrc/*mla*")
 
 
 class AiterMLAProbe(BaseScenario):
