@@ -84,7 +84,8 @@ def _short_ends(shas: Sequence[str], names: Mapping[str, str] | None = None) -> 
 def counts_line(result: BisectResult) -> str:
     """The run's commit counts in words, the same in every format (BisectResult.counts)."""
     counts = result.counts
-    left = "" if counts["left"] is None else f", {counts['left']} left"
+    left = "" if counts["left"] is None else \
+        f", {counts['left']} {'candidate' if counts['left'] == 1 else 'candidates'} left"
     return (f"commits: {counts['commits']} in range, {counts['tested']} tested in {counts['steps']} steps"
             + left)
 

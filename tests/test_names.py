@@ -73,7 +73,7 @@ def test_every_format_runs_plan_and_progress_name_the_commits(tagged, tmp_path, 
 
 def _counts(reports: dict[str, str]) -> dict[str, tuple[int, ...]]:
     """(commits in range, commits tested, steps, left) as each format gives them."""
-    said = r"commits: (\d+) in range, (\d+) tested in (\d+) steps, (\d+) left"
+    said = r"commits: (\d+) in range, (\d+) tested in (\d+) steps, (\d+) candidates? left"
     found = {fmt: tuple(map(int, re.search(said, reports[fmt]).groups()))  # type: ignore[union-attr]
              for fmt in ("text", "markdown", "html")}
     props = {prop.get("name"): prop.get("value") for prop in ET.fromstring(reports["junit"]).iter("property")}
@@ -149,3 +149,23 @@ def test_on_the_release_repo_the_probe_culprit_lists_rocm_aiter_mla_first():
     assert len(info.other_files) > 1000
     parent = repo.resolve(f"{culprit}^")
     assert repo.names([culprit, parent]) == {culprit: "v0.19.0", parent: "v0.18.0"}
+
+
+def test_each_run_of_a_command_numbers_its_steps_from_one_as_its_report_does(tmp_path, cli):
+    """--prefilter runs two bisections in one command: the progress lines of each count its own steps."""
+    pytest.importorskip("torch")
+    from scenarios.aiter_mla_probe.demo import make_demo_repo
+
+    good, bad, planted = make_demo_repo(tmp_path / "repo", commits=8, culprit_index=5)
+    proc = cli("run", "--repo", str(tmp_path / "repo"), "--good", good, "--bad", bad, "--prefilter", "aiter-mla-probe",
+               "--state-dir", str(tmp_path / "state"), "--json", str(tmp_path / "r.json"), "--",
+               "sh", "-c", "! grep -q get_mla_metadata_info_v1 vllm/v1/attention/backends/mla/rocm_aiter_mla.py")
+    assert proc.returncode == 0, proc.stderr
+    cheap, main = re.split(r"^run \d+: ", proc.stderr, flags=re.M)[1:]
+    for run in (cheap, main):
+        numbers = [int(n) for n in re.findall(r"^step (\d+): ", run, re.M)]
+        assert numbers == list(range(1, len(numbers) + 1))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["first_bad"]["sha"] == planted
+    assert len(re.findall(r"^step \d+: ", main, re.M)) == len(result["steps"]) == result["counts"]["steps"]
+    assert len(re.findall(r"^step \d+: ", cheap, re.M)) == len(result["prefilter"]["steps"])

@@ -54,7 +54,8 @@ class ProgressHandler(Handler):
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
 
     def __init__(self, notes: list[str] | None = None):
-        self.count = 0
+        self.count = 0  # steps of the run now going: numbered as its reports number them
+        self.runs = 0   # runs started by this command (--prefilter and --follow-pins levels start several)
         self.start = time.monotonic()
         self.notes = notes or []  # said once, at the start
         self.logs: Path | None = None
@@ -77,6 +78,7 @@ class ProgressHandler(Handler):
         self.logs = logs
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")
+        self.count = 0
         self._begin()
 
     def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None:
@@ -85,8 +87,9 @@ class ProgressHandler(Handler):
         self._begin()
 
     def _begin(self) -> None:
-        """The notes and the heartbeat, once per command (--prefilter runs twice)."""
-        if self.count == 0 and not self.running:
+        """The notes and the heartbeat, once per command (--prefilter and --follow-pins levels start several runs)."""
+        self.runs += 1
+        if self.runs == 1:
             for note in self.notes:
                 console.print(escape(note))
             threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
