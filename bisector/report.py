@@ -150,7 +150,7 @@ def follow_answer(result: BisectResult) -> str | None:
             before = level.level.tags[tagged.index(level.culprit.sha) - 1][0]
             inside.append(f"release tags {before} → {level.level.tag_of(level.culprit.sha)}")
         else:
-            inside.append(f"{level.culprit_label.split(' commit')[0]} {level.culprit.sha[:12]} "
+            inside.append(f"{level.culprit_label.split(' commit')[0]} {level.named(level.culprit.sha)} "
                           f"{level.culprit.subject}")
     return (f"vLLM {result.culprit.sha[:12]} ({first_level.held_label}) moved {name} {change.old} → "
             f"{change.new}; inside {name}: " + ", then ".join(inside))
