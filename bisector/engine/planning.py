@@ -79,7 +79,8 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
                 imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
-                skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world))
+                skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world),
+                names=asked.repo.names([probe.sha for probe in probes]))
 
 
 def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: World) -> tuple[str, ...]:
