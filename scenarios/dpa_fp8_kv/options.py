@@ -83,6 +83,15 @@ class Options:
         other = self.reference or REFERENCE_BACKENDS.get(backend, {}).get(platform, DEFAULT_REFERENCE)
         return replace(self, attention_backend=other), other
 
+    def within_share(self, share: float) -> "Options":
+        """The options of an engine on a slot that shares its GPUs (bisector.gpus.SHARE_ENV): vLLM's memory
+        fraction and the KV cache's bytes scaled by the slot's share, so that the slots' engines together
+        take what one engine would, and none starves another; share 1 leaves them as they are."""
+        if share >= 1:
+            return self
+        return replace(self, gpu_memory_utilization=self.gpu_memory_utilization * share,
+                       kv_cache_memory_bytes=int(self.kv_cache_memory_bytes * share))
+
     @property
     def heads_per_rank(self) -> int:
         return self.heads // self.tp

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from bisector.builds.native import installed_rocm_version
 from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, in_use, size_cap, touch
-from bisector.gpus import GPU_VARIABLES
+from bisector.gpus import GPU_VARIABLES, gpu_share
 from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
 from bisector.seams import FollowUp
@@ -134,7 +134,11 @@ class DpaFp8KvScenario(BaseScenario):
             cap = size_cap(env)
         except ValueError as exc:
             return self._unrun(ctx, f"${SIZE_ENV}: {exc}", "machine")
-        settings = self.settings
+        try:
+            share = gpu_share(env)  # a slot sharing its GPUs (--gpus 0:4) bounds its engines' memory
+        except ValueError as exc:
+            return self._unrun(ctx, str(exc), "machine")
+        settings = self.settings.within_share(share)
         compared = settings.check == "numerics"
         reference, reference_name = settings.reference_for(platform)
         if compared and replace(reference, attention_backend=reference.backend_for(platform)) == \
@@ -185,6 +189,7 @@ class DpaFp8KvScenario(BaseScenario):
         signature = {"signature": failure_signature(failed.output, failed.returncode)} if failed else {}
         found = {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
                  "heads_per_rank": settings.heads_per_rank, "torch": versions["torch"],
+                 **({"gpu_share": share} if share < 1 else {}),
                  **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))} if platform == "rocm" else {}),
                  "seconds": round(tested[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                  **details(tested[0].output, (backend,)), "check": settings.check, "model": model.as_details(),
