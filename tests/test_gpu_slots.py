@@ -5,13 +5,16 @@ import json
 import sqlite3
 import sys
 import textwrap
+import threading
 
 import pytest
 import test_dpa_fp8_kv_scenario as dpa
 
+from bisector.compile_cache import first_start
 from bisector.errors import UsageError
 from bisector.executor import local_slots
 from bisector.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
+from bisector.process import Cancelled
 from scenarios.base import Verdict
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
@@ -197,3 +200,47 @@ def test_a_whole_gpu_keeps_the_options_and_a_bad_share_is_a_machine_skip(tmp_pat
     skipped = dpa.run(tmp_path, gpu_root, fake_python, env={**dpa.replay(records, r0=("ok", "exit 0")), SHARE_ENV: "2"})
     assert skipped.verdict is Verdict.SKIP and skipped.cause == "machine"
     assert skipped.reason == f"{SHARE_ENV}='2': must be in (0, 1]"
+
+
+# -- the compile cache's first start ------------------------------------------------------------------
+@pytest.mark.unit
+def test_the_first_engine_start_compiles_alone_and_the_slots_beside_it_wait(tmp_path, wait_for):
+    entered = {name: threading.Event() for name in ("first", "second")}
+    go = threading.Event()
+
+    def first():
+        with first_start(tmp_path, "key") as started:
+            entered["first"].set()
+            go.wait()
+            started()  # the engine is up: the waiting slot goes on while this one decodes
+            assert wait_for(entered["second"].is_set)
+
+    def second():
+        with first_start(tmp_path, "key"):
+            entered["second"].set()
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert wait_for(entered["first"].is_set)
+    threads.append(threading.Thread(target=second))
+    threads[1].start()
+    assert not entered["second"].wait(0.5)  # waits while the first engine starts
+    go.set()
+    for thread in threads:
+        thread.join()
+    assert entered["second"].is_set()
+    assert (tmp_path / "compile/warm/key").is_file()
+    # warm: nobody waits, even beside a start of another configuration holding its own lock
+    with first_start(tmp_path, "other"), first_start(tmp_path, "key"):
+        pass
+
+
+@pytest.mark.unit
+def test_a_slot_cancelled_while_it_waits_for_the_first_start_stops_waiting(tmp_path):
+    cancel = threading.Event()
+    with first_start(tmp_path, "key"):
+        cancel.set()
+        with pytest.raises(Cancelled), first_start(tmp_path, "key", cancel):
+            pass
+    with first_start(tmp_path, "key", cancel):  # warm now: a step goes straight on
+        pass

@@ -1,6 +1,7 @@
 """The scenario's options, parsed and validated once."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -99,6 +100,13 @@ class Options:
     @property
     def gpus(self) -> int:
         return self.dp * self.tp
+
+
+def warm_key(options: Options, platform: str, python: str) -> str:
+    """The engine configuration a first start warms the compile cache for (compile_cache.first_start): the
+    options as asked (a slot's share aside), the platform and the interpreter; not the commit, since the
+    slots of a round test different ones and vLLM's own cache keys tell their compiles apart."""
+    return hashlib.sha256(repr((options, platform, python)).encode()).hexdigest()[:16]
 
 
 def parse_options(raw: Mapping[str, str]) -> Options:
