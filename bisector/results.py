@@ -743,6 +743,9 @@ class Plan:
     imaged: int | None = None  # --image: how many commits of the range have an image
     skipped_by_user: int = 0   # --skip/--skip-file: how many commits of the range are never tested
     warnings: tuple[str, ...] = ()  # preconditions missing here (a GPU, a wheel, an image), each with what to do
+    slots: int = 1             # steps at once (--jobs, --gpus ID:N): the k of each probe round
+    rounds: int | None = None  # probe rounds expected with those slots (None: not estimated)
+    rounds_one_slot: int | None = None  # and with one
 
     @property
     def minutes(self) -> tuple[int, int]:
@@ -758,13 +761,16 @@ class Plan:
                 "builder": self.builder, "merge_bases": list(self.merge_bases),
                 "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged,
                 "minutes": list(self.minutes), "warnings": list(self.warnings),
-                **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {})}
+                **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {}),
+                **({"slots": self.slots, "rounds": self.rounds, "rounds_one_slot": self.rounds_one_slot}
+                   if self.rounds is not None else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
         return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
                    builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
                    skipped_by_user=data.get("skipped_by_user", 0), warnings=tuple(data.get("warnings", ())),
+                   slots=data.get("slots", 1), rounds=data.get("rounds"), rounds_one_slot=data.get("rounds_one_slot"),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),

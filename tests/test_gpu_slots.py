@@ -244,3 +244,26 @@ def test_a_slot_cancelled_while_it_waits_for_the_first_start_stops_waiting(tmp_p
             pass
     with first_start(tmp_path, "key", cancel):  # warm now: a step goes straight on
         pass
+
+
+# -- --plan -------------------------------------------------------------------------------------------
+def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
+    repo, shas = history
+    rounds, texts = {}, {}
+    for gpus in ("0", "0:4"):
+        plan = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--gpus", gpus, "--plan",
+                   "--state-dir", str(tmp_path / "plan-state"), "--json", str(tmp_path / "plan.json"),
+                   "--", "sh", "-c", "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+        assert plan.returncode == 0, plan.stderr
+        planned = json.loads((tmp_path / "plan.json").read_text())
+        rounds[gpus], texts[gpus] = planned["rounds"], plan.stdout
+        assert planned["slots"] == (4 if gpus == "0:4" else 1) and planned["rounds_one_slot"] == 5
+        assert sum(probe["role"] == "probe 1" for probe in planned["probes"]) == planned["slots"]
+    assert rounds == {"0:4": 2, "0": 5}  # 18 commits to split: 5 halvings, or 2 rounds of fifths
+    assert "rounds: about 2 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
+           "step's time" in " ".join(texts["0:4"].split())
+    assert "rounds: about 5 after the endpoints with 1 slot; a round" in " ".join(texts["0"].split())
+    for gpus in ("0:4", "0"):  # the estimate is what the search needs at most
+        result, _, _ = bisect(cli, history, tmp_path, f"plan-{gpus}", "--gpus", gpus)
+        assert result["rounds"] <= rounds[gpus]
+    assert result["rounds"] > rounds["0:4"]
