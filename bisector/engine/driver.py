@@ -190,13 +190,12 @@ class RunContext:
                 assert isinstance(self.executor, BuildsAhead)
                 self.ahead[sha] = self.executor.build_ahead(self.judge, sha)
 
-    def settle_builds_ahead(self) -> int:
+    def settle_builds_ahead(self) -> None:
         """Drop the builds ahead still queued, wait for the one running (so that it ends as a build, kept in
-        the cache, not as a build killed); returns how many builds ahead ran."""
+        the cache, not as a build killed when the run ends)."""
         for future in self.ahead.values():
             future.cancel()
         wait(list(self.ahead.values()))
-        return sum(not future.cancelled() for future in self.ahead.values())
 
     def drive(self, policy: SearchPolicy) -> int:
         """The one loop: ask the policy what to test next until it has its answer; returns rounds."""
