@@ -6,6 +6,7 @@ import sqlite3
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 import test_dpa_fp8_kv_scenario as dpa
@@ -267,3 +268,25 @@ def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
         result, _, _ = bisect(cli, history, tmp_path, f"plan-{gpus}", "--gpus", gpus)
         assert result["rounds"] <= rounds[gpus]
     assert result["rounds"] > rounds["0:4"]
+
+
+def test_a_gpu_step_waits_for_the_first_engine_start_of_its_settings(tmp_path, gpu_root, fake_python, records,
+                                                                     wait_for):
+    import os
+
+    from scenarios import create
+    from scenarios.dpa_fp8_kv.options import warm_key
+
+    root = Path(os.environ["BISECTOR_CACHE_DIR"])
+    key = warm_key(create(dpa.NAME, {}).settings, "rocm", str(fake_python))
+    outcomes = []
+    with first_start(root, key) as started:  # another slot's engine of the same settings is starting
+        step = threading.Thread(target=lambda: outcomes.append(dpa.run(tmp_path, gpu_root, fake_python,
+                                                                       env=dpa.replay(records, r0=("ok", "exit 0")))))
+        step.start()
+        assert not wait_for((records / "rank0.json").exists, 1.0)  # its engine waits
+        started()  # that engine is up: its compiles are in the cache
+        assert wait_for((records / "rank0.json").exists)
+    step.join()
+    assert outcomes[0].verdict is Verdict.GOOD
+    assert (root / "compile/warm" / key).is_file()
