@@ -792,6 +792,10 @@ def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
     imaged = f", {plan.imaged} of them with an image" if plan.imaged is not None else ""
     lines = [f"plan: {plan.commits} commits in range{imaged}, --build {plan.builder}"]
+    if plan.rounds is not None:
+        one = f" (one slot: about {plan.rounds_one_slot})" if plan.slots > 1 else ""
+        lines.append(f"rounds: about {plan.rounds} after the endpoints with {plan.slots} "
+                     f"{'slot' if plan.slots == 1 else 'slots'}{one}; a round takes about one step's time")
     if plan.skipped_by_user:
         lines.append(f"skipped by --skip: {plan.skipped_by_user} commits")
     for probe in plan.probes:

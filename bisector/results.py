@@ -794,6 +794,9 @@ class Plan:
     skipped_by_user: int = 0   # --skip/--skip-file: how many commits of the range are never tested
     warnings: tuple[str, ...] = ()  # preconditions missing here (a GPU, a wheel, an image), each with what to do
     names: Mapping[str, str] = field(default_factory=dict)  # sha -> the tag or branch naming it (refs.names)
+    slots: int = 1             # steps at once (--jobs, --gpus ID:N): the k of each probe round
+    rounds: int | None = None  # probe rounds expected with those slots (None: not estimated)
+    rounds_one_slot: int | None = None  # and with one
 
     @property
     def minutes(self) -> tuple[int, int]:
@@ -810,6 +813,8 @@ class Plan:
                 "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged,
                 "minutes": list(self.minutes), "warnings": list(self.warnings),
                 **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {}),
+                **({"slots": self.slots, "rounds": self.rounds, "rounds_one_slot": self.rounds_one_slot}
+                   if self.rounds is not None else {}),
                 **({"names": dict(self.names)} if self.names else {})}
 
     @classmethod
@@ -818,6 +823,7 @@ class Plan:
                    builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
                    skipped_by_user=data.get("skipped_by_user", 0), warnings=tuple(data.get("warnings", ())),
                    names=dict(data.get("names", {})),
+                   slots=data.get("slots", 1), rounds=data.get("rounds"), rounds_one_slot=data.get("rounds_one_slot"),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),
