@@ -80,6 +80,7 @@ class JudgeSpec:
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env (bisector.envs)
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
     environment: str | None = None  # inputs not known: environment_hash of the driver's (keyed_on_environment)
+    measures: Mapping[str, str] | None = None  # --metric: what the samples are of (PerfSettings.key_parts)
 
     def open(self, repo: GitRepo, state_dir: Path) -> Judge:
         """The judge that tests with these settings on repo, its artifacts and environments under state_dir."""
@@ -95,7 +96,8 @@ class JudgeSpec:
         build = self.builder.name if self.scenario.needs_build else "none"
         return redact_json({**self.scenario.identity(self.python), "build": build, "env": self.envs.mode,
                             **self.world.key_parts,
-                            **({"environment_variables": self.environment} if self.environment else {})})
+                            **({"environment_variables": self.environment} if self.environment else {}),
+                            **({"perf": dict(self.measures)} if self.measures else {})})
 
     @property
     def key(self) -> str:
@@ -238,18 +240,20 @@ class Judge:
                 outcome_verdict, reason, log, cause = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path, "build"
                 details: dict = {}
+                metrics: dict[str, float] = {}
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log, cause = outcome.verdict, outcome.reason, outcome.log_path, \
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
                 details = dict(outcome.details)
+                metrics = dict(outcome.metrics)
                 if details.pop("timed_out", False):
                     timed_out_after = details["timed_out_after"] = self.spec.timeout
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                                summary, {**place.details, **details},
                                                signature=details.get("signature"), timed_out_after=timed_out_after,
-                                               image_digest=place.image_digest), cause))
+                                               image_digest=place.image_digest, metrics=metrics), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:
