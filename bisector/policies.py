@@ -419,7 +419,7 @@ class PerfPolicy:
         ends, names = self.ends, {"old": self.ends.old_name, "new": self.ends.new_name, None: "skip"}
         before, after = self.samples(ends.old), self.samples(ends.new)
         commits = []
-        for sha in (ends.old, *self.tested, ends.new):
+        for sha in (ends.old, *sorted(self.tested, key=self.search.index.__getitem__), ends.new):
             samples = self.samples(sha)
             role = "endpoint" if sha in (ends.old, ends.new) else "probe"
             entry: dict[str, Any] = {"sha": sha, "role": role, "runs": self.runs(sha), "samples": samples}

@@ -181,6 +181,12 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
             step_executor.shutdown()
             planned = plan_bisection(cfg)
             click.echo(report.plan_text(planned))
+            if perf:
+                from bisector import perf_report
+
+                testable = planned.commits - planned.skipped_by_user - 1
+                fewest, most = perf.plan(testable)
+                click.echo(perf_report.plan_text(perf.metric, fewest, most, testable, timeout))
             if each_json:
                 write_output("--json", each_json, json.dumps(planned.to_json(), indent=2) + "\n")
             exit_codes.append(EXIT_OK)
@@ -205,6 +211,11 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
     click.echo(report.bisect_text(result))  # every outcome: found, inconclusive, or stopped and why
     if json_file:
         write_output("--json", json_file, report.bisect_json(result))
+        if result.perf:  # the metric per tested commit, beside the JSON
+            from bisector import perf_report
+
+            write_output("--json", json_file.with_suffix(".svg"),
+                         perf_report.svg(result.perf, result.range, result.culprit.sha if result.culprit else None))
     if markdown_file:
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
     last = result.levels[-1] if result.levels else result

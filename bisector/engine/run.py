@@ -162,6 +162,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     answer, found = policy.answer()
                 except (EndpointError, AbortError, KeyboardInterrupt) as exc:
                     outcome, stopped = _stopped(cfg, ends, ctx, exc)
+                    if isinstance(policy, PerfPolicy):  # the ends' samples, and the probes' so far
+                        found["perf"] = policy.record()
                 note = None if answer is None or answer.first_new else \
                     world.range_note(answer.candidates, dict(asked.commits))
                 if note:
