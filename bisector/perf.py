@@ -17,6 +17,9 @@ from enum import Enum
 from typing import Sequence
 
 LOW_THRESHOLD = 0.01
+# A commit is called like one end only while its samples are plainly consistent with that end's: a p-value
+# against it above this (between LOW_THRESHOLD and this, more samples are taken).
+CONSISTENT = 0.05
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
 # p-value that already says "the same".
@@ -149,15 +152,16 @@ class Likeness:
 
 
 def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> Likeness:
-    """A commit is like one end when its samples differ from the other end's (p <= LOW_THRESHOLD), not from
-    this one's, and its median lies nearer this end's; otherwise not known (more samples, or a skip)."""
+    """A commit is like one end when its samples differ from the other end's (p <= LOW_THRESHOLD), are
+    consistent with this one's (p > CONSISTENT), and its median lies in the third of the way between the
+    ends' medians nearest this end's; otherwise not known (more samples, or a skip)."""
     versus_old, versus_new = compare(samples, old), compare(samples, new)
     median = statistics.median(samples)
-    near_old = abs(median - statistics.median(old)) < abs(median - statistics.median(new))
+    to_old, to_new = abs(median - statistics.median(old)), abs(median - statistics.median(new))
     p = f"p = {versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end"
-    if versus_new.result is Result.DIFFERENT and versus_old.result is not Result.DIFFERENT and near_old:
+    if versus_new.result is Result.DIFFERENT and versus_old.p_value > CONSISTENT and to_old * 2 < to_new:
         return Likeness("old", versus_old, versus_new, f"like the old end ({p})")
-    if versus_old.result is Result.DIFFERENT and versus_new.result is not Result.DIFFERENT and not near_old:
+    if versus_old.result is Result.DIFFERENT and versus_new.p_value > CONSISTENT and to_new * 2 < to_old:
         return Likeness("new", versus_old, versus_new, f"like the new end ({p})")
     if versus_old.result is Result.DIFFERENT and versus_new.result is Result.DIFFERENT:
         return Likeness(None, versus_old, versus_new, f"differs from both ends ({p})")
