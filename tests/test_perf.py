@@ -159,3 +159,37 @@ def test_metric_options_need_metric_and_exclude_flaky(cli, make_repo, tmp_path):
         assert result.returncode == 2
         assert result.stderr.startswith(f"bisector: error: {message}"), result.stderr
     assert repo.snapshot() == before
+
+
+def test_a_rerun_builds_on_the_stored_samples_of_the_same_metric_only(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(8, 5)
+    options = ("--metric", "tok_s", "--higher-is-better", "--reuse-verdicts")
+    first, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, *options, bench_args=("--seed", "8"))
+    assert first.returncode == 0 and data["first_bad"]["sha"] == shas[5], first.stderr
+    measured = invocations(tmp_path, 0)
+    again, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, *options, bench_args=("--seed", "8"))
+    assert again.returncode == 0 and data["first_bad"]["sha"] == shas[5], again.stderr
+    # every commit was decided by the samples stored: nothing ran again, and none was discarded
+    assert data["executions"] == 0 and invocations(tmp_path, 0) == measured
+    good_end = next(entry for entry in data["perf"]["commits"] if entry["sha"] == shas[0])
+    assert good_end["runs"] == measured
+    assert data["cache_key"]["perf"] == {"metric": "tok_s"}
+    # another metric is another question: its samples are measured afresh
+    other, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "latency_ms", "--lower-is-better",
+                       "--reuse-verdicts", bench_args=("--seed", "8"))
+    assert other.returncode == 0 and data["first_bad"]["sha"] == shas[5], other.stderr
+    assert invocations(tmp_path, 0) >= measured + 6 and data["cache_key"]["perf"] == {"metric": "latency_ms"}
+
+
+def test_an_end_that_reports_no_metric_stops_the_hunt_with_exit_3(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(4, 2)
+    out = tmp_path / "out.json"
+    result = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+                 str(tmp_path / "state"), "--json", str(out), "--metric", "tok_s", "--", "sh", "-c",
+                 "echo BISECTOR_METRIC other=1")
+    assert result.returncode == 3
+    assert f"endpoint check failed: good {shas[0]} ({shas[0][:12]}) cannot be measured: a run reported no " \
+           "tok_s (BISECTOR_METRIC tok_s=VALUE)" in result.stderr
+    assert json.loads(out.read_text())["perf"]["commits"][0]["samples"] == []
