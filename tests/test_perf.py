@@ -193,3 +193,18 @@ def test_an_end_that_reports_no_metric_stops_the_hunt_with_exit_3(cli, make_repo
     assert f"endpoint check failed: good {shas[0]} ({shas[0][:12]}) cannot be measured: a run reported no " \
            "tok_s (BISECTOR_METRIC tok_s=VALUE)" in result.stderr
     assert json.loads(out.read_text())["perf"]["commits"][0]["samples"] == []
+
+
+def test_repeats_side_by_side_each_keep_their_own_log_and_sample(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(10, 6)
+    result, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "tok_s", "--jobs", "3",
+                        bench_args=("--seed", "9"))
+    assert result.returncode == 0 and data["first_bad"]["sha"] == shas[6], result.stderr
+    logs = [step["log"] for step in data["steps"]]
+    assert len(set(logs)) == len(logs) == data["executions"]  # repeats of one commit ran at once, each its own log
+    with sqlite3.connect(tmp_path / "state" / "bisector.sqlite") as db:
+        stored = db.execute("SELECT log_path, json_extract(metrics, '$.tok_s') FROM executions").fetchall()
+    for log, sample in stored:  # each sample is the last value its own run printed
+        printed = [line for line in Path(log).read_text().splitlines() if "tok_s=" in line]
+        assert float(printed[-1].rpartition("=")[2]) == sample

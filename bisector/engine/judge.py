@@ -207,12 +207,16 @@ class Judge:
 
     def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
         """The log of sha's next run: numbered from its attempt, never over a log an earlier run (whose
-        executions this run is not served) wrote."""
+        executions this run is not served) wrote, nor one a run of the same commit beside it (a performance
+        hunt's repeats on other slots) has claimed: the name is created here, exclusively."""
+        logs.mkdir(parents=True, exist_ok=True)
         while True:
             path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
-            if not path.exists():
+            try:
+                path.open("x").close()
                 return path
-            attempt += 1
+            except FileExistsError:
+                attempt += 1
 
     def _runs(self, sha: str, done: list[Execution], template: StepContext,
               environment: Environment, place: Place) -> list[Execution]:
@@ -232,7 +236,6 @@ class Judge:
             build = self.builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
-            log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
             cause: str | None
             timed_out_after: float | None = None
@@ -242,7 +245,8 @@ class Judge:
                 details: dict = {}
                 metrics: dict[str, float] = {}
             else:
-                ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
+                ctx = dataclasses.replace(template, log_path=self._log_path(logs, sha, len(done) + len(fresh)),
+                                          env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log, cause = outcome.verdict, outcome.reason, outcome.log_path, \
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
