@@ -81,7 +81,8 @@ class CommandScenario(BaseScenario):
                 metrics = {**parse_output(result.output), **read_file(metric_file)}
             except MetricError as exc:
                 return Outcome(Verdict.SKIP, f"exit 0, but {exc}", log)
-            return Outcome(Verdict.GOOD, "exit 0", log, metrics=metrics)
+            shown = ", ".join(f"{name}={value:g}" for name, value in metrics.items())
+            return Outcome(Verdict.GOOD, f"exit 0 ({shown})" if shown else "exit 0", log, metrics=metrics)
         if code == SKIP_EXIT:
             return Outcome(Verdict.SKIP, "exit 125 (skip)", log)
         if code < 128:
