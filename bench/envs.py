@@ -12,7 +12,7 @@
    cold (empty uv cache: every wheel downloaded), warm (uv cache filled, new environment: hard links
    only) and reuse (the stored environment found by key); and whether the base's `pip freeze` changed.
 
-The repo defaults to a vLLM release repo built by ../shared/tools/vllm-release-repo (as bench/steps.py).
+The repo defaults to a vLLM release repo built by bench/release_repo.py (as bench/steps.py).
 """
 from __future__ import annotations
 

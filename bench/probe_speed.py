@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time aiter-mla-probe on every tag of a vLLM release repo (see shared/tools/vllm-release-repo).
+"""Time aiter-mla-probe on every tag of a vLLM release repo (built by bench/release_repo.py).
 
     python bench/probe_speed.py /tmp/vllm-rel [--ref v0.19.0 ...] [--option heads=16 ...]
 

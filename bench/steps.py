@@ -3,7 +3,7 @@
 
     python bench/steps.py [--repo VLLM_RELEASE_REPO] [--good v0.10.0] [--bad v0.24.0]
 
-The repo defaults to a vLLM release repo built by ../shared/tools/vllm-release-repo (into
+The repo defaults to a vLLM release repo built by bench/release_repo.py (into
 ~/.cache/bisector-bench/vllm-rel when missing). The scenario is a small judge script that reads the
 checkout's rocm_aiter_mla.py (bad when it sizes AITER metadata without the fp8 override), so
 scenario time is tiny and overhead dominates. Overhead per step = (wall - scenario time) / steps,
@@ -44,7 +44,7 @@ def default_repo() -> Path:
         if (candidate / ".git").exists():
             return candidate
     target = Path.home() / ".cache/bisector-bench/vllm-rel"
-    tool = HERE.parent.parent / "shared/tools/vllm-release-repo"
+    tool = HERE / "release_repo.py"
     subprocess.run([sys.executable, str(tool), str(target)], check=True)
     return target
 

@@ -8,12 +8,13 @@ worktrees; the user's branches only change with create_branches (a new backport/
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import CacheUse, RunContext
@@ -61,11 +62,22 @@ class BackportConfig:
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
 
 
-class BackportHandler:
-    """Receives per-branch events; the CLI's progress display overrides what it shows."""
+@runtime_checkable
+class BackportHandler(Protocol):
+    """Hears of each branch as it is checked (the CLI's BackportProgress shows it)."""
 
     def checking(self, branch: str, tip: str) -> None: ...
     def checked(self, entry: BranchEntry) -> None: ...
+
+
+class _Silent:
+    """The BackportHandler of a caller that shows nothing."""
+
+    def checking(self, branch: str, tip: str) -> None:
+        pass
+
+    def checked(self, entry: BranchEntry) -> None:
+        pass
 
 
 def decide(pick: str, before: str | None, after: str | None, target_present: bool, masked: bool = False) -> str:
@@ -135,19 +147,42 @@ def _natural(name: str) -> list:
 
 def matching_branches(repo: GitRepo, globs: Sequence[str]) -> list[tuple[str, str]]:
     """(name, tip) of every branch some glob matches, in natural order; UsageError for a glob
-    matching nothing."""
+    matching nothing.
+
+    A glob matches a branch by its name (`releases/*`: the local releases/v0.19; `origin/releases/*`: the
+    remote-tracking origin/releases/v0.19) and a remote-tracking branch also by its name on the remote, as
+    a clone has them (`releases/*`: origin/releases/v0.19), unless a local branch of that name matched.
+    """
     found: dict[str, str] = {}
+    remote = _remote_tracking(repo)
     for glob in globs:
-        matches = repo.branches(glob)
+        matches = dict(repo.branches(glob))
+        named = {remote[name][0] if name in remote else name for name in matches}  # local first
+        for full, (short, tip) in remote.items():
+            if short not in named and fnmatch.fnmatchcase(short, glob):
+                matches[full] = tip
+                named.add(short)  # the first remote's branch of that name; not the same branch twice
         if not matches:
             raise UsageError(f"--branches {glob!r} matches no local or remote-tracking branch")
         found.update(matches)
     return sorted(found.items(), key=lambda item: _natural(item[0]))
 
 
+def _remote_tracking(repo: GitRepo) -> dict[str, tuple[str, str]]:
+    """Remote-tracking branch (origin/releases/v0.19) -> (its name on the remote, tip); origin/HEAD left out."""
+    out = repo.git.for_each_ref("--format=%(refname:lstrip=2)%00%(refname:lstrip=3)%00%(objectname)%00%(symref)",
+                                "refs/remotes")
+    branches = {}
+    for line in out.splitlines():
+        full, short, tip, symref = line.split("\0")
+        if not symref:
+            branches[full] = (short, tip)
+    return branches
+
+
 def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> BackportResult:
     """Validate, then check every matching branch; returns the result (its record is stored in the run's row)."""
-    handler = handler or BackportHandler()
+    handler = handler or _Silent()
     if not cfg.branches:
         raise UsageError("give at least one --branches GLOB")
     repo = GitRepo(cfg.repo)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from bisector import __version__, compile_cache
 from bisector.builds.native import installed_rocm_version, rocm_root
@@ -116,8 +117,8 @@ def container_runtime(name: str) -> str:
                    f"{gid or 'missing'}" if devices else "; no AMD render devices for containers")
 
 
-def report(python: str, state_dir: Path | None, runtime: str = "docker") -> str:
-    """The doctor's text: one `name: value` line per fact."""
+def report(python: str, state_dir: Path | None, runtime: str = "docker", config: Sequence[str] = ()) -> str:
+    """The doctor's text: one `name: value` line per fact, then the configuration's lines (bisector.config)."""
     packages = python_packages(python)
     lines = [f"bisector: {__version__}",
              f"platform: {platform.platform()}",
@@ -140,4 +141,4 @@ def report(python: str, state_dir: Path | None, runtime: str = "docker") -> str:
         lines.append(f"compile cache: ${compile_cache.SIZE_ENV} unusable: {exc}")
     else:
         lines.append(compile_cache.describe(compile_cache.cache_root(), cap))
-    return "\n".join(lines)
+    return "\n".join([*lines, *config])

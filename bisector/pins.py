@@ -101,10 +101,13 @@ def continuation_argv(change: PinChange, vllm_repo: str, vllm_commit: str, depen
                       options: dict[str, str] | None = None, find_fix: bool = False) -> list[str]:
     """The `bisector run` that continues inside the dependency with vLLM held at vllm_commit: the
     dependency's repository is bisected between the two pins, and the probe loads each dependency
-    commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`)."""
+    commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`). Both pins must be known: a
+    dependency pinned on one side only has no range to continue in."""
     old, new = change.old, change.new
+    if old is None or new is None:
+        raise ValueError(f"{change.name} is pinned on one side only ({old} → {new}): no range to continue in")
     good, bad = (new, old) if find_fix else (old, new)
-    argv: list = ["bisector", "run", "--repo", dependency_repo, "--good", good, "--bad", bad,
+    argv: list[str] = ["bisector", "run", "--repo", dependency_repo, "--good", good, "--bad", bad,
             "--scenario", "aiter-mla-probe", "--option", f"vllm_repo={vllm_repo}",
             "--option", f"vllm_ref={vllm_commit}"]
     for key, value in sorted((options or {}).items()):

@@ -178,7 +178,7 @@ def _search_notes(result: BisectResult) -> list[str]:
         name = change.name.upper()
         notes.append(f"this commit moves {name} {change.old} → {change.new}; the behaviour "
                      f"change may come from {name}")
-        if not result.levels:  # --follow-pins went on by itself
+        if not result.levels and change.continuation:  # --follow-pins went on by itself; one-sided: no range
             notes.append(f"  continue inside {name}: {change.continuation}")
     signature = result.signature
     if signature.mode != "any":
@@ -764,6 +764,10 @@ def plan_text(plan: Plan) -> str:
         for command in probe.commands:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in command.env.items())
             lines.append(f"      $ {env + ' ' if env else ''}{shlex.join(command.argv)}")
+    low, high = plan.minutes
+    lines.append(f"estimate: {low if low == high else f'{low}-{high}'} min of builds, pulls and installs for "
+                 f"these steps (the costlier second probe counted; each step's scenario run comes on top)")
+    lines.extend(f"warning: {warning}" for warning in plan.warnings)
     return "\n".join(lines)
 
 

@@ -70,19 +70,21 @@ class StepRecord:
     details: dict = field(default_factory=dict)
     cache_key: dict = field(default_factory=dict)  # the parts of the verdict cache key it was judged under
     from_earlier_run: bool = False  # cached from an earlier run (not this run nor one it resumed)
+    manual: bool = False  # a verdict given by hand (bisector mark): no scenario ran
 
     def to_json(self) -> dict:
         return {"sha": self.sha, "role": self.role, "round": self.round, "verdict": self.verdict,
                 "reason": self.reason, "cached": self.cached, "seconds": self.seconds, "log": self.log,
                 "build": self.build, "details": self.details, "cache_key": self.cache_key,
-                **({"from_earlier_run": True} if self.from_earlier_run else {})}
+                **({"from_earlier_run": True} if self.from_earlier_run else {}),
+                **({"manual": True} if self.manual else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> StepRecord:
         return cls(sha=data["sha"], role=data["role"], round=data["round"], verdict=data["verdict"],
                    reason=data["reason"], cached=data["cached"], seconds=data["seconds"], log=data.get("log"),
                    build=data.get("build"), details=data.get("details", {}), cache_key=data.get("cache_key", {}),
-                   from_earlier_run=data.get("from_earlier_run", False))
+                   from_earlier_run=data.get("from_earlier_run", False), manual=data.get("manual", False))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -691,6 +693,11 @@ class StoredRun:
         return RESULTS[self.kind].from_json(self.record)
 
 
+def _minutes(stored: Sequence[int] | None) -> tuple[int, int]:
+    """A planned step's (low, high) minutes as to_json wrote them; (0, 0) in a plan written before them."""
+    return (int(stored[0]), int(stored[1])) if stored else (0, 0)
+
+
 @dataclass(kw_only=True, frozen=True)
 class PlannedCommand:
     """A build command a planned step would run."""
@@ -712,12 +719,18 @@ class PlannedStep:
     commands: tuple[PlannedCommand, ...] = ()
     world: str = ""     # the image it runs in (and whether it exists), or the AITER it installs
     estimate: str = ""  # what the step costs, in words
+    minutes: tuple[int, int] = (0, 0)  # that cost as a range of minutes (builds, pulls, installs)
+
+    @property
+    def alternative(self) -> bool:
+        """A step that runs only for one verdict of an earlier one (`probe 2 if ... is good`)."""
+        return self.role.startswith("probe 2 if ")
 
     def to_json(self) -> dict:
         return {"sha": self.sha, "role": self.role, "native": self.native, "build": self.build,
                 "reason": self.reason, "commands": [{"label": command.label, "argv": list(command.argv),
                                                      "env": command.env} for command in self.commands],
-                "world": self.world, "estimate": self.estimate}
+                "world": self.world, "estimate": self.estimate, "minutes": list(self.minutes)}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -732,21 +745,33 @@ class Plan:
     probes: tuple[PlannedStep, ...] = ()
     imaged: int | None = None  # --image: how many commits of the range have an image
     skipped_by_user: int = 0   # --skip/--skip-file: how many commits of the range are never tested
+    warnings: tuple[str, ...] = ()  # preconditions missing here (a GPU, a wheel, an image), each with what to do
+
+    @property
+    def minutes(self) -> tuple[int, int]:
+        """The planned steps' cost in minutes (low, high): every step that surely runs, and of the second
+        probes, which run for one verdict of the first, the costlier."""
+        sure = [probe.minutes for probe in self.probes if not probe.alternative]
+        either = [probe.minutes for probe in self.probes if probe.alternative]
+        return (sum(low for low, _ in sure) + max((low for low, _ in either), default=0),
+                sum(high for _, high in sure) + max((high for _, high in either), default=0))
 
     def to_json(self) -> dict:
         return {"commits": self.commits, "good": end_json(self.good), "bad": end_json(self.bad),
                 "builder": self.builder, "merge_bases": list(self.merge_bases),
                 "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged,
+                "minutes": list(self.minutes), "warnings": list(self.warnings),
                 **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
         return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
                    builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
-                   skipped_by_user=data.get("skipped_by_user", 0),
+                   skipped_by_user=data.get("skipped_by_user", 0), warnings=tuple(data.get("warnings", ())),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),
                                                                           env=c["env"]) for c in p["commands"]),
-                                            world=p.get("world", ""), estimate=p.get("estimate", ""))
+                                            world=p.get("world", ""), estimate=p.get("estimate", ""),
+                                            minutes=_minutes(p.get("minutes")))
                                 for p in data["probes"]))

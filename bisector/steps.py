@@ -62,7 +62,7 @@ class Step:
                           cached=self.cached, seconds=round(run.seconds, 3), log=run.log_path, build=run.build,
                           details={**run.details, **({"cause": run.cause} if run.cause else {})},
                           cache_key=self.cache_key,
-                          from_earlier_run=self.from_earlier_run)
+                          from_earlier_run=self.from_earlier_run, manual=run.manual)
 
 
 class Handler:
@@ -70,6 +70,7 @@ class Handler:
 
     def waiting(self, holder: str) -> None: ...
     def started(self, run_id: int, total: int, resumed_from: int | None, logs: Path) -> None: ...
+    def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None: ...  # `scenario calibrate` begins
     def testing(self, sha: str, role: str) -> None: ...
     def tested(self, step: Step, left: int, steps_left: int) -> None: ...
     def cancelled(self, sha: str) -> None: ...  # a running step whose answer no longer matters

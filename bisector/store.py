@@ -78,6 +78,15 @@ CREATE TABLE IF NOT EXISTS builds (
     size INTEGER NOT NULL,
     last_used REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS marks (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id), -- the run it was given to: evidence for it and its resumptions only
+    sha TEXT NOT NULL,
+    verdict TEXT NOT NULL,            -- good | bad | skip, given by hand (bisector mark)
+    reason TEXT NOT NULL,             -- the user's --reason, '' when none
+    recorded REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS marks_by_run ON marks (run_id, id);
 CREATE TABLE IF NOT EXISTS images (
     ref TEXT PRIMARY KEY,             -- an --image template filled in for one commit
     present INTEGER NOT NULL,         -- 1: the image exists (here or in its registry), 0: a miss (asked again later)
@@ -117,8 +126,9 @@ def _typed_controls(db: sqlite3.Connection) -> None:
 
 def _metrics_column(db: sqlite3.Connection) -> None:
     """Version 6 keeps what each execution measured (a performance hunt's samples) in a column."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'executions'").fetchone():
-        _add_columns(db, ("executions", "metrics TEXT"))  # else SCHEMA creates it with the column
+    columns = {row[1] for row in db.execute("PRAGMA table_info(executions)")}
+    if columns and "metrics" not in columns:  # no table: SCHEMA creates it with the column
+        _add_columns(db, ("executions", "metrics TEXT"))
 
 
 # How a file of schema version N becomes version N + 1 (0: files written before versions were kept).
@@ -127,7 +137,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: lambda db: _add_columns(db, ("runs", "resumed_from INTEGER"), ("executions", "run_id INTEGER")),
     2: _forget_machine_skips,
     3: _typed_controls,
-    4: lambda db: None,  # 5: manual marks (other branch)
+    4: lambda db: None,  # 5 adds the marks table (SCHEMA creates it)
     5: _metrics_column,
 }
 # Why a skip is no verdict about the commit (Execution.cause), in words: such an execution is never stored in
@@ -200,6 +210,7 @@ class Execution:
     signature: str | None = None  # the failure signature its scenario gave (engine.judge.signature_of)
     timed_out_after: float | None = None  # the timeout it hit: counts only while the timeout is not larger
     image_digest: str | None = None  # the --image it ran in: part of its verdict cache key
+    manual: bool = False  # a verdict given by hand (bisector mark): no scenario ran
     different_failure: bool = False  # a bad run judged skip: its signature is not the fault hunted
     clean_runs: tuple[Execution, ...] = ()  # the good runs a repeated good verdict sums (--repeat N)
     metrics: dict[str, float] = field(default_factory=dict)  # what the run measured (bisector.metrics)
@@ -269,9 +280,12 @@ class Store:
     # -- runs ------------------------------------------------------------------------------------
     @_guarded
     def start_run(self, kind: str, key: str, params: dict, pid: int) -> tuple[int, int | None]:
-        """A new run row; returns (run id, id of the unfinished run with the same key it resumes)."""
+        """A new run row; returns (run id, id of the run with the same key it resumes: one unfinished, or one
+        stopped that holds verdicts given by hand)."""
         row = self.db.execute("SELECT id, status FROM runs WHERE key = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
-        resumed = row["id"] if row and row["status"] in ("running", "interrupted") else None  # killed, or Ctrl-C
+        resumable = row is not None and (row["status"] in ("running", "interrupted")  # killed, or Ctrl-C
+                                         or row["status"] == "failed" and bool(self.marks(self.lineage(row["id"]))))
+        resumed = row["id"] if resumable else None  # (a stopped run resumes once it holds verdicts given by hand)
         if resumed is not None and row["status"] == "running":
             self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?", (resumed,))
         cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params, resumed_from) "
@@ -390,6 +404,26 @@ class Store:
                               "substr(scenario_key, 1, length(?) + 1) = ? || '/')",
                               (sha_prefix, sha_prefix, scenario, scenario, scenario))
         return cur.rowcount
+
+    # -- marks (verdicts given by hand: bisector mark) ----------------------------------------------
+    @_guarded
+    def add_mark(self, run_id: int, sha: str, verdict: Verdict, reason: str = "") -> None:
+        """Record sha's verdict, given by hand to run run_id (a later mark of the same commit replaces it)."""
+        self.db.execute("INSERT INTO marks (run_id, sha, verdict, reason, recorded) VALUES (?, ?, ?, ?, ?)",
+                        (run_id, sha, verdict.value, reason, time.time()))
+
+    @_guarded
+    def marks(self, runs: tuple[int, ...]) -> dict[str, Execution]:
+        """The verdicts given by hand to these runs (a run and those it resumes), as executions by commit;
+        the newest mark of a commit wins. Never served to any other run."""
+        if not runs:
+            return {}
+        rows = self.db.execute(f"SELECT * FROM marks WHERE run_id IN ({', '.join('?' * len(runs))}) ORDER BY id",
+                               runs).fetchall()
+        return {row["sha"]: Execution(row["sha"], Verdict(row["verdict"]), "marked by hand"
+                                      + (f": {row['reason']}" if row["reason"] else ""), None, 0.0, None,
+                                      {"manual": True, "marked": row["recorded"]}, row["run_id"], manual=True)
+                for row in rows}
 
     # -- steps -----------------------------------------------------------------------------------
     @_guarded

@@ -93,6 +93,71 @@ def _mark(tree: Path, admin: Path | None, clone: bool = False) -> None:
     (tree.parent / MARKER).write_text(json.dumps({"admin": str(admin) if admin else None, "clone": clone}))
 
 
+def _remove_tree(repo_git: git.Git, repo: GitRepo, tree: Path) -> None:
+    """Remove one of the tool's marked work trees by path: its registration, then its folder (with the marker)."""
+    admin = _admin_of(tree)
+    try:
+        repo_git.worktree("remove", "--force", "--force", str(tree))
+    except git.GitCommandError:
+        pass
+    if admin is not None and admin.parent == repo.common_dir / "worktrees" and admin.is_dir():
+        try:
+            if Path((admin / "gitdir").read_text().strip()).parent == tree:
+                shutil.rmtree(admin, ignore_errors=True)
+        except OSError:
+            pass
+    if (tree.parent / MARKER).is_file():
+        shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+def _add_tree(repo_git: git.Git, repo: GitRepo, tree: Path, sha: str) -> None:
+    """A linked, detached work tree of sha at tree, marked as the tool's (tree's folder exists); nothing is left
+    behind when git fails."""
+    _mark(tree, None)
+    try:
+        repo_git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
+        _mark(tree, _admin_of(tree))
+    except git.GitCommandError:
+        _remove_tree(repo_git, repo, tree)
+        raise
+
+
+class OwnWorktree:
+    """One tool-owned work tree of sha outside the pool (`bisector shell`): `<base>/shell-<pid>-<n>/tree`
+    beside the marker, made on entry and removed on exit unless keep. The pool never touches it (its slots
+    live under `worktrees/`), so it may outlive a run that starts meanwhile."""
+
+    def __init__(self, repo: GitRepo, base: Path, sha: str, keep: bool = False):
+        self.repo, self.sha, self.keep = repo, sha, keep
+        self.git = hookless_git(repo.root)
+        self.base = Path(base).resolve()  # resolved: git records worktrees by their real path
+        self.tree: Path | None = None
+
+    def __enter__(self) -> Path:
+        self.base.mkdir(parents=True, exist_ok=True)
+        n = 0
+        while True:
+            folder = self.base / f"shell-{os.getpid()}-{n}"
+            try:
+                folder.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+        self.tree = folder / "tree"
+        try:
+            _add_tree(self.git, self.repo, self.tree, self.sha)
+        except git.GitCommandError as exc:
+            detail = (exc.stderr or "").strip().splitlines() or [str(exc)]
+            raise GitError(f"cannot check out {self.sha[:12]}: {detail[-1].strip()}") from None
+        return self.tree
+
+    def __exit__(self, *exc) -> None:
+        if self.tree is not None and not self.keep:
+            _remove_tree(self.git, self.repo, self.tree)
+            with contextlib.suppress(OSError):
+                self.base.rmdir()  # the last one gone: no empty folder left
+
+
 class WorktreePool:
     """Detached worktrees owned by the tool under state_dir/worktrees, reused between steps.
 
@@ -142,20 +207,7 @@ class WorktreePool:
                 shutil.rmtree(admin, ignore_errors=True)
 
     def _remove(self, tree: Path) -> None:
-        """Remove one of the tool's slots by path: its registration, then its folder."""
-        admin = _admin_of(tree)
-        try:
-            self.git.worktree("remove", "--force", "--force", str(tree))
-        except git.GitCommandError:
-            pass
-        if admin is not None and admin.parent == self.repo.common_dir / "worktrees" and admin.is_dir():
-            try:
-                if Path((admin / "gitdir").read_text().strip()).parent == tree:
-                    shutil.rmtree(admin, ignore_errors=True)
-            except OSError:
-                pass
-        if (tree.parent / MARKER).is_file():
-            shutil.rmtree(tree.parent, ignore_errors=True)
+        _remove_tree(self.git, self.repo, tree)
 
     def _create(self, sha: str) -> Path:
         """A new marked slot with sha checked out."""
@@ -177,8 +229,7 @@ class WorktreePool:
                 clone.remote("remove", "origin")  # a step's `git push` reaches no repository of the user's
                 clone.checkout("--detach", "--force", "--quiet", sha)
             else:
-                self.git.worktree("add", "--detach", "--force", "--quiet", str(tree), sha)
-                _mark(tree, _admin_of(tree))
+                _add_tree(self.git, self.repo, tree, sha)
         except git.GitCommandError:  # e.g. a partial clone's missing objects: no slot is left behind
             self._remove(tree)
             raise

@@ -19,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-from bisector.aiter import AiterInstalls, AiterSettings, AiterUnavailable
+from bisector.aiter import DEFAULT_AITER_CACHE_SIZE, AiterInstalls, AiterSettings, AiterUnavailable
+from bisector.builds import parse_size
 from bisector.cachedir import human_size
 from bisector.envs import Environment
 from bisector.errors import UsageError
 from bisector.images import (
+    DEFAULT_IMAGE_CACHE_SIZE,
+    DEFAULT_NETWORK,
     IMAGE_PROBE,
     IMAGE_PYTHON,
     Container,
@@ -34,6 +37,7 @@ from bisector.images import (
     Runtime,
     agent_render_devices,
     amd_gpu_flags,
+    check_template,
     inside_gpu_env,
     prove,
     render_gid,
@@ -62,6 +66,7 @@ AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
 BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
                    "reuse": "stored artifacts copied, seconds", "none": "no build",
                    "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
+BUILD_MINUTES = {"source": (30, 60), "precompiled": (2, 2)}  # the same figures, summed by --plan (others: 0)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,46 @@ class WorldSettings:
             parts["aiter"] = self.aiter + ("+prebuild" if self.aiter == "pinned" and self.aiter_settings.prebuild
                                            else "")
         return parts
+
+    @classmethod
+    def from_options(cls, world: Mapping, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
+                     executor: str = "local") -> "WorldSettings":
+        """The settings of the world options as bisector.cli.options.world_options hands them over (None: not
+        given; "configured": those that came from configuration), checked against the scenario (None:
+        `backport` without one) and the other options: UsageError in one line for a combination that
+        cannot work."""
+        configured = world.get("configured", frozenset())
+        image_only = ("image_fallback", "container_runtime", "container_network", "image_cache_size")
+        given = [name for name in image_only if world[name] is not None]
+        if given and not world["image"]:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --image")
+        takes_aiter_repo = "aiter_repo" in getattr(scenario, "option_defaults", {})
+        pinned_only = [name for name in ("aiter_cache_size", "aiter_prebuild", "aiter_repo")
+                       if world[name] is not None and name not in configured
+                       and not (name == "aiter_repo" and takes_aiter_repo)]
+        if pinned_only and world["aiter"] != "pinned":
+            name = pinned_only[0]
+            raise UsageError(f"--{name.replace('_', '-')} needs --aiter pinned" + (
+                " (or a scenario that clones AITER itself, as aiter-mla-probe does)" if name == "aiter_repo" else ""))
+        image = None
+        if world["image"]:
+            if world["aiter"]:
+                raise UsageError("--image brings each commit's own AITER (the one its image was built with): "
+                                 "--aiter is for bare metal")
+            try:
+                cache = parse_size(world["image_cache_size"] or DEFAULT_IMAGE_CACHE_SIZE)
+            except ValueError as exc:
+                raise UsageError(f"--image-cache-size: {exc}") from None
+            image = ImageSettings(check_template(world["image"]), world["container_runtime"] or "docker",
+                                  world["image_fallback"] or "skip", world["container_network"] or DEFAULT_NETWORK,
+                                  cache)
+        aiter_sensitive = scenario is not None and scenario.aiter_sensitive
+        aiter = world["aiter"] or ("installed" if aiter_sensitive and not image else "any")
+        repo = world["aiter_repo"] if aiter == "pinned" else None
+        settings = cls(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
+                                                   bool(world["aiter_prebuild"]), repo, rocm_arch))
+        settings.check(scenario, env_mode, executor)
+        return settings
 
     def check(self, scenario: Scenario | None, env_mode: str, executor: str = "local") -> None:
         """UsageError for combinations that cannot work (scenario None: `backport` without one)."""
@@ -142,6 +187,7 @@ class PlannedWorld:
     text: str
     commands: tuple = ()
     cost: str = ""
+    minutes: tuple[int, int] = (0, 0)  # the cost as a range of minutes (builds, pulls, installs), for a total
 
 
 class World:
@@ -221,21 +267,22 @@ class World:
                 if info.local:
                     return PlannedWorld(f"image {info.ref} (here{size})", (), "no build, no pull: the run only")
                 seconds = (info.size or 0) / PULL_BYTES_PER_SECOND
+                minutes = max(1, round(seconds / 60))
                 return PlannedWorld(f"image {info.ref} (in the registry{size}: pulled)", (),
-                                    f"pull{size.replace(',', '')} (~{max(1, round(seconds / 60))} min), no build")
+                                    f"pull{size.replace(',', '')} (~{minutes} min), no build", (minutes, minutes))
             if self._fallback_builds:
                 return PlannedWorld(f"no image {info.ref}: built here (--image-fallback build)", (),
-                                    BUILD_ESTIMATES.get(build, build))
+                                    BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
             return PlannedWorld(f"{self.index.missing_reason(sha)}: skip", (), "none: skipped")
         if self.settings.aiter == "any":
-            return PlannedWorld("", (), BUILD_ESTIMATES.get(build, build))
+            return PlannedWorld("", (), BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
         pin = pins_at(self.repo.root, sha).get("aiter")
         if pin is None:
             return PlannedWorld("no AITER pin (docker/Dockerfile.rocm_base): skip", (), "none: skipped")
         if self.settings.aiter == "installed":
             problem = installed_against_pin(pin.ref, _installed_aiter(python))
             return PlannedWorld(f"AITER must be the pin {pin.ref}: " + (f"{problem}: skip" if problem else "it is"),
-                                (), BUILD_ESTIMATES.get(build, build))
+                                (), BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
         assert self.aiter is not None
         try:
             planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, python)
@@ -251,8 +298,10 @@ class World:
         minutes = AITER_PREBUILD_MINUTES if planned.prebuild else AITER_JIT_MINUTES
         cost = BUILD_ESTIMATES.get(build, build) + ("" if failed or stored or earlier else
                                                     f"; AITER wheel ~{minutes} min")
+        low, high = (0, 0) if failed else BUILD_MINUTES.get(build, (0, 0))  # failed before: the step skips
+        wheel = 0 if failed or stored or earlier else minutes
         commands = () if failed else self.aiter.reuse_commands(planned) if stored or earlier else planned.commands
-        return PlannedWorld(f"{planned.describe()}, {state}", commands, cost)
+        return PlannedWorld(f"{planned.describe()}, {state}", commands, cost, (low + wheel, high + wheel))
 
     # -- a step ----------------------------------------------------------------------------------------
     @contextlib.contextmanager

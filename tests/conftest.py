@@ -37,6 +37,10 @@ def pytest_collection_modifyitems(config, items):
 def _private_cache_root(tmp_path_factory, monkeypatch):
     """No test writes the tool's shared GPU caches under the real home: $BISECTOR_CACHE_DIR per test."""
     monkeypatch.setenv("BISECTOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache-root")))
+    # and no test reads the user's configuration (bisector.config): an empty config home, no BISECTOR_<KEY>
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))
+    for key in ("AITER_REPO", "EXECUTOR", "GPUS", "IMAGE", "STATE_DIR"):
+        monkeypatch.delenv(f"BISECTOR_{key}", raising=False)
 
 
 _FIXED_TIME = "1767225600 +0000"  # _GIT_ENV's dates, as git fast-import takes them

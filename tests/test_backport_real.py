@@ -2,8 +2,9 @@
 run: v0.19-v0.24 verified on MI300, v0.21-v0.24 masked on MI355 (AITER v0.1.13 sizes both query dtypes
 alike there), and the fix not exercised at gfx950 (its parent, v0.24.0, is good there: masked).
 
-Needs the release repository (`shared/tools/vllm-release-repo DIR --only 0.18,...,0.25`, env
-BISECTOR_RELEASE_REPO) and a ROCm/aiter clone (env BISECTOR_AITER_REPO); skipped without them.
+Needs the release repository (`python bench/release_repo.py DIR --only 0.18,...,0.25`, env
+BISECTOR_RELEASE_REPO) and a ROCm/aiter clone (env BISECTOR_AITER_REPO); skipped without them
+(CONTRIBUTING.md, "What the tests read from the environment").
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ AITER = Path(os.environ.get("BISECTOR_AITER_REPO", "/work/.mirror/ROCm+aiter/rep
 LINES = [f"releases/v0.{minor}" for minor in range(18, 26)]
 needs_real = pytest.mark.skipif(not (RELEASES / ".git").exists() or not (AITER / "HEAD").exists()
                                 or importlib.util.find_spec("torch") is None,
-                                reason="needs the vLLM release repo (v0.18-v0.25), a ROCm/aiter clone and torch")
+                                reason="needs the vLLM release repo (v0.18-v0.25: python bench/release_repo.py "
+                                       "DIR --only 0.18,0.19,0.20,0.21,0.22,0.23,0.24,0.25, then "
+                                       "BISECTOR_RELEASE_REPO=DIR), a ROCm/aiter clone (BISECTOR_AITER_REPO) "
+                                       "and torch")
 # What each release line pins (docker/Dockerfile.rocm_base) and its verdict at gfx942 and at gfx950.
 EXPECTED = {
     "releases/v0.18": ("v0.1.10.post2", "not-affected", "not-exercised"),  # no persistent MLA metadata yet

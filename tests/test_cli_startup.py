@@ -35,7 +35,8 @@ def test_top_level_help_loads_the_map_only_and_lists_every_command_with_its_help
     limit = 78 - 6 - max(map(len, COMMANDS))  # click: 80 columns less 2, less the spacing and the longest name
     expected = {name: main.get_command(None, name).get_short_help_str(limit) for name in COMMANDS}
     assert {line.split(None, 1)[0]: line.split(None, 1)[1] for line in listed} == expected
-    assert set(expected) == {"backport", "cache", "demo", "doctor", "env", "report", "run", "runs", "scenario"}
+    assert set(expected) == {"backport", "cache", "demo", "doctor", "env", "mark", "report", "run", "runs",
+                             "scenario", "shell"}
 
 
 def test_the_map_carries_each_commands_own_first_paragraph():

@@ -277,7 +277,7 @@ def test_calibrate_learns_the_bounds_from_the_good_ends_clean_pair(tmp_path, nvi
     scenario = create(NAME, {**SMALL, "check": "numerics"})
     scenario.system_root = nvidia_root
     judge = JudgeSpec(scenario, NoBuild(), 120, sys.executable)
-    result = calibrate(repo.path, good, bad, judge, runs=1, state_dir=tmp_path / "state")
+    result = calibrate(repo.path, (good, bad), judge, runs=1, state_dir=tmp_path / "state")
     assert result.good["bad"] == 0 and result.bad["bad"] == 1
     assert result.signature == numerics.SIGNATURE
     assert result.options == {"min_token_agreement": "0.980", "min_topk_overlap": "0.980"}

@@ -103,6 +103,8 @@ def flaky_fault(project_root):
     return ["python3", str(project_root / "bench" / "flaky_fault.py")]
 
 
+# decision logic also in tests/test_engine_table.py, row "repeat catches a commit that faults on its second run"
+@pytest.mark.slow
 def test_repeat_makes_plain_bisection_catch_an_intermittent_fault(make_repo, tmp_path, cli, flaky_fault):
     repo = make_repo()
     shas = repo.linear(16, bad_from=7)

@@ -49,7 +49,7 @@ def test_judge_one_and_calibrate_answer_with_types_whose_json_the_cli_writes(mak
     assert proc.returncode == 1, proc.stderr
     written = json.loads(out.read_text())
     assert list(written) == list(judged.to_json()) and written["verdict"] == "bad" and written["sha"] == shas[1]
-    calibrated = calibrate(repo.path, shas[0], shas[1], spec, 1, state)
+    calibrated = calibrate(repo.path, (shas[0], shas[1]), spec, 1, state)
     assert isinstance(calibrated, Calibration) and calibrated.reproduction_rate == 1.0
     assert [step.role for step in calibrated.steps] == ["bad end", "good end"]
     assert list(calibrated.to_json()) == ["scenario", "runs", "good", "bad", "reproduction_rate", "signature",

@@ -112,6 +112,8 @@ def skip_script(tmp_path, skipped):
     return [sys.executable, str(script)]
 
 
+# decision logic also in tests/test_engine_table.py: the table rows "a skip beside the culprit", "every probe skips"
+@pytest.mark.slow
 def test_skips_around_culprit_report_the_smallest_range(make_repo, tmp_path, run_json):
     repo = make_repo()
     shas = repo.linear(60, bad_from=31)
@@ -124,6 +126,8 @@ def test_skips_around_culprit_report_the_smallest_range(make_repo, tmp_path, run
     assert {s["verdict"] for s in result["steps"]} >= {"skip"}
 
 
+# decision logic also in tests/test_engine_table.py: the table row "skips around the culprit are stepped around"
+@pytest.mark.slow
 def test_skip_next_to_culprit_is_stepped_around(make_repo, tmp_path, run_json):
     repo = make_repo()
     shas = repo.linear(60, bad_from=31)
@@ -133,6 +137,8 @@ def test_skip_next_to_culprit_is_stepped_around(make_repo, tmp_path, run_json):
     assert result["first_bad"]["sha"] == shas[31]
 
 
+# decision logic also in tests/test_engine_table.py: the table rows "find-fix", "find-fix, 3 jobs"
+@pytest.mark.slow
 def test_find_fix_names_the_first_good_commit(make_repo, tmp_path, state_is_good, run_json):
     repo = make_repo()
     shas = [repo.commit(f"c{i}", {"state": ("good\n" if i >= 33 else "bad\n"), "n": f"{i}"})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bisector.errors import UsageError
 from bisector.registry import Option, Registry
 
 if TYPE_CHECKING:
@@ -60,6 +61,17 @@ class BuildSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", REGISTRY.canonical(self.strategy))
+
+    @classmethod
+    def from_options(cls, build: str | None, python: str, rocm_arch: str | None, wheels: str | None,
+                     cache_size: str, command: tuple[str, ...] = ()) -> BuildSettings:
+        """The build options (`--build`, `--cache-size`, ...) checked: UsageError in one line. Without --build
+        a -- CMD run builds nothing, as `git bisect run` does."""
+        try:
+            size = parse_size(cache_size)
+        except ValueError as exc:
+            raise UsageError(f"--cache-size: {exc}") from None
+        return cls(build or ("none" if command else "auto"), python, rocm_arch, wheels, size)
 
     @property
     def name(self) -> str:

@@ -28,11 +28,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "Versions, GPUs, the container runtime and disk use, for support requests (changes nothing)."),
     "env": ("bisector.cli.env", "env_group",
             "Per-commit environments (--env per-commit): create one, list them, remove them."),
+    "mark": ("bisector.cli.mark", "mark_command",
+             "Give REV a verdict by hand in run RUN (good, bad or skip); resumed, the run uses it untested."),
     "report": ("bisector.cli.report", "report_command",
                "Regenerate a run's report from the stored record (bisection or backport)."),
     "run": ("bisector.cli.run", "run",
             "Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."),
     "runs": ("bisector.cli.report", "runs_command", "Recorded runs: id, repository, range, command, state, answer."),
+    "shell": ("bisector.cli.shell", "shell_command",
+              "Open REV built as a step would build it, in $SHELL or running `-- CMD` (exit code: the command's)."),
     "scenario": ("bisector.cli.scenario", "scenario", "List scenarios, or run one on a single commit."),
 }
 
@@ -50,7 +54,7 @@ class BisectorGroup(click.Group):
         except click.ClickException as exc:
             from bisector.redact import redact
 
-            message = " ".join(exc.format_message().split())
+            message = " ".join(exc.format_message().split()) + _configured(exc)
             click.echo(f"bisector: error: {redact(message)}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
@@ -68,10 +72,16 @@ class BisectorGroup(click.Group):
         return getattr(importlib.import_module(module), attribute)
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
+        """The command asked for, its configuration loaded (bisector.config) as the defaults of its options."""
         try:
-            return super().resolve_command(ctx, args)
+            name, command, rest = super().resolve_command(ctx, args)
         except click.exceptions.NoSuchCommand as exc:  # "did you mean" from the map (no command is loaded)
             raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
+        if name is not None and command is not None and not ctx.resilient_parsing:
+            from bisector.cli.options import configure
+
+            configure(ctx, name, command, rest)
+        return name, command, rest
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands and their one-line help, as click writes them, from COMMANDS alone."""
@@ -103,6 +113,20 @@ class BisectorGroup(click.Group):
 def main() -> None:
     """Find the vLLM commit behind a ROCm GPU fault, and prove its fix backports."""
     signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _configured(exc: click.ClickException) -> str:
+    """Where a refused value came from, when configuration gave it (bisector.config), else ""."""
+    if not isinstance(exc, click.BadParameter) or exc.ctx is None or exc.param is None or exc.param.name is None:
+        return ""
+    from click.core import ParameterSource
+
+    from bisector.cli.options import CONFIG
+
+    config = exc.ctx.find_root().meta.get(CONFIG)
+    if config is None or exc.ctx.get_parameter_source(exc.param.name) is not ParameterSource.DEFAULT_MAP:
+        return ""
+    return f" (configured: {config.source_of(exc.param.name)})"
 
 
 def _sigterm(signum, frame):

@@ -35,7 +35,8 @@ from bisector.errors import (
               help="Repository holding the fix and branches.")
 @click.option("--fix", required=True, callback=not_an_option, help="The fix: sha, tag or branch.")
 @click.option("--branches", "globs", multiple=True, required=True, metavar="GLOB",
-              help="Branches to check (local or remote-tracking, e.g. 'origin/releases/v0.2*').")
+              help="Branches to check (local or remote-tracking, e.g. 'origin/releases/v0.2*'; 'releases/*' also "
+                   "matches origin/releases/v0.19 when there is no local releases/v0.19).")
 @click.option("--scenario", "scenario_name", help="Named scenario (see `bisector scenario list`).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Scenario option; KEY=A,B judges every branch at each value (a column each; \\, for a comma).")

@@ -1,13 +1,12 @@
-"""The backport progress display: imported by `bisector backport` once it runs (it subclasses the engine's
-BackportHandler, so `backport --help` does not load the engine)."""
+"""The backport progress display: imported by `bisector backport` once it runs. It is a
+`bisector.backport.BackportHandler` by shape (a Protocol), so importing it loads no engine."""
 from __future__ import annotations
 
-from bisector.backport import BackportHandler
 from bisector.cli.progress import console, escape
 from bisector.results import BranchEntry
 
 
-class BackportProgress(BackportHandler):
+class BackportProgress:
     """One line per branch on stderr as its verdict lands."""
 
     def checking(self, branch: str, tip: str) -> None:

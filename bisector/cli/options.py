@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from bisector.builds import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
 from bisector.builds import REGISTRY as BUILD_STRATEGIES
@@ -18,6 +19,7 @@ from bisector.errors import (
     UsageError,
 )
 from bisector.executor import checked_git_source
+from bisector.pins import unsafe_git_source
 from bisector.redact import redact_all
 from bisector.registry import Registry
 
@@ -162,9 +164,9 @@ def state_dir_path(ctx, param, value: str | None) -> Path | None:
     return absolute_path(ctx, param, value)
 
 
-state_dir_option = click.option("--state-dir", type=click.Path(), envvar="BISECTOR_STATE_DIR",
-                                callback=state_dir_path,
-                                help="Default: $BISECTOR_STATE_DIR, else <git dir>/bisector.")
+state_dir_option = click.option("--state-dir", type=click.Path(), callback=state_dir_path,
+                                help="Default: the configured state_dir ($BISECTOR_STATE_DIR, pyproject.toml, "
+                                     "config.toml), else <git dir>/bisector.")
 
 pr_url_template_option = click.option(
     "--pr-url-template", metavar="URL",
@@ -228,7 +230,8 @@ WORLD_PARAMETERS = ("image", "image_fallback", "container_runtime", "container_n
 
 def world_options(command):
     """--image and its options, --aiter and its options (`run`, `backport`, `scenario run|calibrate`); the
-    command receives them as one `world` mapping (see world_settings)."""
+    command receives them as one `world` mapping (see WorldSettings.from_options), with the names of those
+    that came from configuration under "configured" (defaults: applied, never refused for being there)."""
     from bisector.aiter import DEFAULT_AITER_CACHE_SIZE
     from bisector.images import DEFAULT_IMAGE_CACHE_SIZE, FALLBACKS, RUNTIMES
     from bisector.world import AITER_MODES
@@ -236,7 +239,8 @@ def world_options(command):
     options = [
         click.option("--image", metavar="TEMPLATE",
                      help="Run each commit in its own container image, e.g. 'rocm/vllm-ci:{commit}' ({commit}: the "
-                          "full sha, {short}: 12 hex); a commit without one is skipped."),
+                          "full sha, {short}: 12 hex); a commit without one is skipped. Default: the configured "
+                          "image."),
         click.option("--image-fallback", type=click.Choice(FALLBACKS), default=None,
                      help="--image: a commit without an image is skipped (skip, the default) or built here (build)."),
         click.option("--container-runtime", type=click.Choice(RUNTIMES), default=None,
@@ -254,12 +258,20 @@ def world_options(command):
         click.option("--aiter-prebuild", is_flag=True, default=None,
                      help="--aiter pinned: prebuild AITER's kernels as vLLM's images do (default: JIT mode)."),
         click.option("--aiter-repo", metavar="PATH|URL", default=None, callback=checked_git_source,
-                     help="--aiter pinned: clone AITER from here instead of the pin's repository."),
+                     help="Another spelling of --option aiter_repo=PATH|URL (AITER's repository instead of the "
+                          "pin's, for --aiter pinned and the scenarios that clone AITER); configured as aiter_repo."),
     ]
 
     @functools.wraps(command)
     def with_world(*args, **kwargs):
-        kwargs["world"] = {name: kwargs.pop(name) for name in WORLD_PARAMETERS}
+        ctx = click.get_current_context()
+        world = {name: kwargs.pop(name) for name in WORLD_PARAMETERS}
+        world["configured"] = frozenset(name for name in WORLD_PARAMETERS
+                                        if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP)
+        if "options" in kwargs:
+            scenario_name = kwargs.get("scenario_name", kwargs.get("name"))
+            kwargs["options"], world = one_aiter_repo(kwargs["options"], scenario_name, world)
+        kwargs["world"] = world
         return command(*args, **kwargs)
 
     for option in reversed(options):
@@ -267,52 +279,89 @@ def world_options(command):
     return with_world
 
 
+def one_aiter_repo(pairs: tuple[str, ...], scenario_name: str | None, world: dict) -> tuple[tuple[str, ...], dict]:
+    """AITER's repository has one name, aiter_repo: `--option aiter_repo=X` (the spelling documented),
+    `--aiter-repo X` (an alias fed the same value) or the configured aiter_repo. Returns the --option pairs
+    and the world options with that one value in both places that read it: the scenario's own option (when
+    the scenario takes one) and the repository --aiter pinned clones."""
+    given = [value for key, _, value in (pair.partition("=") for pair in pairs) if key == "aiter_repo"]
+    alias = None if "aiter_repo" in world["configured"] else world["aiter_repo"]
+    if given and alias is not None and given[-1] != alias:
+        raise UsageError(f"--aiter-repo {alias} and --option aiter_repo={given[-1]} name AITER's one repository "
+                         "twice: give it once, as --option aiter_repo=PATH|URL")
+    takes = scenario_takes(scenario_name, "aiter_repo")
+    if given:
+        problem = unsafe_git_source(given[-1])
+        if problem and not takes:
+            raise UsageError(f"--option aiter_repo={given[-1]!r}: {problem}")
+        world = {**world, "aiter_repo": given[-1], "configured": world["configured"] - {"aiter_repo"}}
+        if not takes and world["aiter"] == "pinned":
+            pairs = tuple(pair for pair in pairs if pair.partition("=")[0] != "aiter_repo")
+    elif world["aiter_repo"] is not None and takes:
+        pairs = (*pairs, f"aiter_repo={world['aiter_repo']}")
+    return pairs, world
+
+
+def scenario_takes(name: str | None, option: str) -> bool:
+    """Whether the scenario called name declares option (False for -- CMD, or a name no scenario has)."""
+    if name is None:
+        return False
+    from scenarios import available
+
+    found = available().get(name)
+    return found is not None and option in getattr(found, "option_defaults", {})
+
+
 def world_settings(world: dict, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
                    executor: str = "local") -> WorldSettings:
-    """The world options as bisector.world.WorldSettings, checked against the scenario (None: `backport`
-    without one) and the other options (UsageError in one line)."""
-    from bisector.aiter import DEFAULT_AITER_CACHE_SIZE, AiterSettings
-    from bisector.images import DEFAULT_IMAGE_CACHE_SIZE, DEFAULT_NETWORK, ImageSettings, check_template
+    """The world options as bisector.world.WorldSettings, checked there (WorldSettings.from_options)."""
     from bisector.world import WorldSettings
 
-    image_only = ("image_fallback", "container_runtime", "container_network", "image_cache_size")
-    pinned_only = ("aiter_cache_size", "aiter_prebuild", "aiter_repo")
-    given = [name for name in image_only if world[name] is not None]
-    if given and not world["image"]:
-        raise UsageError(f"--{given[0].replace('_', '-')} needs --image")
-    given = [name for name in pinned_only if world[name] is not None]
-    if given and world["aiter"] != "pinned":
-        raise UsageError(f"--{given[0].replace('_', '-')} needs --aiter pinned")
-    image = None
-    if world["image"]:
-        if world["aiter"]:
-            raise UsageError("--image brings each commit's own AITER (the one its image was built with): "
-                             "--aiter is for bare metal")
-        try:
-            cache = parse_size(world["image_cache_size"] or DEFAULT_IMAGE_CACHE_SIZE)
-        except ValueError as exc:
-            raise UsageError(f"--image-cache-size: {exc}") from None
-        image = ImageSettings(check_template(world["image"]), world["container_runtime"] or "docker",
-                              world["image_fallback"] or "skip", world["container_network"] or DEFAULT_NETWORK,
-                              cache)
-    aiter_sensitive = scenario is not None and scenario.aiter_sensitive
-    aiter = world["aiter"] or ("installed" if aiter_sensitive and not image else "any")
-    settings = WorldSettings(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
-                                                        bool(world["aiter_prebuild"]), world["aiter_repo"],
-                                                        rocm_arch))
-    settings.check(scenario, env_mode, executor)
-    return settings
+    return WorldSettings.from_options(world, scenario, env_mode, rocm_arch, executor)
 
 
 def build_settings(build: str | None, python: str, rocm_arch: str | None, wheels: str | None,
                    cache_size: str, command: tuple[str, ...] = ()) -> BuildSettings:
-    """The build options; without --build a -- CMD run builds nothing, as `git bisect run` does."""
-    if build is None:
-        build = "none" if command else "auto"
-    try:
-        return BuildSettings(build, python, rocm_arch, wheels, parse_size(cache_size))
-    except ValueError as exc:
-        raise UsageError(f"--cache-size: {exc}") from None
+    """The build options as BuildSettings, checked there (BuildSettings.from_options)."""
+    return BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command)
+
+
+def configure(ctx: click.Context, name: str, command: click.Command, args: list[str]) -> None:
+    """Load the configuration (bisector.config) seen from the command's --repo, else the cwd: the defaults of
+    every option it names, for the command and its subcommands (click's default_map: an option given on the
+    command line wins), and ctx.meta[CONFIG] (what `doctor` shows)."""
+    from bisector.config import load
+
+    config = load(repository_argument(ctx, name, command, args) or ".")
+    ctx.meta[CONFIG] = config
+    ctx.default_map = {name: _defaults_under(command, config.defaults())}
+
+
+CONFIG = "bisector.config"  # ctx.meta key of the loaded configuration
+
+
+def repository_argument(ctx: click.Context, name: str, command: click.Command, args: list[str]) -> str | None:
+    """The --repo the command line gives the command (or its subcommand), read by click's own parser before
+    the options are processed (their defaults depend on it); None when not given. A mistake in args is left
+    for the real parse to report."""
+    while True:
+        parsing = click.Context(command, parent=ctx, info_name=name, resilient_parsing=True)
+        values, rest, _ = command.make_parser(parsing).parse_args(list(args))
+        if not isinstance(command, click.Group) or not rest:
+            repo = values.get("repo")
+            return repo if isinstance(repo, str) else None
+        sub = command.get_command(parsing, rest[0])
+        if sub is None:
+            return None
+        ctx, name, command, args = parsing, rest[0], sub, rest[1:]
+
+
+def _defaults_under(command: click.Command, values: dict[str, str]) -> dict:
+    """click's default_map for command: values, and the same under each of its subcommands."""
+    nested: dict = dict(values)
+    if isinstance(command, click.Group):
+        nested.update({name: _defaults_under(sub, values) for name, sub in command.commands.items()})
+    return nested
 
 
 reuse_verdicts_option = click.option(

@@ -69,7 +69,16 @@ class ProgressHandler(Handler):
         self.logs = logs
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")
-        if self.count == 0 and not self.running:  # once per command (--prefilter runs twice)
+        self._begin()
+
+    def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None:
+        self.start, self.logs = time.monotonic(), logs
+        console.print(f"calibrating: {counted(runs, 'run')} of each end, bad {bad[:12]} and good {good[:12]}")
+        self._begin()
+
+    def _begin(self) -> None:
+        """The notes and the heartbeat, once per command (--prefilter runs twice)."""
+        if self.count == 0 and not self.running:
             for note in self.notes:
                 console.print(escape(note))
             threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()

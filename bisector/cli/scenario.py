@@ -7,11 +7,8 @@ from pathlib import Path
 
 import click
 
-from bisector.builds import REGISTRY as BUILD_STRATEGIES
-from bisector.builds import STRATEGIES, BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
-    RegistryChoice,
     build_options,
     build_settings,
     check_writable,
@@ -21,7 +18,6 @@ from bisector.cli.options import (
     parse_log_limit,
     parse_options,
     python_option,
-    registry_options,
     reuse_verdicts_option,
     state_dir_option,
     world_options,
@@ -68,16 +64,15 @@ def scenario_list() -> None:
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
-@click.option("--build", "build", type=RegistryChoice(BUILD_STRATEGIES, STRATEGIES), default="none",
-              show_default=True, help="How the commit is built before it is judged (as for `bisector run`).")
-@registry_options(BUILD_STRATEGIES)
+@build_options
 @log_limit_option
 @env_options
 @world_options
 @reuse_verdicts_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
-                 allow_install_into_python, log_limit, env_mode, env_cache_size, world, reuse_verdicts, command):
+                 allow_install_into_python, cache_size, log_limit, env_mode, env_cache_size, world, reuse_verdicts,
+                 command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import judge_one
@@ -89,8 +84,8 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = JudgeSpec(scenario, BuildSettings(build, python, rocm_arch, wheels,
-                                              install_into_python=allow_install_into_python), timeout, python,
+    builds = build_settings(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size, command)
+    judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
                       envs=EnvSettings(env_mode, python, env_cache_size),
                       world=world_settings(world, scenario, env_mode, rocm_arch))
     outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit), reuse_verdicts).to_json()
@@ -121,6 +116,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
 
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
+    from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
     from scenarios import create
@@ -131,10 +127,10 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    judge = JudgeSpec(scenario, build_settings(build, python, rocm_arch, wheels, cache_size)
-                      .allowing_install(allow_install_into_python), timeout, python,
+    builds = build_settings(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size, command)
+    judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
                       world=world_settings(world, scenario, "shared", rocm_arch))
-    result = calibrate(Path(repo), good, bad, judge, runs, state_dir).to_json()
+    result = calibrate(Path(repo), (good, bad), judge, runs, state_dir, ProgressHandler()).to_json()
     if json_file:
         write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
     for end in ("bad", "good"):
@@ -145,6 +141,14 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     if result["options"]:
         click.echo("scenario options: " + " ".join(f"--option {key}={value}"
                                                     for key, value in result["options"].items()))
+
+
+def _build_asked(build: str | None, wheels: str | None) -> str | None:
+    """--build as given; without it, --wheels asks for a build (auto), for a -- CMD too, which otherwise
+    builds for itself as with `run` (build_settings)."""
+    if wheels and build == "none":
+        raise UsageError("--wheels asks for a build: drop --build none (or the wheels)")
+    return "auto" if wheels and build is None else build
 
 
 @scenario.command("classify")

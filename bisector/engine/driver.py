@@ -45,6 +45,7 @@ class RunContext:
         self.after_execution = store.last_execution_id() if cache.no_cache else 0
         self.own_runs = store.lineage(run_id) if run_id is not None else ()  # this run and those it resumes
         self.served_runs = None if cache.reuse_verdicts or judge.scenario.inputs_known else self.own_runs
+        self.marks = store.marks(self.own_runs)  # verdicts given by hand to this run or one it resumes
         store.remember_key(judge.key, judge.key_parts)
 
     def history(self, sha: str) -> list[Execution]:
@@ -78,9 +79,9 @@ class RunContext:
     def verdict(self, sha: str) -> tuple[Execution, bool]:
         """sha's decided verdict, from the cache or run (and recorded) now; and whether cached."""
         done = self.history(sha)
-        hit = self.judge.decide(done)
+        hit = self.marks.get(sha) or self.judge.decide(done)
         if hit is not None:
-            return hit, True
+            return hit, not hit.manual
         fresh = self.executor.run_step(self.judge, sha, done).result()
         return self._decided(done + self.record(fresh)), False
 
@@ -98,7 +99,8 @@ class RunContext:
         landed: list[Step] = []
 
         def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
-            if execution.verdict == Verdict.BAD and (role == "endpoint" or not policy.verify_endpoints):
+            if execution.verdict == Verdict.BAD and not execution.manual and \
+                    (role == "endpoint" or not policy.verify_endpoints):
                 self.judge.signature.learn(signature_of(execution))  # --signature auto: the bad end's
             step = self.add_step(sha, role, batch.round, execution, cached)
             landed.append(step)
@@ -108,9 +110,9 @@ class RunContext:
         futures = {}
         for sha, role in batch.commits:
             done = [] if policy.rerun else self.history(sha)
-            hit = None if policy.rerun else self.judge.decide(done)
-            if hit is not None:
-                land(sha, role, hit, True)
+            hit = self.marks.get(sha) or (None if policy.rerun else self.judge.decide(done))
+            if hit is not None:  # a verdict given by hand is used, not tested (and not a cached one)
+                land(sha, role, hit, not hit.manual)
                 continue
             self.handler.testing(sha, role)
             futures[self.executor.run_step(self.judge, sha, done)] = (sha, role, done)

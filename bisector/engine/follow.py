@@ -47,8 +47,8 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     follow_up says which of its options and which dependency repository that run keeps."""
     parents = repo.parents(culprit)
     change = pin_change(repo.root, parents[0], culprit) if parents else None
-    if change is None:
-        return None
+    if change is None or change.old is None or change.new is None:
+        return change  # pinned on one side only: no range inside the dependency to continue in
     follow = scenario_follow_up(cfg.scenario, change.name) or FollowUp()
     argv = continuation_argv(change, str(repo.root), culprit, _dependency_source(repo, culprit, change.name, follow),
                              dict(follow.options), cfg.find_fix)

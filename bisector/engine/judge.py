@@ -189,7 +189,8 @@ class Judge:
             step = StepAt(sha, worktree, logs, slot_env, cancel)
             with self.world.enter(step, environment, self.spec.python) as place:
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
-                    return [Execution(sha, Verdict.SKIP, place.reason, place.log_path, 0.0, place.summary or None,
+                    log = _reason_log(place.log_path, self._log_path(logs, sha, len(done)), f"skip: {place.reason}")
+                    return [Execution(sha, Verdict.SKIP, place.reason, log, 0.0, place.summary or None,
                                       dict(place.details), cause="world")]
                 stands_on = place.environment or environment
                 template = StepContext(checkout=worktree, log_path=logs, timeout=self.spec.timeout,
@@ -236,6 +237,7 @@ class Judge:
             build = self.builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
+            log_path = self._log_path(logs, sha, len(done) + len(fresh))
             start = time.monotonic()
             cause: str | None
             timed_out_after: float | None = None
@@ -245,8 +247,7 @@ class Judge:
                 details: dict = {}
                 metrics: dict[str, float] = {}
             else:
-                ctx = dataclasses.replace(template, log_path=self._log_path(logs, sha, len(done) + len(fresh)),
-                                          env={**build.env, **template.env})
+                ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log, cause = outcome.verdict, outcome.reason, outcome.log_path, \
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
@@ -254,6 +255,8 @@ class Judge:
                 metrics = dict(outcome.metrics)
                 if details.pop("timed_out", False):
                     timed_out_after = details["timed_out_after"] = self.spec.timeout
+            if outcome_verdict == Verdict.SKIP:  # a good or bad ran its process, which wrote the log
+                log = _reason_log(log, log_path, f"skip: {reason}")
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                                summary, {**place.details, **details},
                                                signature=details.get("signature"), timed_out_after=timed_out_after,
@@ -263,6 +266,21 @@ class Judge:
     def _unfit(self, template: StepContext) -> str | None:
         """What the scenario says this machine lacks for the step (bisector.seams.ChecksMachine)."""
         return self.scenario.machine_check(template) if isinstance(self.scenario, ChecksMachine) else None
+
+
+def _reason_log(log: str | None, step_log: Path, reason: str) -> str | None:
+    """The log a skip names, made to exist: one named but missing or empty (a scenario that gave up before its
+    process started, a build that failed before writing, an earlier run's log removed) becomes the step's own
+    log, holding the reason; None stays None (no log is shown)."""
+    if log is None:
+        return None
+    named = Path(log)
+    if named.is_file() and named.stat().st_size:
+        return log
+    step_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(step_log, "a") as out:
+        out.write(f"bisector: {reason}\n")
+    return str(step_log)
 
 
 def _no_verdict(execution: Execution, cause: str | None) -> Execution:

@@ -1,18 +1,26 @@
-"""`bisector run --plan`: the commits a run would test first and the build each needs; nothing is run."""
+"""`bisector run --plan`: the commits a run would test first, the build each needs, what they cost, and what
+this machine lacks to run them; nothing is run."""
 from __future__ import annotations
 
-from bisector.builds.builder import NoBuild
+import tempfile
+from pathlib import Path
+
+from bisector.builds.base import UNAVAILABLE
+from bisector.builds.builder import FAILED_BEFORE, NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.ranges import resolve_range
 from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
+from bisector.executor import LocalExecutor
 from bisector.results import Plan, PlannedCommand, PlannedStep
+from bisector.seams import ChecksMachine, StepContext
 from bisector.search import Bisection, Term
+from bisector.world import World
 
 
 def plan_bisection(cfg: RunConfig) -> Plan:
-    """The commits a run would test first, the build and world (image, AITER install) each needs, and an
-    estimate of each step's cost; runs nothing.
+    """The commits a run would test first, the build and world (image, AITER install) each needs, an
+    estimate of each step's cost, and the preconditions this machine lacks (warnings); runs nothing.
 
     Endpoints (when verified), the first round's probes, and with one job the second probe for
     either verdict of the first. Builds are decided from git objects and the artifact cache; images from
@@ -45,7 +53,7 @@ def plan_bisection(cfg: RunConfig) -> Plan:
         probes.append(PlannedStep(sha=sha, role=role, native=decision.native, build=strategy, reason=reason,
                                   commands=tuple(PlannedCommand(label=c.label, argv=c.argv, env=c.env)
                                                  for c in (*commands, *stands.commands)),
-                                  world=stands.text, estimate=stands.cost))
+                                  world=stands.text, estimate=stands.cost, minutes=stands.minutes))
 
     if cfg.verify_endpoints:
         for old in ends.olds:
@@ -71,4 +79,42 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
                 imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
-                skipped_by_user=len(skipped))
+                skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world))
+
+
+def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: World) -> tuple[str, ...]:
+    """What this machine lacks for the planned steps, one line each with what to do: what the scenario's own
+    machine check says (a GPU, torch of its flavour), steps no build can serve (no wheel), steps without an
+    image."""
+    warnings = []
+    unfit = machine_unfit(cfg)
+    if unfit:
+        warnings.append(f"this machine cannot run {cfg.scenario.name}: {unfit}; every step would skip (not "
+                        f"cached): run on a machine with a ROCm or CUDA GPU, --python an environment whose torch "
+                        f"is built for it (`bisector doctor` shows what this one has)")
+    for strategy, why in ((UNAVAILABLE, "cannot be built"), (FAILED_BEFORE, "failed to build before")):
+        refused = [probe for probe in probes if probe.build == strategy]
+        if refused:
+            hint = "; give --wheels DIR (a wheel per commit: DIR/<sha>/*.whl) or a URL template with {commit}, " \
+                "or --build auto" if "no wheel" in refused[0].reason else ""
+            warnings.append(f"{len(refused)} of {len(probes)} planned steps {why} ({refused[0].sha[:12]}: "
+                            f"{refused[0].reason}): they would skip{hint}")
+    blind = world.untestable([probe.sha for probe in probes])
+    if blind and world.index is not None:
+        warnings.append(f"{len(blind)} of {len(probes)} planned steps have no image ({blind[0][:12]}: "
+                        f"{world.index.missing_reason(blind[0])}): they would skip; push or pull the images "
+                        f"--image names, or give --image-fallback build to build those commits here")
+    return tuple(warnings)
+
+
+def machine_unfit(cfg: RunConfig) -> str | None:
+    """Why this machine cannot run the scenario's steps (its own ChecksMachine check, on --python with no
+    checkout's pins: a bare directory stands for one), or None. Not asked with --image (steps run in the
+    images, not on this machine's Python) nor with steps on other machines (Ray)."""
+    scenario = cfg.scenario
+    elsewhere = cfg.world.image is not None or not isinstance(cfg.executor, (LocalExecutor, type(None)))
+    if not isinstance(scenario, ChecksMachine) or not scenario.needs_build or elsewhere:
+        return None
+    with tempfile.TemporaryDirectory(prefix="bisector-plan-") as bare:
+        return scenario.machine_check(StepContext(checkout=Path(bare), log_path=Path(bare) / "plan.log",
+                                                  python=cfg.python))

@@ -277,16 +277,18 @@ def _plan_seeds(repo: GitRepo, cfg: RunConfig, commits: list, old: str, new: str
 
 
 @contextlib.contextmanager
-def single_commit_context(repo: GitRepo, state_dir: Path | None, spec: JudgeSpec,
-                          log_limit: int = DEFAULT_LOG_LIMIT, cache: CacheUse = AS_ASKED) -> Iterator[RunContext]:
-    """A RunContext on one local slot and no run row, for judging single commits; spec is opened here on
-    the repository. Without a run row a scenario whose inputs are not known is served no stored verdict
-    unless cache.reuse_verdicts."""
+def single_commit_context(repo: GitRepo, state_dir: Path | None, spec: JudgeSpec, log_limit: int = DEFAULT_LOG_LIMIT,
+                          cache: CacheUse = AS_ASKED,
+                          handler: Handler | None = None) -> Iterator[tuple[RunContext, Path]]:
+    """A RunContext on one local slot and no run row, for judging single commits, and the dir its logs go to;
+    spec is opened here on the repository. Without a run row a scenario whose inputs are not known is served no
+    stored verdict unless cache.reuse_verdicts."""
     with open_state(repo, state_dir, log_limit=log_limit) as (state_dir, pool, store):
         executor = LocalExecutor([{}])
         try:
             executor.start(pool, state_dir / "logs")
-            yield RunContext(store, spec.open(repo, state_dir), executor, cache=cache)
+            yield RunContext(store, spec.open(repo, state_dir), executor, handler=handler, cache=cache), \
+                state_dir / "logs"
         finally:
             GROUPS.stop()
             executor.shutdown()
@@ -299,23 +301,24 @@ def judge_one(repo_path: Path, ref: str, spec: JudgeSpec, state_dir: Path | None
     repo = GitRepo(repo_path)
     sha = repo.resolve(ref)
     with single_commit_context(repo, state_dir, keyed_on_environment(spec), log_limit,
-                               CacheUse(reuse_verdicts=reuse_verdicts)) as ctx:
+                               CacheUse(reuse_verdicts=reuse_verdicts)) as (ctx, _):
         execution, cached = ctx.verdict(sha)
     return JudgedCommit(sha=sha, verdict=execution.verdict, reason=execution.reason, log=execution.log_path,
                         seconds=round(execution.seconds, 3), cached=cached, scenario=ctx.judge.key,
                         cache_key=ctx.judge.key_parts, details=execution.details)
 
 
-def calibrate(repo_path: Path, good: str, bad: str, spec: JudgeSpec, runs: int,
-              state_dir: Path | None = None) -> Calibration:
-    """Run both ends `runs` times afresh (each run recorded) and report the reproduction rate and the
-    settings it calls for."""
+def calibrate(repo_path: Path, ends: tuple[str, str], spec: JudgeSpec, runs: int, state_dir: Path | None = None,
+              handler: Handler | None = None) -> Calibration:
+    """Run both ends (good, bad) `runs` times afresh (each run recorded, each step told to handler) and report
+    the reproduction rate and the settings it calls for."""
     repo = GitRepo(repo_path)
-    good_sha, bad_sha = repo.resolve(good), repo.resolve(bad)
+    good_sha, bad_sha = (repo.resolve(end) for end in ends)
     if good_sha == bad_sha:
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
     policy = CalibratePolicy(good_sha, bad_sha, runs)
-    with single_commit_context(repo, state_dir, keyed_on_environment(spec)) as ctx:
+    with single_commit_context(repo, state_dir, keyed_on_environment(spec), handler=handler) as (ctx, logs):
+        ctx.handler.calibrating(good_sha, bad_sha, runs, logs)
         ctx.drive(policy)
     learned = spec.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
         if isinstance(spec.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end

@@ -21,6 +21,10 @@ from bisector.pins import cache_root, pins_in_tree, unsafe_git_source
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 PACKAGE = "aiter"
+# what a failed clone of AITER says to do (no network: a local clone, given once for every command)
+AITER_CLONE_HINT = ("give a local clone with --option aiter_repo=PATH, or set aiter_repo once for every command: "
+                    "$BISECTOR_AITER_REPO, [tool.bisector] in the repository's pyproject.toml, or "
+                    "~/.config/bisector/config.toml (docs/configuration.md)")
 AITER_DATA = ("csrc/include/aiter_enum.h",)  # read by aiter/utility/aiter_types.py to define AITER's dtypes
 
 
@@ -57,7 +61,7 @@ def pinned_aiter(vllm_tree: Path, repo_option: str, ref_option: str) -> AiterSou
 
 def export(repo: str, ref: str, origin: str) -> AiterSource:
     """AITER at ref in repo, exported into the cache."""
-    git_dir = local_repository(repo)
+    git_dir = local_repository(repo, AITER_CLONE_HINT)
     commit = resolve(git_dir, ref)
     if commit is None:
         raise SourceUnavailable(f"AITER ref {ref} not found in {repo}")
@@ -75,15 +79,16 @@ def checkout_aiter(checkout: Path) -> AiterSource:
 
 def held_vllm(repo: str, ref: str) -> Path:
     """vLLM at ref in repo, its Python sources and Dockerfile.rocm_base exported into the cache."""
-    git_dir = local_repository(repo)
+    git_dir = local_repository(repo, "give a local clone with --option vllm_repo=PATH")
     commit = resolve(git_dir, ref)
     if commit is None:
         raise SourceUnavailable(f"vLLM ref {ref} not found in {repo}")
     return export_package(git_dir, commit, "vllm", also=("docker/Dockerfile.rocm_base",))
 
 
-def local_repository(repo: str) -> Path:
-    """repo itself when it is a local path, else its bare clone in the cache (cloned on first use)."""
+def local_repository(repo: str, clone_hint: str) -> Path:
+    """repo itself when it is a local path, else its bare clone in the cache (cloned on first use); a failed
+    clone says what to do instead (clone_hint)."""
     path = Path(repo).expanduser()
     if path.exists():
         if _git(path, "rev-parse", "--git-dir") is None:
@@ -101,7 +106,7 @@ def local_repository(repo: str) -> Path:
         if cloned.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             last = (cloned.stderr.strip().splitlines() or ["git clone failed"])[-1]
-            raise SourceUnavailable(f"cannot clone {repo}: {last}")
+            raise SourceUnavailable(f"cannot clone {repo}: {last}; {clone_hint}")
         _publish(partial, clone)
     return clone
 

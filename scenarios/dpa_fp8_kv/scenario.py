@@ -261,6 +261,9 @@ class DpaFp8KvScenario(BaseScenario):
                                 f"{'ROCm' if platform == 'rocm' else 'CUDA'} build")
             else:
                 return platform, probe
+        if not (versions.get("torch_hip") or versions.get("torch_cuda") or any("torch" in p for p in problems)):
+            torch = versions.get("torch")  # a CPU torch: said too, so one line names all that is missing
+            problems.append(f"torch {torch} here is neither a ROCm nor a CUDA build" if torch else "no torch here")
         return candidates[0], GpuProbe((), "no usable GPU (" + "; ".join(problems) + ")")
 
     def _unrun(self, ctx: StepContext, reason: str, cause: str | None = None) -> Outcome:
