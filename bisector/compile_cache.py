@@ -8,6 +8,8 @@ Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `$XDG_CACHE_HOME
   path, traced source), so every step, slot and run on the node shares it safely; vLLM, Triton and
   Inductor each write an entry to a temporary name and rename it into place.
 - `models/<hash>/`: model dirs written once per content (`publish`), shared like the compile cache.
+- `compile/warm/<key>`: marks that an engine of that configuration started here once (`first_start`): the
+  first start compiles alone while the other slots wait for it, then they all find its compiles cached.
 
 Steps hold a shared lock on the root while they run; trimming to the size cap (least recently used
 entry first) and `cache forget --compile` need it exclusively, so they never delete what a running step
@@ -16,14 +18,18 @@ reads. A Ray node keeps its own root.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from bisector.cachedir import EXCLUSIVE, SHARED, evict, human_size, lock_file, locked, take
+from bisector.process import Cancelled
 
 ROOT_ENV = "BISECTOR_CACHE_DIR"
 SIZE_ENV = "BISECTOR_COMPILE_CACHE_SIZE"
@@ -109,6 +115,41 @@ def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
         removed = trim(root, cap) if take(lock, EXCLUSIVE, wait=False) else []  # else other steps run
         take(lock, SHARED)
         yield removed
+
+
+WARM = "compile/warm"
+WAIT_POLL = 0.2  # seconds between tries of a waiting slot, which also checks its cancel
+
+
+@contextlib.contextmanager
+def first_start(root: Path, key: str, cancel: threading.Event | None = None) -> Iterator[Callable[[], None]]:
+    """Hold around an engine start of configuration key: the first on this node starts alone, and steps
+    that start meanwhile (the other slots of a run) wait until it is up, so vLLM, Triton and Inductor
+    compile once and the rest find it all cached; once key is marked warm nobody waits. Yields `started`,
+    to call when the engine is up (the waiting ones go then); leaving the block, however the start ended,
+    does it too. A cancel set while waiting raises Cancelled."""
+    marker = root / WARM / key
+    if marker.exists():
+        yield lambda: None
+        return
+    with lock_file(root / WARM / f"{key}.lock") as handle:
+        while not take(handle, EXCLUSIVE, wait=False):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            time.sleep(WAIT_POLL)
+
+        def started() -> None:
+            marker.touch()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+        if marker.exists():  # warmed while this step waited
+            started()
+            yield lambda: None
+            return
+        try:
+            yield started
+        finally:
+            started()
 
 
 def clear(root: Path) -> tuple[int, int]:

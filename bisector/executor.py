@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bisector.errors import ExecutorError, UsageError
-from bisector.gpus import gpu_env, gpu_slots, parse_gpus, visible_gpus
+from bisector.gpus import gpu_env, gpu_slots, parse_gpu_slots, parse_gpus, shared_gpu_slots, visible_gpus
 from bisector.pins import unsafe_git_source
 from bisector.process import interruptible
 from bisector.registry import Option, Registry
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from bisector.worktrees import WorktreePool
 
 
+DEFAULT_BUILD_AHEAD = 2  # both ways a one-slot round can fall
+
+
 def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]]:
     """jobs slots: GPU groups of per_run when there are GPUs and the step wants some, else CPU slots."""
     if not gpus or per_run == 0:
@@ -38,8 +41,21 @@ def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]
     slots = gpu_slots(gpus, per_run)
     if jobs > len(slots):
         raise UsageError(f"--jobs {jobs} needs {jobs * per_run} GPUs ({per_run} per run); "
-                         f"{len(gpus)} available ({','.join(map(str, gpus))})")
+                         f"{len(gpus)} available ({','.join(map(str, gpus))}); or share them: --gpus ID:N")
     return slots[:jobs]
+
+
+def shared_local_slots(jobs: int, text: str, per_run: int) -> list[dict[str, str]]:
+    """The slots of --gpus with shares ('0:4', '0:4,1:4'): every slot it names (each with its GPUs and
+    its share, gpus.shared_gpu_slots), or the first jobs of them when --jobs asks for more than one."""
+    if per_run == 0:
+        raise UsageError(f"--gpus {text}: shares GPUs between steps, but this run's steps use no GPU")
+    slots = shared_gpu_slots(parse_gpu_slots(text), per_run)
+    if not slots:
+        raise UsageError(f"--gpus {text}: a step needs {per_run} GPUs; fewer are listed")
+    if jobs > len(slots):
+        raise UsageError(f"--jobs {jobs} needs {jobs} slots; --gpus {text} gives {len(slots)}")
+    return slots[:jobs] if jobs > 1 else slots
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class Placement:
     ray_address: str | None = None
     remote: str | None = None
     build: BuildConfig | None = None  # build settings, opened on each Ray node
+    build_ahead: int = 0      # --build-ahead, local only: builds of the next round's commits outstanding at most
 
     @property
     def per_run(self) -> int:
@@ -61,15 +78,23 @@ class Placement:
 
 
 class LocalExecutor:
-    """Runs steps on worker threads over a fixed set of slots; a slot's env goes to the step it hosts."""
+    """Runs steps on worker threads over a fixed set of slots; a slot's env goes to the step it hosts.
 
-    def __init__(self, slots: Sequence[Mapping[str, str]]):
+    `slot_envs` keeps each slot's environment (e.g. for gpus.refuse_shared_for_timing); `size`, the
+    number of slots, is the k of the search's k-way rounds. Beside the slots, one thread builds ahead
+    (build_ahead): the commits the next round may test, checked out and built while a round runs.
+    """
+
+    def __init__(self, slots: Sequence[Mapping[str, str]], ahead_budget: int = 0):
         if not slots:
             raise UsageError("no slots to run steps on")
+        self.slot_envs = tuple(dict(slot) for slot in slots)
+        self.ahead_budget = ahead_budget  # builds ahead outstanding at most (engine.driver.BuildsAhead)
         self.slots: queue.Queue = queue.Queue()
         for slot in slots:
             self.slots.put(dict(slot))
         self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="step")
+        self.ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ahead")  # spare CPU: one build
         self.size = len(slots)
         self.cancels: dict[Future, threading.Event] = {}
         self.worktrees: WorktreePool | None = None  # bound by start()
@@ -79,10 +104,14 @@ class LocalExecutor:
     def from_placement(cls, placement: Placement) -> "LocalExecutor":
         if placement.ray_address or placement.remote:
             raise UsageError("--ray-address and --remote need --executor ray")
+        if placement.build_ahead < 0:
+            raise UsageError(f"--build-ahead {placement.build_ahead}: must be 0 (never) or more")
+        if placement.gpus is not None and ":" in placement.gpus:
+            return cls(shared_local_slots(placement.jobs, placement.gpus, placement.per_run), placement.build_ahead)
         ids = parse_gpus(placement.gpus) if placement.gpus is not None else visible_gpus()
         if placement.gpus_per_run and not ids:
             raise UsageError(f"--gpus-per-run {placement.gpus_per_run}: no GPUs visible (give --gpus)")
-        return cls(local_slots(placement.jobs, ids, placement.per_run))
+        return cls(local_slots(placement.jobs, ids, placement.per_run), placement.build_ahead)
 
     def start(self, pool: WorktreePool, logs: Path) -> None:
         self.worktrees, self.logs = pool, logs
@@ -113,6 +142,22 @@ class LocalExecutor:
         finally:
             self.slots.put(slot)
 
+    def build_ahead(self, judge: Judge, sha: str) -> Future:
+        """Check out and build sha beside the steps, one such build at a time, in a worktree of the pool
+        and the commit's environment; the build lands in the artifact cache (a step of sha then reuses it),
+        its logs under the run's logs/ahead/. The future's result: the BuildResult, None without one."""
+        return self.ahead.submit(self._build_ahead, judge, sha)
+
+    def _build_ahead(self, judge: Judge, sha: str):
+        assert self.worktrees is not None, "start() binds the worktree pool before the first build"
+        from bisector.envs import worktree_reader
+
+        with self.worktrees.checkout(sha) as worktree, \
+                judge.envs.environment(worktree_reader(worktree)) as environment:
+            if not environment.ok:
+                return None
+            return judge.builder.prepare(worktree, sha, self.logs / "ahead", environment)
+
     def cancel(self, future: Future) -> None:
         """Drop a queued step, or kill a running step's process group."""
         future.cancel()
@@ -123,6 +168,7 @@ class LocalExecutor:
     def shutdown(self) -> None:
         for event in list(self.cancels.values()):
             event.set()
+        self.ahead.shutdown(wait=True, cancel_futures=True)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -362,7 +408,11 @@ def checked_git_source(ctx, param, value: str | None) -> str | None:
 
 EXECUTORS: Registry[Callable[[Placement], Executor]] = Registry("executor")
 EXECUTORS.register("local", LocalExecutor.from_placement, options=[
-    Option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible).")])
+    Option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible); ID:N runs N slots on one "
+                          "GPU, each with 1/N of its memory (0:4, 0:4,1:4): every slot tests a commit per round."),
+    Option("--build-ahead", type=int, default=DEFAULT_BUILD_AHEAD, show_default=True, metavar="N",
+           help="While a round runs, check out and build (one at a time) up to N of the commits the next round "
+                "may test, either way it falls; 0: never.")])
 EXECUTORS.register("ray", RayExecutor.from_placement, options=[
     Option("--ray-address", help="Ray cluster: auto or ray://HOST:PORT (default: RAY_ADDRESS, else a local one)."),
     Option("--remote", callback=checked_git_source,

@@ -10,6 +10,8 @@ from bisector.errors import UsageError
 
 GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+# A slot that shares its GPUs with other slots: the fraction of their memory its step may take ("0.25").
+SHARE_ENV = "BISECTOR_GPU_SHARE"
 
 
 def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
@@ -28,6 +30,61 @@ def gpu_slots(gpus: list[int], per_run: int) -> list[dict[str, str]]:
     if per_run <= 0:
         raise UsageError("gpus per run must be positive")
     return [gpu_env(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
+
+
+def shared_gpu_slots(spec: Sequence[tuple[int, int]], per_run: int) -> list[dict[str, str]]:
+    """Slots from (GPU id, slots on it) pairs (parse_gpu_slots): consecutive GPUs grouped per_run at a
+    time, as gpu_slots does; a group whose GPUs each hold n slots gives n slots, each seeing the whole
+    group with SHARE_ENV = 1/n. A group's GPUs must hold the same number of slots (UsageError)."""
+    if per_run <= 0:
+        raise UsageError("gpus per run must be positive")
+    slots: list[dict[str, str]] = []
+    for start in range(0, len(spec) - per_run + 1, per_run):
+        group = spec[start:start + per_run]
+        counts = {count for _, count in group}
+        if len(counts) > 1:
+            listed = ",".join(f"{gpu}:{count}" for gpu, count in group)
+            raise UsageError(f"--gpus {listed}: the {per_run} GPUs of one step must hold the same number of slots")
+        count = counts.pop()
+        env = gpu_env([gpu for gpu, _ in group])
+        if count > 1:
+            env[SHARE_ENV] = f"{1 / count:.6g}"
+        slots.extend(dict(env) for _ in range(count))
+    return slots
+
+
+def parse_gpu_slots(text: str) -> list[tuple[int, int]]:
+    """(GPU id, slots on it) from --gpus: '0-7' or '0,2,4' (one slot each) or with shares, '0:4' (four
+    slots sharing GPU 0), '0:4,1:4', '0-3:2'. UsageError on anything else."""
+    spec: list[tuple[int, int]] = []
+    for part in text.split(","):
+        ids, colon, count = part.strip().partition(":")
+        if colon and not (count.strip().isdigit() and int(count) > 0):
+            raise UsageError(f"bad GPU share {part.strip()!r} in {text!r} (want e.g. 0:4, four slots on GPU 0)")
+        if not ids.strip():
+            raise UsageError(f"bad GPU list {text!r} (want e.g. 0-7, 0,2,4 or 0:4)")
+        for gpu in parse_gpus(ids):
+            if all(gpu != seen for seen, _ in spec):
+                spec.append((gpu, int(count) if colon else 1))
+    return spec
+
+
+def gpu_share(environ: Mapping[str, str]) -> float:
+    """The share of its GPUs' memory a step may take: SHARE_ENV, 1 when unset; ValueError unless in (0, 1]."""
+    text = environ.get(SHARE_ENV, "").strip()
+    if not text:
+        return 1.0
+    share = float(text)
+    if not 0 < share <= 1:
+        raise ValueError(f"{SHARE_ENV}={text!r}: must be in (0, 1]")
+    return share
+
+
+def refuse_shared_for_timing(slots: Sequence[Mapping[str, str]]) -> None:
+    """UsageError when any slot shares its GPUs: timings taken beside other steps would interfere."""
+    if any(SHARE_ENV in slot for slot in slots):
+        raise UsageError("a performance hunt needs a GPU per step: shared slots (--gpus ID:N) would interfere "
+                         "with the timings; give --gpus without :N")
 
 
 def parse_gpus(text: str) -> list[int]:

@@ -6,6 +6,7 @@ early: `wants`). Policies hold the search state; the driver holds the I/O.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
@@ -137,6 +138,26 @@ class BisectPolicy:
             self.rounds += 1
             probes = self.search.next_probes(self.size, cost=self.cost)
             yield Batch(self.rounds, tuple((sha, "probe") for sha in probes))
+
+    def candidates_after(self, batch: Batch) -> tuple[tuple[str, ...], ...]:
+        """The probes the round after batch would test, for each way its verdicts may fall (a probe round
+        of k commits in order: the first j old, the rest new, j = 0..k; an endpoint or merge-base round:
+        as expected), from a copy of the search: nothing here changes. For building ahead (engine.driver)."""
+        if batch.commits and batch.commits[0][1] == "seed":
+            return ()
+        probes = sorted((sha for sha, role in batch.commits if role == "probe" and self.search.is_open(sha)),
+                        key=self.search.index.__getitem__)
+        after = []
+        for split in range(len(probes) + 1):
+            search = copy.copy(self.search)
+            search.verdicts = dict(self.search.verdicts)
+            try:
+                for n, sha in enumerate(probes):
+                    search.record(sha, Term.OLD if n < split else Term.NEW)
+            except InconsistentVerdicts:  # a way the verdicts cannot fall in this DAG
+                continue
+            after.append(tuple(search.next_probes(self.size, cost=self.cost)))
+        return tuple(after)
 
     def _settle_seed(self, candidate: str, parent: str, landed: list[Step]) -> bool:
         """Feed the seed pair's verdicts; True when that pair alone settles the answer."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +16,16 @@ from bisector.errors import GitError
 from bisector.results import CommitInfo
 
 PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+REF_KINDS = ("tags", "heads", "remotes")  # which refs name a commit first (GitRepo.names)
+
+
+def implicated_first(files: Sequence[str], globs: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """CommitInfo's files (those matching globs first, by the first glob each matches) and implicated."""
+    rank = {path: next((n for n, glob in enumerate(globs) if fnmatch.fnmatchcase(path, glob)), None)
+            for path in files}
+    implicated = sorted((path for path in files if rank[path] is not None), key=lambda path: rank[path] or 0)
+    return {"files": (*implicated, *(path for path in files if rank[path] is None)),
+            "implicated": tuple(implicated)}
 
 
 class GitRepo:
@@ -86,7 +97,8 @@ class GitRepo:
             commits.append((new, heads))
         return commits
 
-    def commit_info(self, sha: str) -> CommitInfo:
+    def commit_info(self, sha: str, implicated: Sequence[str] = ()) -> CommitInfo:
+        """The commit's facts; its files that match the implicated globs come first, in the globs' order."""
         commit = self.repo.commit(sha)
         subject = commit.summary if isinstance(commit.summary, str) else commit.summary.decode()
         match = PR_SUFFIX.search(subject)
@@ -97,7 +109,7 @@ class GitRepo:
         return CommitInfo(sha=sha, subject=subject, author=f"{commit.author.name} <{commit.author.email}>",
                           date=commit.authored_datetime.isoformat(),
                           pr=int(match.group(1)) if match else None,
-                          files=tuple(f for f in files.splitlines() if f))
+                          **implicated_first([f for f in files.splitlines() if f], implicated))
 
     def tree_ids(self, sha: str, paths: Sequence[str]) -> dict[str, str]:
         """Object ids of those paths (files or folders) present at sha, read from git objects alone."""
@@ -134,6 +146,35 @@ class GitRepo:
             if fnmatch.fnmatchcase(name, pattern):
                 found.append((name, sha))
         return found
+
+    def names(self, shas: Sequence[str]) -> dict[str, str]:
+        """sha -> the name a person knows it by, for as many of shas as have one: the tag or branch at it
+        (tags first, then local branches, then remote-tracking ones), else the nearest tag it leads to in
+        git name-rev's words (`v0.17.0~3`: three first parents before v0.17.0). Two git calls, whatever the
+        number of shas."""
+        wanted = list(dict.fromkeys(shas))
+        if not wanted:
+            return {}
+        exact: dict[str, str] = {}
+        out = self.git.for_each_ref("--sort=-version:refname", "--format=%(refname)%00%(objectname)%00%(*objectname)",
+                                    "refs/tags", "refs/heads", "refs/remotes")
+        ranked = sorted((line.split("\0") for line in out.splitlines()),
+                        key=lambda ref: REF_KINDS.index(ref[0].split("/")[1]))
+        for ref, sha, peeled in ranked:
+            name = ref.split("/", 2)[2]
+            if not name.endswith("/HEAD"):
+                exact.setdefault(peeled or sha, name)
+        names = {sha: exact[sha] for sha in wanted if sha in exact}
+        rest = [sha for sha in wanted if sha not in names]
+        if rest:
+            with tempfile.TemporaryFile() as listed:
+                listed.write("".join(f"{sha}\n" for sha in rest).encode())
+                listed.seek(0)
+                out = self.git.name_rev("--name-only", "--annotate-stdin", "--refs=refs/tags/*", istream=listed)
+            for sha, name in zip(rest, out.splitlines()):
+                if name != sha:
+                    names[sha] = name.removeprefix("tags/").removesuffix("^0")
+        return names
 
     def parents(self, sha: str) -> list[str]:
         return self.git.rev_list("--parents", "-n", "1", sha).split()[1:]

@@ -23,10 +23,12 @@ from bisector.results import (
     Result,
     StepRecord,
     StoredRun,
+    named,
 )
 
 LOG_TAIL_CHARS = 6000
-MARKDOWN_FILES = 30  # files listed for a culprit in Markdown; the rest are counted
+TEXT_FILES = 20      # files a culprit's text report lists besides those the scenario implicates
+MARKDOWN_FILES = 30  # ... its Markdown and HTML reports (in a collapsed list); the rest are counted
 ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 # what XML 1.0 cannot hold (HTML neither): all but #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] | [#x10000-]
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -75,8 +77,22 @@ def github_pull_url_template(remote_url: str | None) -> str | None:
     return f"https://github.com/{match[1]}/{match[2]}/pull/{{pr}}" if match else None
 
 
-def _short_ends(shas: Sequence[str]) -> str:
-    return ",".join(sha[:12] for sha in shas)
+def _short_ends(shas: Sequence[str], names: Mapping[str, str] | None = None) -> str:
+    """Range ends, shortened, each with the tag or branch naming it when names has one."""
+    return ",".join(named(sha, names or {}) for sha in shas)
+
+
+def counts_line(result: BisectResult) -> str:
+    """The run's commit counts in words, the same in every format (BisectResult.counts)."""
+    counts = result.counts
+    left = "" if counts["left"] is None else \
+        f", {counts['left']} {'candidate' if counts['left'] == 1 else 'candidates'} left"
+    return (f"commits: {counts['commits']} in range, {counts['tested']} tested in {counts['steps']} steps"
+            + left)
+
+
+def _more(files: Sequence[str], shown: int) -> str:
+    return f" (+{len(files) - shown} more)" if len(files) > shown else ""
 
 
 def _command_line(result: Result) -> str | None:
@@ -93,7 +109,8 @@ def run_line(row: Mapping) -> str:
         span = f"fix {(params.fix or '')[:12]} on {' '.join(params.globs)}"
         answer = _backport_summary(result) if isinstance(result, BackportResult) else "-"
     else:
-        span = f"{_short_ends(params.good)}..{_short_ends(params.bad)}"
+        names = result.names if isinstance(result, BisectResult) else {}
+        span = f"{_short_ends(params.good, names)}..{_short_ends(params.bad, names)}"
         answer = _run_answer(result) if isinstance(result, BisectResult) else "-"
         if params.parent_run is not None:
             answer += f" (level {params.level} of --follow-pins, under run {params.parent_run})"
@@ -106,7 +123,7 @@ def _run_answer(result: BisectResult) -> str:
     if result.stopped:
         answer = f"{result.outcome}: {result.stopped}"
     elif result.culprit:
-        answer = f"{result.culprit_label} {result.culprit.sha[:12]}"
+        answer = f"{result.culprit_label} {result.named(result.culprit.sha)}"
     else:
         answer = f"{len(result.candidates)} candidates"
     last = result.levels[-1] if result.levels else None
@@ -134,7 +151,7 @@ def follow_answer(result: BisectResult) -> str | None:
             before = level.level.tags[tagged.index(level.culprit.sha) - 1][0]
             inside.append(f"release tags {before} → {level.level.tag_of(level.culprit.sha)}")
         else:
-            inside.append(f"{level.culprit_label.split(' commit')[0]} {level.culprit.sha[:12]} "
+            inside.append(f"{level.culprit_label.split(' commit')[0]} {level.named(level.culprit.sha)} "
                           f"{level.culprit.subject}")
     return (f"vLLM {result.culprit.sha[:12]} ({first_level.held_label}) moved {name} {change.old} → "
             f"{change.new}; inside {name}: " + ", then ".join(inside))
@@ -159,7 +176,7 @@ def _search_notes(result: BisectResult) -> list[str]:
     notes = _level_notes(result)
     prefilter = result.prefilter
     if prefilter:
-        found = f"culprit {prefilter.culprit[:12]}" if prefilter.culprit else \
+        found = f"culprit {result.named(prefilter.culprit)}" if prefilter.culprit else \
             f"no culprit ({prefilter.error or 'inconclusive'})"
         notes.append(f"prefilter {prefilter.scenario.split('/')[0]}: {found}"
                      + (f" in {prefilter.executions} execution(s)" if prefilter.executions is not None else ""))
@@ -171,8 +188,8 @@ def _search_notes(result: BisectResult) -> list[str]:
         if seeded.kind == "prefilter":
             notes.append(f"  by the main scenario: {how}" if pair else "  no testable parent; bisected")
         else:
-            notes.append(f"seeded from {seeded.kind} {seeded.origin[:12]}: {len(seeded.candidates)} blamed "
-                         f"candidate(s)" + (f", best {pair[0][:12]} {how}" if pair else f", {how}"))
+            notes.append(f"seeded from {seeded.kind} {result.named(seeded.origin)}: {len(seeded.candidates)} "
+                         f"blamed candidate(s)" + (f", best {result.named(pair[0])} {how}" if pair else f", {how}"))
     change = result.pin_change
     if change:
         name = change.name.upper()
@@ -187,8 +204,8 @@ def _search_notes(result: BisectResult) -> list[str]:
     flaky = result.flaky
     if flaky:
         notes.append(f"flaky search: confidence {flaky.confidence:.3f} that "
-                     f"{flaky.best_guess[:12]} is the {result.culprit_label}")
-        notes += [f"  {sha[:12]}: {seen.faults} fault(s) in {seen.runs} run(s)"
+                     f"{result.named(flaky.best_guess)} is the {result.culprit_label}")
+        notes += [f"  {result.named(sha)}: {seen.faults} fault(s) in {seen.runs} run(s)"
                   for sha, seen in flaky.evidence.items()]
     if result.perf:
         notes += perf_report.notes(result.perf)
@@ -231,29 +248,33 @@ def _level_text(result: BisectResult) -> str:
     lines = []
     culprit = result.culprit
     if culprit:
-        lines.append(f"{result.culprit_label}: {culprit.sha}")
+        lines.append(f"{result.culprit_label}: {result.named(culprit.sha, 40)}")
         lines.append(f"  {culprit.subject}")
         lines.append(f"  author: {culprit.author}   date: {culprit.date}"
                      + (f"   PR: #{culprit.pr}" if culprit.pr else ""))
-        if culprit.files:
-            lines.append("  files: " + ", ".join(culprit.files[:20])
-                         + (f" (+{len(culprit.files) - 20} more)" if len(culprit.files) > 20 else ""))
+        if culprit.implicated:
+            lines.append("  implicated files: " + ", ".join(culprit.implicated))
+        rest = culprit.other_files
+        if rest:
+            lines.append(f"  {'other files' if culprit.implicated else 'files'}: " + ", ".join(rest[:TEXT_FILES])
+                         + _more(rest, TEXT_FILES))
     else:
         lines.append(f"{_no_answer(result)}: {_inconclusive(result)}")
-        lines.extend(f"  {sha}" for sha in result.candidates)
+        lines.extend(f"  {result.named(sha, 40)}" for sha in result.candidates)
     lines += _search_notes(result)
     if result.skipped_by_user:
         lines.append(f"skipped by --skip: {len(result.skipped_by_user)} commits")
     lines += [f"warning: {warning}" for warning in result.warnings]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
+    lines.append(counts_line(result))
     lines.append(f"steps: {len(result.steps)}, scenario executions: {result.executions}, "
                  f"rounds: {result.rounds}")
     for step in result.steps:
         cached = (" (cached from an earlier run)" if step.from_earlier_run else " (cached)") if step.cached else ""
         shown = step.build and not step.build.startswith("none")
         build = f"  [build {step.build}]" if shown else ""
-        lines.append(f"  {step.sha[:12]} {step.role:<8} {step.verdict:<4} "
+        lines.append(f"  {result.named(step.sha)} {step.role:<8} {step.verdict:<4} "
                      f"{step.seconds:7.2f}s{cached}  {step.reason}{build}")
     return "\n".join(lines)
 
@@ -293,29 +314,39 @@ def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[s
         number = int(str(culprit.pr)) if str(culprit.pr or "").isdigit() else 0
         pr = "" if not number else f" ([PR #{number}]({pr_url_template.replace('{pr}', str(number))}))" \
             if pr_url_template else f" (PR #{number})"
-        files = culprit.files
-        more = f" (+{len(files) - MARKDOWN_FILES} more)" if len(files) > MARKDOWN_FILES else ""
-        out += [f"**{result.culprit_label.capitalize()}:** {md_code(culprit.sha)}{pr}", "",
+        name = f" ({md_code(result.names[culprit.sha])})" if culprit.sha in result.names else ""
+        out += [f"**{result.culprit_label.capitalize()}:** {md_code(culprit.sha)}{name}{pr}", "",
                 f"> {md_code(culprit.subject)}", "",
                 f"- author: {md_code(culprit.author)}", f"- date: {md_code(culprit.date)}",
-                "- files: " + ", ".join(md_code(f) for f in files[:MARKDOWN_FILES]) + more]
+                *_markdown_files(culprit.implicated, culprit.other_files)]
     else:
         said = md_code(result.stopped) if result.stopped else _inconclusive(result)
         out.append(f"**{_no_answer(result).capitalize()}:** {said}")
         if result.candidates:
-            out += ["", *(f"- {md_code(sha)}" for sha in result.candidates)]
+            out += ["", *(f"- {md_code(result.named(sha, 40))}" for sha in result.candidates)]
     notes = _search_notes(result) + [f"warning: {w}" for w in result.warnings]
     if notes:
         out += ["", *(f"- {md_code(note.strip())}" for note in notes)]
     if _command_line(result):
         out += ["", f"Command: {md_code(_command_line(result))}"]
     out += ["", f"Scenario {md_code(result.scenario)}: {result.executions} executions, "
-            f"{len(result.steps)} steps, {result.rounds} rounds.", "",
+            f"{len(result.steps)} steps, {result.rounds} rounds.", "", f"{counts_line(result)}.", "",
             "| # | commit | role | verdict | seconds | cached | reason |",
             "|---|---|---|---|---|---|---|"]
     for n, step in enumerate(result.steps, 1):
-        out.append(f"| {n} | {md_code(step.sha[:12])} | {step.role} | {step.verdict} | "
+        out.append(f"| {n} | {md_code(result.named(step.sha), True)} | {step.role} | {step.verdict} | "
                    f"{step.seconds:.2f} | {'yes' if step.cached else ''} | {md_code(step.reason, True)} |")
+    return out
+
+
+def _markdown_files(implicated: Sequence[str], rest: Sequence[str]) -> list[str]:
+    """A culprit's files as Markdown list items: those the scenario implicates, then the rest collapsed."""
+    if not implicated:
+        return ["- files: " + ", ".join(md_code(f) for f in rest[:MARKDOWN_FILES]) + _more(rest, MARKDOWN_FILES)]
+    out = ["- implicated files: " + ", ".join(md_code(f) for f in implicated)]
+    if rest:
+        out += ["", f"<details><summary>{len(rest)} other files</summary>", "",
+                ", ".join(md_code(f) for f in rest[:MARKDOWN_FILES]) + _more(rest, MARKDOWN_FILES), "", "</details>"]
     return out
 
 
@@ -363,19 +394,21 @@ def _junit_suite(result: BisectResult) -> ET.Element:
                         (result.culprit_label.replace(" ", "_"), culprit.sha if culprit else ""),
                         ("candidates", " ".join(result.candidates)),
                         ("command", _command_line(result) or ""),
+                        *((name, "" if count is None else str(count)) for name, count in result.counts.items()),
                         *((("level", result.level.said()),) if result.level else ()),
                         *((("outcome", result.outcome), ("stopped", result.stopped)) if result.stopped else ())):
         ET.SubElement(props, "property", name=name, value=value)
     classname = "bisector." + result.scenario.split("/")[0]
     answer = ET.SubElement(suite, "testcase", classname=classname, name="answer", time="0.000")
     if culprit:
-        ET.SubElement(answer, "system-out").text = f"{result.culprit_label}: {culprit.sha} {culprit.subject}"
+        ET.SubElement(answer, "system-out").text = \
+            f"{result.culprit_label}: {result.named(culprit.sha, 40)} {culprit.subject}"
     else:
         ET.SubElement(answer, "failure", type=result.outcome, message=_inconclusive(result)).text = \
-            "\n".join(result.candidates)
+            "\n".join(result.named(sha, 40) for sha in result.candidates)
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
-                             name=f"step {n}: {step.sha[:12]} ({step.role})",
+                             name=f"step {n}: {result.named(step.sha)} ({step.role})",
                              time=f"{step.seconds:.3f}")
         case_props = ET.SubElement(case, "properties")
         for name, value in (("verdict", step.verdict), ("reason", step.reason),
@@ -472,7 +505,7 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
     cells = []
     for sha in order:
         classes = ["c"]
-        title = sha[:12]
+        title = result.named(sha)
         if sha in by_sha:
             verdict = by_sha[sha][-1].verdict
             classes += ["tested", verdict]
@@ -486,18 +519,17 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
         cells.append(f'<button class="{" ".join(classes)}" title="{e(title)}"{target}></button>')
     if culprit:
         pr = f" · PR #{culprit.pr}" if culprit.pr else ""
-        files = ", ".join(f"<code>{e(f)}</code>" for f in culprit.files[:30])
-        more = f" (+{len(culprit.files) - 30} more)" if len(culprit.files) > 30 else ""
+        name = f" ({e(result.names[culprit.sha])})" if culprit.sha in result.names else ""
         headline = (f'<div class="card culprit"><b>{e(label.capitalize())}:</b> '
-                    f'<code>{e(culprit.sha)}</code><br>{e(culprit.subject)}<br>'
+                    f'<code>{e(culprit.sha)}</code>{name}<br>{e(culprit.subject)}<br>'
                     f'<span class="meta">{e(culprit.author)} · {e(culprit.date)}{pr}</span>'
-                    f"<div>files: {files}{more}</div></div>")
+                    f"{_html_files(culprit.implicated, culprit.other_files)}</div>")
     elif result.stopped:
         headline = f'<div class="card"><b>{e(_no_answer(result).capitalize())}:</b> {e(result.stopped)}</div>'
     else:
         headline = (f'<div class="card"><b>Inconclusive:</b> skipped commits leave '
                     f'{len(result.candidates)} candidates (dashed outline): '
-                    + " ".join(f"<code>{e(s[:12])}</code>" for s in result.candidates) + "</div>")
+                    + " ".join(f"<code>{e(result.named(s))}</code>" for s in result.candidates) + "</div>")
     notes = _search_notes(result)
     if notes:  # how the search went: prefilter, seeds, pin change, signature, flaky evidence
         headline += '<div class="card notes">' + "<br>".join(e(note) for note in notes) + "</div>"
@@ -506,11 +538,11 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
     rows, details = [], []
     for n, step in enumerate(steps, 1):
         rows.append(f'<tr class="pick" data-target="{prefix}d-{step.sha}"><td>{n}</td>'
-                    f'<td><code>{step.sha[:12]}</code></td><td>{e(step.role)}</td>'
+                    f'<td><code>{e(result.named(step.sha))}</code></td><td>{e(step.role)}</td>'
                     f'<td>{_badge(step.verdict)}</td><td>{step.seconds:.2f}</td>'
                     f'<td>{"yes" if step.cached else ""}</td><td>{e(step.reason)}</td></tr>')
     for sha, runs in by_sha.items():
-        parts = [f'<div class="card detail" id="{prefix}d-{sha}" hidden><b><code>{sha}</code></b>'
+        parts = [f'<div class="card detail" id="{prefix}d-{sha}" hidden><b><code>{e(result.named(sha, 40))}</code></b>'
                  + (" — " + e(label) if sha == culprit_sha else "")]
         for step in runs:
             parts.append(f'<p>{e(step.role)} {_badge(step.verdict)} {e(step.reason)} · '
@@ -518,11 +550,12 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
                          f'{" · cached" if step.cached else ""}<br><code>{e(str(step.log))}</code></p>'
                          f'<pre class="log">{e(log_tail(step.log))}</pre>')
         details.append("".join(parts) + "</div>")
-    title = f"bisector run {result.run_id}: {_short_ends(result.good)}..{_short_ends(result.bad)}"
+    title = (f"bisector run {result.run_id}: {_short_ends(result.good, result.names)}.."
+             f"{_short_ends(result.bad, result.names)}")
     command = _command_line(result)
     body = (f"<h1>{e(title)}</h1>"
             f'<div class="meta">{e(result.mode)} · scenario <code>'
-            f'{e(result.scenario)}</code> · {len(order)} commits · {len(steps)} steps · '
+            f'{e(result.scenario)}</code> · {e(counts_line(result))} · '
             f'{result.executions} executions · {result.rounds} rounds'
             + (f'<br>command: <code>{e(command)}</code>' if command else "")
             + "".join(f"<br>warning: {e(w)}" for w in result.warnings)
@@ -532,11 +565,22 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
             f'</i>skip</span><span><i style="background:#d5d9de"></i>not tested</span>'
             f'<span>▼ {e(label)}</span><span>click a tested commit for its log</span></div>'
             f'<div class="timeline">{"".join(cells)}</div><div class="axis"><span>'
-            f'<code>{e(order[0][:12])}</code> (oldest)</span><span>(newest) <code>{e(order[-1][:12])}'
+            f'<code>{e(result.named(order[0]))}</code> (oldest)</span><span>(newest) '
+            f'<code>{e(result.named(order[-1]))}'
             f'</code></span></div></div>{"".join(details)}'
             f'<div class="card"><table><tr><th>#</th><th>commit</th><th>role</th><th>verdict</th>'
             f'<th>seconds</th><th>cached</th><th>reason</th></tr>{"".join(rows)}</table></div>')
     return title, body
+
+
+def _html_files(implicated: Sequence[str], rest: Sequence[str]) -> str:
+    """A culprit's files: those the scenario implicates, then the rest collapsed."""
+    e = html.escape
+    listed = ", ".join(f"<code>{e(f)}</code>" for f in rest[:MARKDOWN_FILES]) + _more(rest, MARKDOWN_FILES)
+    if not implicated:
+        return f"<div>files: {listed}</div>"
+    out = "<div>implicated files: " + ", ".join(f"<code>{e(f)}</code>" for f in implicated) + "</div>"
+    return out + (f"<details><summary>{len(rest)} other files</summary>{listed}</details>" if rest else "")
 
 
 def _equivalent(entry: BranchEntry) -> str:
@@ -753,10 +797,14 @@ def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
     imaged = f", {plan.imaged} of them with an image" if plan.imaged is not None else ""
     lines = [f"plan: {plan.commits} commits in range{imaged}, --build {plan.builder}"]
+    if plan.rounds is not None:
+        one = f" (one slot: about {plan.rounds_one_slot})" if plan.slots > 1 else ""
+        lines.append(f"rounds: about {plan.rounds} after the endpoints with {plan.slots} "
+                     f"{'slot' if plan.slots == 1 else 'slots'}{one}; a round takes about one step's time")
     if plan.skipped_by_user:
         lines.append(f"skipped by --skip: {plan.skipped_by_user} commits")
     for probe in plan.probes:
-        lines.append(f"  {probe.sha[:12]}  {probe.role:<28} {probe.build:<13} {probe.reason}")
+        lines.append(f"  {named(probe.sha, plan.names)}  {probe.role:<28} {probe.build:<13} {probe.reason}")
         if probe.world:
             lines.append(f"      {probe.world}")
         if probe.estimate:

@@ -5,6 +5,7 @@ older versions are brought to the current shape. No code that makes results live
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,6 +34,13 @@ def end_json(shas: Sequence[str]) -> str | list[str]:
     return shas[0] if len(shas) == 1 else list(shas)
 
 
+def named(sha: str, names: Mapping[str, str], width: int = 12) -> str:
+    """sha shortened to width, with the tag or branch that names it when there is one:
+    `4e0f2cad79b2 (v0.17.0)`, `4e0f2cad79b2 (v0.17.0~3)`, else `4e0f2cad79b2`."""
+    name = names.get(sha)
+    return f"{sha[:width]} ({name})" if name else sha[:width]
+
+
 @dataclass(kw_only=True, frozen=True)
 class CommitInfo:
     """A commit as an answer names it: the culprit (or the fix, with --find-fix)."""
@@ -42,16 +50,25 @@ class CommitInfo:
     author: str
     date: str
     pr: int | None = None
-    files: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()        # the files it changes: those the scenario implicates first
+    implicated: tuple[str, ...] = ()   # the files among them the scenario implicates (its implicated_paths)
+
+    @property
+    def other_files(self) -> tuple[str, ...]:
+        """The files it changes that the scenario does not implicate."""
+        implicated = set(self.implicated)
+        return tuple(path for path in self.files if path not in implicated)
 
     def to_json(self) -> dict:
         return {"sha": self.sha, "subject": self.subject, "author": self.author, "date": self.date,
-                "pr": self.pr, "files": list(self.files)}
+                "pr": self.pr, "files": list(self.files),
+                **({"implicated": list(self.implicated)} if self.implicated else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> CommitInfo:
         return cls(sha=data["sha"], subject=data["subject"], author=data["author"], date=data["date"],
-                   pr=data.get("pr"), files=tuple(data.get("files", ())))
+                   pr=data.get("pr"), files=tuple(data.get("files", ())),
+                   implicated=tuple(data.get("implicated", ())))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -354,6 +371,7 @@ class BisectResult:
     levels: tuple[BisectResult, ...] = ()  # --follow-pins, on the first level: the levels that followed
     follow_notes: tuple[str, ...] = ()     # --follow-pins: why no further level ran, or where they ended
     skipped_by_user: tuple[str, ...] = ()  # --skip/--skip-file: commits of the range never tested
+    names: Mapping[str, str] = field(default_factory=dict)  # sha -> the tag or branch naming it (refs.names)
     perf: Mapping | None = None      # --metric: settings, the ends' change, each tested commit's samples (PerfPolicy)
 
     def __post_init__(self) -> None:
@@ -380,6 +398,33 @@ class BisectResult:
             return self.levels[-1].exit_code
         return OUTCOMES[self.outcome]
 
+    def shown(self) -> tuple[str, ...]:
+        """The commits the reports name: the ends, the answer, the candidates, every step, the merge bases."""
+        noted = [*((self.prefilter.culprit,) if self.prefilter and self.prefilter.culprit else ()),
+                 *((self.seeded.origin, *(self.seeded.pair or ())) if self.seeded else ()),
+                 *((self.flaky.best_guess, *self.flaky.evidence) if self.flaky else ())]
+        return tuple(dict.fromkeys([*self.good, *self.bad, *((self.culprit.sha,) if self.culprit else ()),
+                                    *self.candidates, *(step.sha for step in self.steps),
+                                    *(base.sha for base in self.merge_bases), *noted]))
+
+    def with_names(self, names: Mapping[str, str]) -> BisectResult:
+        """This result keeping, of names (sha -> tag or branch), those of the commits it shows."""
+        return dataclasses.replace(self, names={sha: names[sha] for sha in self.shown() if sha in names})
+
+    def named(self, sha: str, width: int = 12) -> str:
+        """sha with the tag or branch that names it (results.named)."""
+        return named(sha, self.names, width)
+
+    @property
+    def counts(self) -> dict[str, int | None]:
+        """The numbers every format gives: commits in the range (its old ends not counted, as the progress
+        display counts them), commits tested, steps, and the candidates left (None: the run stopped
+        before its search ended)."""
+        olds = set(self.bad if self.find_fix else self.good)
+        return {"commits": sum(sha not in olds for sha in self.range),
+                "tested": len({step.sha for step in self.steps}), "steps": len(self.steps),
+                "left": len(self.candidates) if self.outcome in ANSWERED else None}
+
     def to_json(self, *, published: bool = False) -> dict:
         """The stored record; published (--json, `report --format json`) also names the culprit first_bad
         (first_good with --find-fix), the name CI scripts read."""
@@ -394,6 +439,10 @@ class BisectResult:
             "rounds": self.rounds, "scenario": self.scenario, "signature": self.signature.to_json(),
             "cache_key": self.cache_key, "command_line": list(self.command_line), "repo": self.repo,
             "resumed_from": self.resumed_from})
+        if published:
+            record["counts"] = self.counts
+        if self.names:
+            record["names"] = dict(self.names)
         if self.prefilter:
             record["prefilter"] = self.prefilter.to_json()
         if self.merge_bases:
@@ -452,7 +501,8 @@ class BisectResult:
             level=PinLevel.from_json(data["level"]) if data.get("level") else None,
             outcome=data.get("outcome") or ("endpoint" if data.get("stopped") else ""),
             stopped=data.get("stopped"), follow_notes=tuple(data.get("follow_notes", ())),
-            levels=tuple(BisectResult.from_json(level) for level in data.get("levels", ())[1:]))
+            levels=tuple(BisectResult.from_json(level) for level in data.get("levels", ())[1:]),
+            names=dict(data.get("names", {})))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -746,6 +796,10 @@ class Plan:
     imaged: int | None = None  # --image: how many commits of the range have an image
     skipped_by_user: int = 0   # --skip/--skip-file: how many commits of the range are never tested
     warnings: tuple[str, ...] = ()  # preconditions missing here (a GPU, a wheel, an image), each with what to do
+    names: Mapping[str, str] = field(default_factory=dict)  # sha -> the tag or branch naming it (refs.names)
+    slots: int = 1             # steps at once (--jobs, --gpus ID:N): the k of each probe round
+    rounds: int | None = None  # probe rounds expected with those slots (None: not estimated)
+    rounds_one_slot: int | None = None  # and with one
 
     @property
     def minutes(self) -> tuple[int, int]:
@@ -761,13 +815,18 @@ class Plan:
                 "builder": self.builder, "merge_bases": list(self.merge_bases),
                 "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged,
                 "minutes": list(self.minutes), "warnings": list(self.warnings),
-                **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {})}
+                **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {}),
+                **({"slots": self.slots, "rounds": self.rounds, "rounds_one_slot": self.rounds_one_slot}
+                   if self.rounds is not None else {}),
+                **({"names": dict(self.names)} if self.names else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
         return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
                    builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
                    skipped_by_user=data.get("skipped_by_user", 0), warnings=tuple(data.get("warnings", ())),
+                   names=dict(data.get("names", {})),
+                   slots=data.get("slots", 1), rounds=data.get("rounds"), rounds_one_slot=data.get("rounds_one_slot"),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),

@@ -178,6 +178,14 @@ class ChecksMachine(Protocol):
 
 
 @runtime_checkable
+class ImplicatesPaths(Protocol):
+    """A scenario that names the files (globs, most telling first) whose change most likely moves its
+    verdict: a culprit's report lists those of its files first."""
+
+    def implicated_paths(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
 class LearnsOptions(Protocol):
     """A scenario whose options `scenario calibrate` can set from the good end's step details."""
 

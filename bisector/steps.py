@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from bisector.results import StepRecord
 from bisector.seams import Verdict
@@ -71,6 +72,7 @@ class Handler:
     def waiting(self, holder: str) -> None: ...
     def started(self, run_id: int, total: int, resumed_from: int | None, logs: Path) -> None: ...
     def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None: ...  # `scenario calibrate` begins
+    def named(self, names: Mapping[str, str]) -> None: ...  # sha -> the tag or branch that names it
     def testing(self, sha: str, role: str) -> None: ...
     def tested(self, step: Step, left: int, steps_left: int) -> None: ...
     def cancelled(self, sha: str) -> None: ...  # a running step whose answer no longer matters

@@ -59,7 +59,7 @@ def test_a_bump_inside_one_history_is_bisected_inside_aiter(tmp_path):
 
     shown = report.render(stored[result.run_id], "text")
     assert shown.startswith(f"answer: vLLM {world.v[3][:12]} ({level.held_label}) moved AITER v1.0 → v2.0; "
-                            f"inside AITER: first bad {world.a['a5'][:12]} AITER a5 (#5)\n")
+                            f"inside AITER: first bad {world.a['a5'][:12]} (v2.0~3) AITER a5 (#5)\n")
     assert "== level 2: " + str(world.aiter) in shown and "held: v1.0 → v2.0" in shown
     for fmt, needle in (("markdown", "### Level 2"), ("html", "<h2>Level 2</h2>"),
                         ("junit", f'name="bisector run {inside.run_id}"'), ("json", '"levels"')):
@@ -109,7 +109,7 @@ def test_unrelated_histories_test_release_tags_then_bisect_between_the_boundary(
         assert between.level.number == 3 and between.level.parent_run == tags.run_id
         assert (between.level.old_ref, between.level.new_ref, between.level.how) == (*boundary, "ancestor")
         assert between.culprit.sha == world.a[then]
-        assert answer.endswith(f", then first bad {world.a[then][:12]} new AITER {then} (#12)")
+        assert answer.endswith(f", then first bad {between.named(world.a[then])} new AITER {then} (#12)")
         assert not any(step.cached is False and step.sha in (world.a["n1"], world.a["n3"])
                        for step in between.steps)  # the boundary tags' verdicts come from the cache
     else:
@@ -212,7 +212,7 @@ def test_cli_follows_the_pin_with_the_real_probe(tmp_path, cli, monkeypatch):
     assert first["first_good"]["sha"] == vllm_shas["c2"]
     assert inside["first_good"]["sha"] == aiter_shas["v2.0"] and inside["level"]["how"] == "ancestor"
     assert out.stdout.startswith(f"answer: vLLM {vllm_shas['c2'][:12]} (")
-    assert f"inside AITER: first good {aiter_shas['v2.0'][:12]} AITER v2.0" in out.stdout.splitlines()[0]
+    assert f"inside AITER: first good {aiter_shas['v2.0'][:12]} (v2.0) AITER v2.0" in out.stdout.splitlines()[0]
     assert "level 2 inside AITER" in out.stderr
     shown = cli("report", "latest", "--repo", str(vllm), "--state-dir", str(tmp_path / "state"), env=env)
     assert shown.stdout.splitlines()[0] == out.stdout.splitlines()[0]

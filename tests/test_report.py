@@ -192,14 +192,14 @@ def test_markdown_links_the_pr_to_origin_and_counts_files_past_the_list(make_rep
                     "--markdown", str(tmp_path / "r.md"), "--", "grep", "-q", "good", "state")
     assert proc.returncode == 0, proc.stderr
     markdown = (tmp_path / "r.md").read_text()
-    assert f"`{bad}` ([PR #4242](https://github.com/vllm-project/vllm/pull/4242))" in markdown
+    assert f"`{bad}` (`main`) ([PR #4242](https://github.com/vllm-project/vllm/pull/4242))" in markdown
     assert markdown.count("`src/f") == 30 and "`src/f29.py` (+4 more)" in markdown  # 33 files + state
     linked = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format",
                       "markdown", "--pr-url-template", "https://mirror.example/pr/{pr}")
     assert "[PR #4242](https://mirror.example/pr/4242)" in linked.stdout
     subprocess.run(["git", "-C", str(repo.path), "remote", "set-url", "origin", "/srv/vllm"], check=True)
     plain = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format", "markdown")
-    assert f"`{bad}` (PR #4242)" in plain.stdout
+    assert f"`{bad}` (`main`) (PR #4242)" in plain.stdout
     bad_template = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state),
                             "--pr-url-template", "https://mirror.example/pr/")
     assert bad_template.returncode == 2

@@ -6,9 +6,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from bisector.redact import redact
+from bisector.results import named
 from bisector.steps import Handler, Step
 
 if TYPE_CHECKING:
@@ -53,13 +54,21 @@ class ProgressHandler(Handler):
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
 
     def __init__(self, notes: list[str] | None = None):
-        self.count = 0
+        self.count = 0  # steps of the run now going: numbered as its reports number them
+        self.runs = 0   # runs started by this command (--prefilter and --follow-pins levels start several)
         self.start = time.monotonic()
         self.notes = notes or []  # said once, at the start
         self.logs: Path | None = None
         self.running: dict[str, float] = {}  # sha -> when it started
         self.shown: dict[str, str] = {}      # sha -> the last progress line printed for it
         self.period = float(os.environ.get("BISECTOR_PROGRESS_SECONDS") or 30)
+        self.names: dict[str, str] = {}  # sha -> the tag or branch naming it, of the runs so far
+
+    def named(self, names: Mapping[str, str]) -> None:
+        self.names.update(names)
+
+    def _named(self, sha: str) -> str:
+        return escape(named(sha, self.names))
 
     def waiting(self, holder: str) -> None:
         console.print(f"waiting for another bisector run on this repository ({escape(holder)}) …")
@@ -69,6 +78,7 @@ class ProgressHandler(Handler):
         self.logs = logs
         again = f", resuming run {resumed_from}" if resumed_from else ""
         console.print(f"run {run_id}: {total} commits in range{again}")
+        self.count = 0
         self._begin()
 
     def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None:
@@ -77,15 +87,16 @@ class ProgressHandler(Handler):
         self._begin()
 
     def _begin(self) -> None:
-        """The notes and the heartbeat, once per command (--prefilter runs twice)."""
-        if self.count == 0 and not self.running:
+        """The notes and the heartbeat, once per command (--prefilter and --follow-pins levels start several runs)."""
+        self.runs += 1
+        if self.runs == 1:
             for note in self.notes:
                 console.print(escape(note))
             threading.Thread(target=self._heartbeat, name="progress", daemon=True).start()
 
     def testing(self, sha: str, role: str) -> None:
         self.running[sha] = time.monotonic()
-        console.print(f"  testing {sha[:12]} ({role}) …", style="dim")
+        console.print(f"  testing {self._named(sha)} ({role}) …", style="dim")
 
     def tested(self, step: Step, left: int, steps_left: int) -> None:
         self.running.pop(step.sha, None)
@@ -95,7 +106,7 @@ class ProgressHandler(Handler):
         colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
         cached = " cached" if step.cached else ""
         build = escape(f" [build {step.build}]") if step.build else ""
-        console.print(f"step {self.count}: {step.sha[:12]} [{colour}]{step.verdict}[/{colour}]{cached} "
+        console.print(f"step {self.count}: {self._named(step.sha)} [{colour}]{step.verdict}[/{colour}]{cached} "
                       f"({escape(step.reason)}){build} | {counted(left, 'commit')} left, "
                       f"~{counted(steps_left, 'step')} to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
@@ -104,7 +115,7 @@ class ProgressHandler(Handler):
 
     def cancelled(self, sha: str) -> None:
         self.running.pop(sha, None)
-        console.print(f"  {sha[:12]} cancelled (answer found elsewhere)")
+        console.print(f"  {self._named(sha)} cancelled (answer found elsewhere)", markup=True)
 
     def level(self, text: str) -> None:
         console.print(escape(text))
@@ -116,7 +127,7 @@ class ProgressHandler(Handler):
                 line = self._progress(sha)
                 if line and line != self.shown.get(sha):
                     self.shown[sha] = line
-                    console.print(f"  … {sha[:12]} {time.monotonic() - since:.0f}s {escape(line)}", markup=True)
+                    console.print(f"  … {self._named(sha)} {time.monotonic() - since:.0f}s {escape(line)}", markup=True)
 
     def _progress(self, sha: str) -> str | None:
         """The step's phase (build command or scenario) and the last line its newest log holds."""

@@ -129,8 +129,8 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
         confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
         signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, metric, direction,
-        min_change, warmup, max_samples, command):
+        gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, command,
+        build_ahead, metric, direction, min_change, warmup, max_samples):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     from bisector import report
     from bisector.engine.config import RunConfig
@@ -164,7 +164,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
         world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
         step_executor = create_executor(executor_kind, Placement(
             jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
-            builder))
+            builder, build_ahead))
         cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
                         first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
                         command_line=command_line(),

@@ -2,9 +2,13 @@
 judges it on the executor (cached verdicts first), records each step as it lands."""
 from __future__ import annotations
 
-from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass
+from itertools import zip_longest
+from typing import Protocol, runtime_checkable
 
+from bisector.builds.base import UNAVAILABLE
+from bisector.builds.builder import FAILED_BEFORE
 from bisector.engine.judge import Judge, signature_of
 from bisector.policies import Batch, SearchPolicy
 from bisector.process import Cancelled
@@ -28,6 +32,32 @@ class CacheUse:
 
 
 AS_ASKED = CacheUse()  # the default: stored verdicts served, a command's only to its own run
+NO_BUILD_NEEDED = ("none", "reuse", FAILED_BEFORE, UNAVAILABLE)
+
+
+@runtime_checkable
+class BuildsAhead(Protocol):
+    """An executor that can check out and build a commit beside the steps it runs (LocalExecutor), at most
+    ahead_budget of them outstanding at once (--build-ahead; 0: none)."""
+
+    ahead_budget: int
+
+    def build_ahead(self, judge: Judge, sha: str) -> Future: ...
+
+
+@runtime_checkable
+class ForeseesRounds(Protocol):
+    """A policy that can say what its next round tests for each way the current one falls (BisectPolicy)."""
+
+    def candidates_after(self, batch: Batch) -> tuple[tuple[str, ...], ...]: ...
+
+
+def worth_building_ahead(judge: Judge, sha: str) -> bool:
+    """Whether sha's step would build (compile, or install a wheel): not when its scenario needs no build,
+    an image or AITER world decides where it stands, or its native build is cached or known to fail."""
+    if not judge.scenario.needs_build or judge.spec.world.key_parts:
+        return False
+    return judge.builder.decide(sha).strategy not in NO_BUILD_NEEDED
 
 
 class RunContext:
@@ -39,6 +69,9 @@ class RunContext:
     def __init__(self, store: Store, judge: Judge, executor: Executor, run_id: int | None = None,
                  handler: Handler | None = None, cache: CacheUse = AS_ASKED):
         self.store, self.judge, self.executor = store, judge, executor
+        # while a round runs, the commits the next round may test are built beforehand (BuildsAhead)
+        self.build_ahead = executor.ahead_budget if isinstance(executor, BuildsAhead) else 0
+        self.ahead: dict[str, Future] = {}  # sha -> its build ahead, queued, running or done
         self.run_id, self.handler = run_id, handler or Handler()
         self.steps: list[Step] = []
         self.executions = 0
@@ -116,6 +149,7 @@ class RunContext:
                 continue
             self.handler.testing(sha, role)
             futures[self.executor.run_step(self.judge, sha, done)] = (sha, role, done)
+        self._build_next(batch, policy)
         cancelled = set()
         while futures:
             finished, _ = wait(futures, return_when=FIRST_COMPLETED)
@@ -134,6 +168,35 @@ class RunContext:
                     self.handler.cancelled(sha)
         return landed
 
+    def _build_next(self, batch: Batch, policy: SearchPolicy) -> None:
+        """Queue builds of the commits the round after batch may test, both ways its verdicts may fall,
+        at most build_ahead of them; queued ones no longer among them are dropped (a build already
+        running finishes: its outputs stay in the artifact cache)."""
+        if not self.build_ahead or not isinstance(policy, ForeseesRounds):
+            return
+        testing = {sha for sha, _ in batch.commits}
+        wanted: list[str] = []
+        for probes in zip_longest(*policy.candidates_after(batch)):  # each outcome's first probe, then second, ...
+            for sha in probes:
+                if sha is not None and sha not in testing and sha not in wanted:
+                    wanted.append(sha)
+        for sha, future in list(self.ahead.items()):
+            if sha not in wanted and future.cancel():
+                del self.ahead[sha]
+        for sha in wanted:
+            if len(self.ahead) - sum(f.done() for f in self.ahead.values()) >= self.build_ahead:
+                break
+            if sha not in self.ahead and worth_building_ahead(self.judge, sha):
+                assert isinstance(self.executor, BuildsAhead)
+                self.ahead[sha] = self.executor.build_ahead(self.judge, sha)
+
+    def settle_builds_ahead(self) -> None:
+        """Drop the builds ahead still queued, wait for the one running (so that it ends as a build, kept in
+        the cache, not as a build killed when the run ends)."""
+        for future in self.ahead.values():
+            future.cancel()
+        wait(list(self.ahead.values()))
+
     def drive(self, policy: SearchPolicy) -> int:
         """The one loop: ask the policy what to test next until it has its answer; returns rounds."""
         batches = policy.batches()
@@ -144,4 +207,5 @@ class RunContext:
                 batch = batches.send(landed)
             except StopIteration:
                 batch = None
+        self.settle_builds_ahead()
         return policy.rounds

@@ -2,6 +2,7 @@
 this machine lacks to run them; nothing is run."""
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
@@ -65,7 +66,8 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     first_search = Bisection(commits, ends.new)
     for sha in blind:
         first_search.record(sha, Term.SKIP)
-    first = first_search.next_probes(max(1, cfg.jobs), cost=cost)
+    slots = cfg.executor.size if cfg.executor is not None else max(1, cfg.jobs)
+    first = first_search.next_probes(slots, cost=cost)
     for sha in first:
         add(sha, "probe 1")
     if len(first) == 1:
@@ -79,7 +81,10 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
                 imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
-                skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world))
+                skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world), slots=slots,
+                rounds=expected_rounds(first_search.testable_mask.bit_count(), slots),
+                rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
+                names=asked.repo.names([probe.sha for probe in probes]))
 
 
 def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: World) -> tuple[str, ...]:
@@ -118,3 +123,9 @@ def machine_unfit(cfg: RunConfig) -> str | None:
     with tempfile.TemporaryDirectory(prefix="bisector-plan-") as bare:
         return scenario.machine_check(StepContext(checkout=Path(bare), log_path=Path(bare) / "plan.log",
                                                   python=cfg.python))
+
+
+def expected_rounds(testable: int, slots: int) -> int:
+    """Probe rounds a k-way bisection of testable commits needs with slots steps a round (each round
+    splits the candidates into slots + 1 parts)."""
+    return math.ceil(math.log(testable + 1) / math.log(slots + 1) - 1e-9) if testable else 0

@@ -31,7 +31,7 @@ from bisector.policies import (
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import ANSWERED, BisectResult, Calibration, JudgedCommit, PrefilterRecord, end_json
-from bisector.seams import LearnsOptions, Scenario
+from bisector.seams import ImplicatesPaths, LearnsOptions, Scenario
 from bisector.search import Bisection, FlakyModel, Term
 from bisector.seeding import SeedPlan, plan_seeds
 from bisector.steps import Handler
@@ -81,6 +81,11 @@ def skipped_by_user(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
         if end in named:
             raise UsageError(f"--skip names the --{name} endpoint {end[:12]}: an endpoint is tested, not skipped")
     return tuple(sha for sha, _ in asked.commits if sha in named)
+
+
+def implicated_paths(scenario: Scenario) -> tuple[str, ...]:
+    """The globs of the files a scenario implicates, listed first among a culprit's files."""
+    return scenario.implicated_paths() if isinstance(scenario, ImplicatesPaths) else ()
 
 
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
@@ -146,6 +151,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                   **({"skip": list(cfg.skip), "skipped_by_user": list(skipped)} if skipped else {}),
                   **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
+        names = repo.names([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases,
+                            *((seeds.origin,) if seeds else ())])
         try:
             with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key, skipped), params) as run:
                 logs = run_logs(state_dir, run.id)
@@ -156,6 +163,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                 try:
                     executor.start(pool, logs)
                     handler.started(run.id, len(asked.commits), run.resumed_from, logs)
+                    handler.named(names)
                     policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
                                      [*world.untestable([sha for sha, _ in asked.commits]), *skipped])
                     ctx.drive(policy)
@@ -171,7 +179,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                 first = answer.first_new if answer else None
                 result = BisectResult(
                     run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
-                    good=asked.good, bad=asked.bad, culprit=repo.commit_info(first) if first else None,
+                    good=asked.good, bad=asked.bad,
+                    culprit=repo.commit_info(first, implicated_paths(cfg.scenario)) if first else None,
                     candidates=tuple(answer.candidates) if answer else (),
                     range=(*ends.olds, *(sha for sha, _ in asked.commits)),
                     steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions,
@@ -182,6 +191,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     seeded=seeds.record(policy.confirmed) if seeds and policy else None,
                     pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
                     skipped_by_user=skipped, outcome=outcome, stopped=stopped, **found)
+                result = result.with_names(names)
                 run.result = result.to_json()
                 _close(result)
         except (StoppedRun, InterruptedRun) as stop:

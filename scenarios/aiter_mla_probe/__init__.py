@@ -20,6 +20,13 @@ from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 120.0
+# What the probe reads of a vLLM checkout, the backend it judges first: a culprit's report lists these first.
+VLLM_PATHS = ("vllm/v1/attention/backends/mla/rocm_aiter_mla.py",
+              "vllm/model_executor/layers/attention/mla_attention.py", "vllm/v1/attention/backends/mla/common.py",
+              "vllm/platforms/rocm.py", "vllm/config/cache.py", "docker/Dockerfile.rocm_base")
+# ... and of an AITER checkout (vllm_repo/vllm_ref hold vLLM): where get_mla_metadata_info_v1 is defined, and
+# the MLA code around it.
+AITER_PATHS = ("aiter/ops/attention.py", "aiter/*mla*", "csrc/*mla*")
 
 
 class AiterMLAProbe(BaseScenario):
@@ -55,6 +62,10 @@ class AiterMLAProbe(BaseScenario):
     def environment(self, python: str) -> dict:
         """The probe runs the checkout's Python against torch in the --python environment."""
         return python_environment(python, ("torch",))
+
+    def implicated_paths(self) -> tuple[str, ...]:
+        """The files the probe reads of the repository bisected (AITER's with vllm_repo/vllm_ref)."""
+        return AITER_PATHS if self.options["vllm_repo"] else VLLM_PATHS
 
     def follow_up(self, dependency: str) -> FollowUp | None:
         """A hunt inside AITER keeps this probe's options but where AITER and vLLM come from (it holds

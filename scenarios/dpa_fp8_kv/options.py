@@ -1,6 +1,7 @@
 """The scenario's options, parsed and validated once."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -90,6 +91,15 @@ class Options:
         other = self.reference or REFERENCE_BACKENDS.get(backend, {}).get(platform, DEFAULT_REFERENCE)
         return replace(self, attention_backend=other), other
 
+    def within_share(self, share: float) -> "Options":
+        """The options of an engine on a slot that shares its GPUs (bisector.gpus.SHARE_ENV): vLLM's memory
+        fraction and the KV cache's bytes scaled by the slot's share, so that the slots' engines together
+        take what one engine would, and none starves another; share 1 leaves them as they are."""
+        if share >= 1:
+            return self
+        return replace(self, gpu_memory_utilization=self.gpu_memory_utilization * share,
+                       kv_cache_memory_bytes=int(self.kv_cache_memory_bytes * share))
+
     @property
     def heads_per_rank(self) -> int:
         return self.heads // self.tp
@@ -97,6 +107,13 @@ class Options:
     @property
     def gpus(self) -> int:
         return self.dp * self.tp
+
+
+def warm_key(options: Options, platform: str, python: str) -> str:
+    """The engine configuration a first start warms the compile cache for (compile_cache.first_start): the
+    options as asked (a slot's share aside), the platform and the interpreter; not the commit, since the
+    slots of a round test different ones and vLLM's own cache keys tell their compiles apart."""
+    return hashlib.sha256(repr((options, platform, python)).encode()).hexdigest()[:16]
 
 
 def parse_options(raw: Mapping[str, str]) -> Options:

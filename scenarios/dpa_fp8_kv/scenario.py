@@ -1,6 +1,7 @@
 """The dpa-fp8-kv-graph-capture scenario: check for a GPU, write the model, run the ranks, judge."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bisector.builds.native import installed_rocm_version
-from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, in_use, size_cap, touch
-from bisector.gpus import GPU_VARIABLES
+from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, first_start, in_use, size_cap, touch
+from bisector.gpus import GPU_VARIABLES, gpu_share
 from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
 from bisector.seams import FollowUp
@@ -30,7 +31,7 @@ from scenarios.dpa_fp8_kv.environment import (
 from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
 from scenarios.dpa_fp8_kv.model import ModelError, prepare_model
-from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, Options, parse_options
+from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, Options, parse_options, warm_key
 from scenarios.dpa_fp8_kv.plan import CUDA_ENV, Launch, build_plan, step_devices
 
 
@@ -134,7 +135,11 @@ class DpaFp8KvScenario(BaseScenario):
             cap = size_cap(env)
         except ValueError as exc:
             return self._unrun(ctx, f"${SIZE_ENV}: {exc}", "machine")
-        settings = self.settings
+        try:
+            share = gpu_share(env)  # a slot sharing its GPUs (--gpus 0:4) bounds its engines' memory
+        except ValueError as exc:
+            return self._unrun(ctx, str(exc), "machine")
+        settings = self.settings.within_share(share)
         compared = settings.check == "numerics"
         reference, reference_name = settings.reference_for(platform)
         if compared and replace(reference, attention_backend=reference.backend_for(platform)) == \
@@ -166,8 +171,10 @@ class DpaFp8KvScenario(BaseScenario):
             started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
                                                                            mounts=mounts), env=dict(os.environ))
                        for launch in launches + references] if container else launches + references
-            try:
-                results = run_ranks(started, ctx.checkout, work, ctx.cancel)
+            try:  # the node's first engine of these settings starts alone and fills the compile cache
+                with first_start(root, warm_key(self.settings, platform, ctx.python), ctx.cancel) \
+                        if settings.compile_cache else contextlib.nullcontext(lambda: None) as up:
+                    results = run_ranks(started, ctx.checkout, work, ctx.cancel, up)
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}", "machine")
             if settings.compile_cache:
@@ -185,6 +192,7 @@ class DpaFp8KvScenario(BaseScenario):
         signature = {"signature": failure_signature(failed.output, failed.returncode)} if failed else {}
         found = {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
                  "heads_per_rank": settings.heads_per_rank, "torch": versions["torch"],
+                 **({"gpu_share": share} if share < 1 else {}),
                  **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))} if platform == "rocm" else {}),
                  "seconds": round(tested[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                  **details(tested[0].output, (backend,)), "check": settings.check, "model": model.as_details(),

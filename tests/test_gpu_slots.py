@@ -1,0 +1,292 @@
+"""Several slots on one GPU (--gpus 0:4), builds ahead of need (--build-ahead), the first engine start warming
+the compile cache alone: on built histories, through the real CLI, with a GPU-shaped stand-in scenario (a
+command, which wants one GPU per step) that records the environment each step saw."""
+import json
+import sqlite3
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import test_dpa_fp8_kv_scenario as dpa
+
+from bisector.compile_cache import first_start
+from bisector.errors import UsageError
+from bisector.executor import local_slots
+from bisector.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
+from bisector.process import Cancelled
+from scenarios.base import Verdict
+
+pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
+gpu_root, fake_python, records = dpa.gpu_root, dpa.fake_python, dpa.records  # the GPU scenario's fixtures
+
+
+# -- parsing and slot environments ------------------------------------------------------------------
+@pytest.mark.unit
+def test_gpu_shares_parse_into_gpus_and_their_slot_counts():
+    assert parse_gpu_slots("0:4") == [(0, 4)]
+    assert parse_gpu_slots("0:4,1:4") == [(0, 4), (1, 4)]
+    assert parse_gpu_slots("0-2:2, 5") == [(0, 2), (1, 2), (2, 2), (5, 1)]
+    assert parse_gpu_slots("0,1") == [(0, 1), (1, 1)]
+    for bad, message in ((":4", "bad GPU list ':4'"), ("0:0", "bad GPU share '0:0'"),
+                         ("0:x", "bad GPU share '0:x'"), ("3-1:2", "bad GPU range '3-1'")):
+        with pytest.raises(UsageError, match=message):
+            parse_gpu_slots(bad)
+
+
+@pytest.mark.unit
+def test_each_shared_slot_names_its_gpu_and_its_share():
+    slots = shared_gpu_slots(parse_gpu_slots("0:4,1:2"), 1)
+    assert [(s["ROCR_VISIBLE_DEVICES"], s["HIP_VISIBLE_DEVICES"], s["CUDA_VISIBLE_DEVICES"], s[SHARE_ENV])
+            for s in slots] == [("0", "0", "0", "0.25")] * 4 + [("1", "0", "0", "0.5")] * 2
+    # plain ids: the slots of before, no share
+    assert shared_gpu_slots(parse_gpu_slots("0,1"), 1) == local_slots(2, [0, 1], 1)
+    # two GPUs per step: each step sees both GPUs of its group, with the group's share
+    pairs = shared_gpu_slots(parse_gpu_slots("0-3:2"), 2)
+    assert [(s["ROCR_VISIBLE_DEVICES"], s[SHARE_ENV]) for s in pairs] == [("0,1", "0.5")] * 2 + [("2,3", "0.5")] * 2
+    with pytest.raises(UsageError, match="the 2 GPUs of one step must hold the same number of slots"):
+        shared_gpu_slots(parse_gpu_slots("0:2,1:4"), 2)
+
+
+@pytest.mark.unit
+def test_a_timing_hunt_refuses_shared_slots_in_one_line():
+    refuse_shared_for_timing(local_slots(2, [0, 1], 1))  # a GPU per step: allowed
+    refuse_shared_for_timing([{}])  # CPU slots: allowed
+    with pytest.raises(UsageError) as refused:
+        refuse_shared_for_timing(shared_gpu_slots(parse_gpu_slots("0:2"), 1))
+    assert str(refused.value) == ("a performance hunt needs a GPU per step: shared slots (--gpus ID:N) would "
+                                  "interfere with the timings; give --gpus without :N")
+
+
+# -- whole runs through the CLI ---------------------------------------------------------------------
+SEEN = 'echo "$ROCR_VISIBLE_DEVICES|$HIP_VISIBLE_DEVICES|$CUDA_VISIBLE_DEVICES|$BISECTOR_GPU_SHARE" >> {seen}; '
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory, repo_builder):
+    """20 commits, the fault from commit 11 on."""
+    repo = repo_builder(tmp_path_factory.mktemp("history") / "repo")
+    return repo, repo.linear(20, bad_from=11)
+
+
+def bisect(cli, history, tmp_path, name, *options):
+    """One run on history recording each step's GPU environment: (its JSON result, the environments seen,
+    the commits handed to the slots in order, as progress says "testing SHA (ROLE)")."""
+    repo, shas = history
+    seen, result = tmp_path / f"{name}.seen", tmp_path / f"{name}.json"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+               str(tmp_path / f"{name}-state"), *options, "--json", str(result), "--", "sh", "-c",
+               SEEN.format(seen=seen) + "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    asked = [line.split()[1:] for line in proc.stderr.splitlines() if line.strip().startswith("testing ")]
+    return json.loads(result.read_text()), set(seen.read_text().splitlines()), asked
+
+
+def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path):
+    repo, shas = history
+    shared, seen, asked = bisect(cli, history, tmp_path, "shared", "--gpus", "0:4")
+    assert seen == {"0|0|0|0.25"}  # ROCR|HIP|CUDA|share: GPU 0, a quarter of it, for every step
+    separate, seen_separate, asked_separate = bisect(cli, history, tmp_path, "separate", "--gpus", "0-3", "--jobs", "4")
+    assert seen_separate == {"0|0|0|", "1|0|0|", "2|0|0|", "3|0|0|"}
+    one, _, asked_one = bisect(cli, history, tmp_path, "one", "--gpus", "0")
+    assert shared["culprit"]["sha"] == separate["culprit"]["sha"] == one["culprit"]["sha"] == shas[11]
+    # the search four GPUs get: the same rounds, the same commits handed out (4 probes a round)
+    assert shared["rounds"] == separate["rounds"] < one["rounds"]
+    assert asked == asked_separate
+    roles = [role for _, role, *_ in asked]
+    assert roles[:6] == ["(endpoint)"] * 2 + ["(probe)"] * 4
+    assert [role for _, role, *_ in asked_one].count("(probe)") == one["rounds"]  # one a round
+
+
+def test_slots_across_gpus_each_name_their_gpu(cli, history, tmp_path):
+    result, seen, _ = bisect(cli, history, tmp_path, "across", "--gpus", "0:2,1:2")
+    assert seen == {"0|0|0|0.5", "1|0|0|0.5"}
+    assert result["culprit"]["sha"] == history[1][11]
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--gpus", "0:0"], "bad GPU share '0:0' in '0:0'"),
+    (["--jobs", "5", "--gpus", "0:4"], "--jobs 5 needs 5 slots; --gpus 0:4 gives 4"),
+    (["--gpus-per-run", "2", "--gpus", "0:2,1:4"], "the 2 GPUs of one step must hold the same number of slots"),
+    (["--gpus-per-run", "0", "--gpus", "0:2"], "shares GPUs between steps, but this run's steps use no GPU"),
+    (["--build-ahead", "-1"], "--build-ahead -1: must be 0 (never) or more"),
+])
+def test_bad_slot_options_are_usage_errors(cli, history, options, message, state_is_good):
+    repo, shas = history
+    before = repo.snapshot()
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], *options,
+               "--", *state_is_good, env={"HIP_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"bisector: error: {message}" or \
+        (proc.stderr.startswith("bisector: error: ") and message in proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert repo.snapshot() == before
+
+
+# -- builds ahead ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def native_history(tmp_path_factory, repo_builder):
+    """16 vLLM-shaped commits whose native sources all differ (each compiles), the fault from commit 11 on."""
+    repo = repo_builder(tmp_path_factory.mktemp("native") / "repo")
+    repo.commit("build files", {"setup.py": "", "vllm/__init__.py": "", "csrc/x.c": "int x;\n"})
+    shas = [repo.commit(f"change {i}", {"counter.txt": f"{i}\n", "state": "bad\n" if i >= 11 else "good\n",
+                                        "csrc/x.c": f"int x = {i};\n"}) for i in range(16)]
+    return repo, shas
+
+
+def build_ahead_run(cli, native_history, tmp_path, budget: int):
+    """A --build auto run whose compiles a fake python records. With a budget, each step waits (at most
+    30 s) for a first build ahead to land, so that one has. (result, commits compiled, build records' logs)."""
+    repo, shas = native_history
+    name = f"ahead-{budget}"
+    state, built = tmp_path / f"{name}-state", tmp_path / f"{name}.built"
+    python = tmp_path / f"{name}-python"
+    python.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$*" in *setup.py*) cat counter.txt >> {built}; exit 0;; esac
+        exec {sys.executable} "$@"
+        """))
+    python.chmod(0o755)
+    wait_ahead = f"for i in $(seq 600); do ls {state}/logs/*/ahead/*.log >/dev/null 2>&1 && break; sleep 0.05; done; "
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--build", "auto", "--python", str(python), "--build-ahead", str(budget),
+               "--json", str(tmp_path / f"{name}.json"),
+               "--", "sh", "-c", (wait_ahead if budget else "") + "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(state / "bisector.sqlite") as db:
+        logs = [row[0] for row in db.execute("SELECT log_path FROM builds WHERE status = 'ok'")]
+    compiled = [int(line) for line in built.read_text().split()]
+    return json.loads((tmp_path / f"{name}.json").read_text()), compiled, logs
+
+
+def test_builds_ahead_prepare_the_next_round_within_the_budget(cli, native_history, tmp_path):
+    repo, shas = native_history
+    plain, plain_compiled, plain_logs = build_ahead_run(cli, native_history, tmp_path, 0)
+    ahead, compiled, logs = build_ahead_run(cli, native_history, tmp_path, 2)
+    # the same search and answer
+    assert ahead["culprit"]["sha"] == plain["culprit"]["sha"] == shas[11]
+    assert [(s["sha"], s["round"]) for s in ahead["steps"]] == [(s["sha"], s["round"]) for s in plain["steps"]]
+    tested = {shas.index(s["sha"]) for s in plain["steps"]}
+    assert sorted(plain_compiled) == sorted(tested) and not any("/ahead/" in log for log in plain_logs)
+    # each commit compiled once, by its step or ahead of it; every build ahead is kept in the artifact cache
+    assert len(compiled) == len(set(compiled)) == len(logs) and set(compiled) >= tested
+    made_ahead = [log for log in logs if "/ahead/" in log]
+    assert made_ahead
+    assert len(made_ahead) <= 2 * (ahead["rounds"] + 1)  # the budget: 2 a round, the endpoints' round included
+    first_probe = next(s for s in ahead["steps"] if s["round"] == 1)
+    assert any(f"build-{first_probe['sha'][:12]}" in log for log in made_ahead)  # built during the endpoints
+    assert "built before" in first_probe["build"], first_probe["build"]
+
+
+# -- the GPU scenario on a shared slot ----------------------------------------------------------------
+def test_the_gpu_scenario_bounds_its_engine_by_the_slots_share(tmp_path, gpu_root, fake_python, records):
+    slot = shared_gpu_slots(parse_gpu_slots("1:4"), 1)[0]
+    outcome = dpa.run(tmp_path, gpu_root, fake_python, env={**dpa.replay(records, r0=("ok", "exit 0")), **slot})
+    assert outcome.verdict is Verdict.GOOD, outcome.reason
+    seen = json.loads((records / "rank0.json").read_text())
+    argv = seen["argv"]
+    # the defaults (0.5 of the GPU, a 1 GiB KV cache) scaled by the slot's quarter
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.125"
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(1024 ** 3 // 4)
+    assert seen["env"]["HIP_VISIBLE_DEVICES"] == seen["env"]["CUDA_VISIBLE_DEVICES"] == "1"  # physical GPU 1
+    assert outcome.details["gpu_share"] == 0.25
+
+
+def test_a_whole_gpu_keeps_the_options_and_a_bad_share_is_a_machine_skip(tmp_path, gpu_root, fake_python,
+                                                                          records):
+    outcome = dpa.run(tmp_path, gpu_root, fake_python, env=dpa.replay(records, r0=("ok", "exit 0")))
+    argv = json.loads((records / "rank0.json").read_text())["argv"]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5" and "gpu_share" not in outcome.details
+    skipped = dpa.run(tmp_path, gpu_root, fake_python, env={**dpa.replay(records, r0=("ok", "exit 0")), SHARE_ENV: "2"})
+    assert skipped.verdict is Verdict.SKIP and skipped.cause == "machine"
+    assert skipped.reason == f"{SHARE_ENV}='2': must be in (0, 1]"
+
+
+# -- the compile cache's first start ------------------------------------------------------------------
+@pytest.mark.unit
+def test_the_first_engine_start_compiles_alone_and_the_slots_beside_it_wait(tmp_path, wait_for):
+    entered = {name: threading.Event() for name in ("first", "second")}
+    go = threading.Event()
+
+    def first():
+        with first_start(tmp_path, "key") as started:
+            entered["first"].set()
+            go.wait()
+            started()  # the engine is up: the waiting slot goes on while this one decodes
+            assert wait_for(entered["second"].is_set)
+
+    def second():
+        with first_start(tmp_path, "key"):
+            entered["second"].set()
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert wait_for(entered["first"].is_set)
+    threads.append(threading.Thread(target=second))
+    threads[1].start()
+    assert not entered["second"].wait(0.5)  # waits while the first engine starts
+    go.set()
+    for thread in threads:
+        thread.join()
+    assert entered["second"].is_set()
+    assert (tmp_path / "compile/warm/key").is_file()
+    # warm: nobody waits, even beside a start of another configuration holding its own lock
+    with first_start(tmp_path, "other"), first_start(tmp_path, "key"):
+        pass
+
+
+@pytest.mark.unit
+def test_a_slot_cancelled_while_it_waits_for_the_first_start_stops_waiting(tmp_path):
+    cancel = threading.Event()
+    with first_start(tmp_path, "key"):
+        cancel.set()
+        with pytest.raises(Cancelled), first_start(tmp_path, "key", cancel):
+            pass
+    with first_start(tmp_path, "key", cancel):  # warm now: a step goes straight on
+        pass
+
+
+# -- --plan -------------------------------------------------------------------------------------------
+def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
+    repo, shas = history
+    rounds, texts = {}, {}
+    for gpus in ("0", "0:4"):
+        plan = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--gpus", gpus, "--plan",
+                   "--state-dir", str(tmp_path / "plan-state"), "--json", str(tmp_path / "plan.json"),
+                   "--", "sh", "-c", "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+        assert plan.returncode == 0, plan.stderr
+        planned = json.loads((tmp_path / "plan.json").read_text())
+        rounds[gpus], texts[gpus] = planned["rounds"], plan.stdout
+        assert planned["slots"] == (4 if gpus == "0:4" else 1) and planned["rounds_one_slot"] == 5
+        assert sum(probe["role"] == "probe 1" for probe in planned["probes"]) == planned["slots"]
+    assert rounds == {"0:4": 2, "0": 5}  # 18 commits to split: 5 halvings, or 2 rounds of fifths
+    assert "rounds: about 2 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
+           "step's time" in " ".join(texts["0:4"].split())
+    assert "rounds: about 5 after the endpoints with 1 slot; a round" in " ".join(texts["0"].split())
+    for gpus in ("0:4", "0"):  # the estimate is what the search needs at most
+        result, _, _ = bisect(cli, history, tmp_path, f"plan-{gpus}", "--gpus", gpus)
+        assert result["rounds"] <= rounds[gpus]
+    assert result["rounds"] > rounds["0:4"]
+
+
+def test_a_gpu_step_waits_for_the_first_engine_start_of_its_settings(tmp_path, gpu_root, fake_python, records,
+                                                                     wait_for):
+    import os
+
+    from scenarios import create
+    from scenarios.dpa_fp8_kv.options import warm_key
+
+    root = Path(os.environ["BISECTOR_CACHE_DIR"])
+    key = warm_key(create(dpa.NAME, {}).settings, "rocm", str(fake_python))
+    outcomes = []
+    with first_start(root, key) as started:  # another slot's engine of the same settings is starting
+        step = threading.Thread(target=lambda: outcomes.append(dpa.run(tmp_path, gpu_root, fake_python,
+                                                                       env=dpa.replay(records, r0=("ok", "exit 0")))))
+        step.start()
+        assert not wait_for((records / "rank0.json").exists, 1.0)  # its engine waits
+        started()  # that engine is up: its compiles are in the cache
+        assert wait_for((records / "rank0.json").exists)
+    step.join()
+    assert outcomes[0].verdict is Verdict.GOOD
+    assert (root / "compile/warm" / key).is_file()
