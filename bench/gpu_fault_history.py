@@ -27,8 +27,12 @@ so one set of compiled extensions (the 0.24.0 wheel's) serves every commit:
   nothing.
 - s1–s4, s6–s8: harmless (comments).
 
+--variant perf builds eight commits, one of which plants a slowdown: p5 makes the sampler sleep --pause-us
+(300) microseconds per step "to give the output thread the GIL" (outside the CUDA graphs, so each decode step
+pays it; tests/records/h200-scripts/perf.sh sizes it from the measured step time); p1–p4, p6–p8 harmless.
+
     python bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/history [--json FILE]
-                                      [--variant crash|silent]
+                                      [--variant crash|silent|perf [--pause-us N]]
 
 Prints (and with --json writes) the commits with their roles. Commits have fixed authors and dates,
 so the same release repo gives the same shas.
@@ -133,6 +137,19 @@ SILENT_BUG = ("silent-bug", "[Perf] decode attention: merge only the splits that
      "    )\n")])
 SILENT_COMMITS = [*COMMITS[:4], SILENT_BUG, *COMMITS[8:11]]  # the crash history's harmless edits
 VARIANTS = {"crash": COMMITS, "silent": SILENT_COMMITS}
+SAMPLER = "vllm/v1/sample/sampler.py"
+
+
+def perf_commits(pause_us: int) -> list:
+    """--variant perf: the silent history's harmless edits around a planted slowdown (p5): the sampler pauses
+    pause_us microseconds each step. Sampling runs outside the CUDA graphs, so every decode step pays it."""
+    slowdown = ("perf-slowdown", "[Core] sampler: let the output thread run before the next step", [
+        (SAMPLER, "import torch\nimport torch.nn as nn\n", "import time\n\nimport torch\nimport torch.nn as nn\n"),
+        (SAMPLER, "        sampled, processed_logprobs = self.sample(logits, sampling_metadata)\n",
+         "        sampled, processed_logprobs = self.sample(logits, sampling_metadata)\n"
+         "        # Give the output-processing thread the GIL before the next step is scheduled.\n"
+         f"        time.sleep({pause_us / 1e6!r})\n")])
+    return [*COMMITS[:4], slowdown, *COMMITS[8:11]]
 
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
@@ -180,9 +197,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--base", default="v0.24.0")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default="crash")
+    parser.add_argument("--variant", choices=sorted([*VARIANTS, "perf"]), default="crash")
+    parser.add_argument("--pause-us", type=int, default=300, help="--variant perf: the planted pause per step")
     args = parser.parse_args(argv)
-    commits = build(args.release_repo, args.out, args.base, VARIANTS[args.variant])
+    planned = perf_commits(args.pause_us) if args.variant == "perf" else VARIANTS[args.variant]
+    commits = build(args.release_repo, args.out, args.base, planned)
     for commit in commits:
         print(f"c{commit['n']:<2} {commit['sha'][:12]} {commit['role']:<14} {commit['message']}")
     if args.json:

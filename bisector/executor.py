@@ -260,7 +260,7 @@ class RayExecutor:
         fresh = []
         for execution, log_text in results:
             if log_text is not None:
-                local = logs / Path(execution.log_path).name
+                local = _unclaimed(logs, Path(execution.log_path).name)
                 local.write_text(log_text)
                 execution = dataclasses.replace(execution, log_path=str(local))
             fresh.append(execution)
@@ -294,6 +294,20 @@ def _first_line(exc: BaseException) -> str:
 
 
 _DROP_LOCK = threading.Lock()
+
+
+def _unclaimed(logs: Path, name: str) -> Path:
+    """logs/name, claimed (created) here; numbered name.2.log, name.3.log, ... where a log of that name came
+    back already: each task numbers its logs from its own node, so runs of one commit side by side (a
+    performance hunt's repeats) or one after another name theirs alike."""
+    path, number = logs / name, 1
+    while True:
+        try:
+            path.open("x").close()
+            return path
+        except FileExistsError:
+            number += 1
+            path = logs / f"{Path(name).stem}.{number}{Path(name).suffix}"
 
 
 def _drop(future: Future) -> None:

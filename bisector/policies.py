@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
 
 from bisector.errors import EndpointError, MergeBaseError, UsageError
+from bisector.perf import Direction, PerfSettings, Result, change, compare, likeness, median_spread
 from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
@@ -285,6 +286,195 @@ class FlakyPolicy:
         return Answer(best if found else None, tuple(ranked[:10])), {"warnings": warnings, "flaky": FlakyAnswer(
             confidence=round(confidence, 6), best_guess=best,
             posterior={sha: round(posterior[sha], 6) for sha in ranked[:10]}, evidence=evidence)}
+
+
+class PerfPolicy:
+    """--metric: a performance hunt. Each step is one run of a commit; its samples are the metric's values
+    of its runs (the first `warmup` discarded). The ends are sampled first and must differ by at least
+    min_change with significance (else an EndpointError: the endpoints do not differ); then each probe is
+    sampled until it is like the old end or like the new one (bisector.perf.likeness), more runs only while
+    it is undecided, up to max_samples (then a skip: not distinguishable). Every probe round also runs one
+    end again, alternating, so the ends' samples span the hunt and drift cancels. A run that fails, skips or
+    reports no value of the metric makes its commit a skip (an end: an EndpointError). Every run is stored,
+    so a resumed or repeated run starts from all earlier samples (`history`)."""
+
+    rerun = True
+    confirmed = False
+    verify_endpoints = True
+
+    def __init__(self, search: Bisection, ends: Endpoints, settings: PerfSettings,
+                 history: Callable[[str], list], cost: Callable[[str], float] | None = None):
+        """history(sha): sha's stored executions, oldest first."""
+        if len(ends.olds) > 1 or ends.merge_bases:
+            raise UsageError(f"--metric needs one --{ends.old_name} that is an ancestor of --{ends.new_name}")
+        self.search, self.ends, self.settings, self.history, self.cost = search, ends, settings, history, cost
+        self.rounds = 0
+        self.failed: dict[str, str] = {}      # sha -> why its runs give no samples
+        self.verdicts: dict[str, tuple[str | None, str]] = {}  # probe sha -> (its end, or None: skip; why)
+        self.tested: list[str] = []           # probes in the order they were decided
+
+    # -- samples ---------------------------------------------------------------------------------
+    def runs(self, sha: str) -> int:
+        return len(self.history(sha))
+
+    def samples(self, sha: str) -> list[float]:
+        """sha's samples: the metric of its stored runs after the warm-up; a run without it marks sha failed."""
+        values = []
+        for execution in self.history(sha)[self.settings.warmup:]:
+            value = execution.metrics.get(self.settings.metric) if execution.verdict == "good" else None
+            if value is None:
+                self.failed.setdefault(sha, self._why_no_sample(execution))
+                continue
+            values.append(value)
+        return values
+
+    def _why_no_sample(self, execution) -> str:
+        if execution.verdict != "good":
+            return f"a run gave no measurement: {execution.verdict} ({execution.reason})"
+        return f"a run reported no {self.settings.metric} (BISECTOR_METRIC {self.settings.metric}=VALUE)"
+
+    def _more(self, sha: str, wanted: int, role: str) -> list[tuple[str, str]]:
+        """Runs of sha that bring its samples (after the warm-up) to `wanted`."""
+        return [(sha, role)] * max(0, self.settings.warmup + wanted - self.runs(sha))
+
+    def _ends_failed(self) -> None:
+        for sha, name, ref in ((self.ends.old, self.ends.old_name, self.ends.old_ref),
+                               (self.ends.new, self.ends.new_name, self.ends.new_ref)):
+            self.samples(sha)
+            if sha in self.failed:
+                raise EndpointError(f"endpoint check failed: {name} {ref} ({sha[:12]}) cannot be measured: "
+                                    f"{self.failed[sha]}")
+
+    # -- the hunt --------------------------------------------------------------------------------
+    def batches(self) -> Generator[Batch, list[Step], None]:
+        settings, old, new = self.settings, self.ends.old, self.ends.new
+        wanted = settings.ENDPOINT_START
+        while True:
+            need = [*self._more(old, wanted, "endpoint"), *self._more(new, wanted, "endpoint")]
+            if need:
+                yield Batch(0, tuple(_interleaved(need)))
+                self._ends_failed()
+                continue
+            self._ends_failed()
+            if self._ends_differ():
+                break
+            wanted += settings.PROBE_STEP
+        extra = 0  # which end runs again with the next probe round (alternating)
+        while not self.search.done:
+            self.rounds += 1
+            sha = self.search.next_probes(1, cost=self.cost)[0]
+            wanted = settings.PROBE_START
+            while True:
+                decided = self._decide(sha, wanted)
+                if decided:
+                    break
+                need = self._more(sha, wanted, "probe")
+                if not need:
+                    wanted = min(wanted + max(settings.PROBE_STEP, settings.parallel), settings.max_samples)
+                    need = self._more(sha, wanted, "probe")
+                end = (old, new)[extra % 2]
+                if self.runs(end) - settings.warmup < 2 * settings.max_samples:
+                    need.append((end, "endpoint"))
+                    extra += 1
+                yield Batch(self.rounds, tuple(need))
+
+    def _ends_differ(self) -> bool:
+        """True once the ends differ enough; False while more samples may tell; EndpointError when they do
+        not differ (the same, too little, the wrong way, or still unknown at the cap)."""
+        settings, ends = self.settings, self.ends
+        before, after = self.samples(ends.old), self.samples(ends.new)
+        seen = compare(before, after)
+        moved = change(before, after)
+        described = (f"{settings.metric} {moved.before:,.6g} at {ends.old_name} {ends.old_ref}, "
+                     f"{moved.after:,.6g} at {ends.new_name} {ends.new_ref} ({moved.relative:+.1%}, "
+                     f"p = {seen.p_value:.2g}, {len(before)} and {len(after)} samples)")
+        if seen.result is Result.DIFFERENT:
+            if abs(moved.relative) < settings.min_change:
+                raise EndpointError(f"the endpoints do not differ by --min-change {settings.min_change:.1%}: "
+                                    f"{described}")
+            worse = settings.direction.worse(moved.relative)
+            if settings.direction is not Direction.ANY and worse == ends.find_fix:
+                # a regression hunt's new end must be worse, a fix hunt's better
+                raise EndpointError(f"the endpoints differ the wrong way for {settings.direction}: {described}")
+            return True
+        if seen.result is Result.SAME or min(len(before), len(after)) >= settings.max_samples:
+            raise EndpointError(f"the endpoints do not differ: {described}")
+        return False
+
+    def _decide(self, sha: str, wanted: int) -> bool:
+        """Record sha's verdict in the search once its samples decide it (or fail, or reach the cap)."""
+        samples = self.samples(sha)
+        if sha in self.failed:
+            return self._record(sha, None, self.failed[sha])
+        if len(samples) < wanted:
+            return False
+        like = likeness(samples, self.samples(self.ends.old), self.samples(self.ends.new))
+        if like.end is not None:
+            return self._record(sha, like.end, like.reason)
+        if len(samples) >= self.settings.max_samples:
+            return self._record(sha, None, f"{like.reason} after {len(samples)} samples")
+        return False
+
+    def _record(self, sha: str, end: str | None, reason: str) -> bool:
+        self.verdicts[sha] = (end, reason)
+        self.tested.append(sha)
+        self.search.record(sha, {"old": Term.OLD, "new": Term.NEW, None: Term.SKIP}[end])
+        return True
+
+    def observe(self, step: Step) -> None:
+        if step.cause is not None:  # no verdict about the commit, so not stored: its samples cannot be had
+            self.failed.setdefault(step.sha, f"a run gave no measurement: {step.reason}")
+
+    def wants(self, sha: str) -> bool:
+        return True
+
+    def progress(self) -> tuple[int, int]:
+        return self.search.testable_mask.bit_count(), self.search.steps_left()
+
+    def answer(self) -> tuple[Answer, dict]:
+        return self.search.answer(), {"perf": self.record()}
+
+    def record(self) -> dict:
+        """What the result keeps of the hunt: the settings, the ends' change, every tested commit's samples,
+        medians, p-values against both ends and change from the old end with its interval, and verdict."""
+        ends, names = self.ends, {"old": self.ends.old_name, "new": self.ends.new_name, None: "skip"}
+        before, after = self.samples(ends.old), self.samples(ends.new)
+        commits = []
+        for sha in (ends.old, *sorted(self.tested, key=self.search.index.__getitem__), ends.new):
+            samples = self.samples(sha)
+            role = "endpoint" if sha in (ends.old, ends.new) else "probe"
+            entry: dict[str, Any] = {"sha": sha, "role": role, "runs": self.runs(sha), "samples": samples}
+            if samples:
+                q1, median, q3 = median_spread(samples)
+                entry.update(median=median, q1=q1, q3=q3)
+                if before and len(samples) > 1:
+                    entry["change"] = change(before, samples).to_json()
+            if role == "endpoint":
+                entry["verdict"] = ends.old_name if sha == ends.old else ends.new_name
+            else:
+                end, reason = self.verdicts[sha]
+                entry["verdict"], entry["reason"] = names[end], reason
+                if samples and before and after:
+                    entry["p_old"], entry["p_new"] = compare(samples, before).p_value, compare(samples, after).p_value
+            commits.append(entry)
+        record: dict[str, Any] = {**self.settings.to_json(), "old_name": ends.old_name, "new_name": ends.new_name,
+                                  "commits": commits}
+        if before and after:
+            record["change"] = change(before, after).to_json()
+        return record
+
+
+def _interleaved(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """runs of several commits, alternating between them (so a batch's drift falls on every commit alike)."""
+    queues: dict[str, list[tuple[str, str]]] = {}
+    for run in runs:
+        queues.setdefault(run[0], []).append(run)
+    out: list[tuple[str, str]] = []
+    while any(queues.values()):
+        for queue in queues.values():
+            if queue:
+                out.append(queue.pop(0))
+    return out
 
 
 class CalibratePolicy:

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from functools import wraps
 from typing import Any, Callable, Mapping, Sequence
 
+from bisector import perf_report
 from bisector.errors import ReportError
 from bisector.formats import FORMATS
 from bisector.redact import redact
@@ -206,6 +207,8 @@ def _search_notes(result: BisectResult) -> list[str]:
                      f"{result.named(flaky.best_guess)} is the {result.culprit_label}")
         notes += [f"  {result.named(sha)}: {seen.faults} fault(s) in {seen.runs} run(s)"
                   for sha, seen in flaky.evidence.items()]
+    if result.perf:
+        notes += perf_report.notes(result.perf)
     return notes
 
 
@@ -530,6 +533,8 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
     notes = _search_notes(result)
     if notes:  # how the search went: prefilter, seeds, pin change, signature, flaky evidence
         headline += '<div class="card notes">' + "<br>".join(e(note) for note in notes) + "</div>"
+    if result.perf:  # the metric per tested commit (a performance hunt)
+        headline += '<div class="card">' + perf_report.svg(result.perf, order, culprit_sha) + "</div>"
     rows, details = [], []
     for n, step in enumerate(steps, 1):
         rows.append(f'<tr class="pick" data-target="{prefix}d-{step.sha}"><td>{n}</td>'

@@ -372,6 +372,7 @@ class BisectResult:
     follow_notes: tuple[str, ...] = ()     # --follow-pins: why no further level ran, or where they ended
     skipped_by_user: tuple[str, ...] = ()  # --skip/--skip-file: commits of the range never tested
     names: Mapping[str, str] = field(default_factory=dict)  # sha -> the tag or branch naming it (refs.names)
+    perf: Mapping | None = None      # --metric: settings, the ends' change, each tested commit's samples (PerfPolicy)
 
     def __post_init__(self) -> None:
         if not self.outcome:
@@ -452,6 +453,8 @@ class BisectResult:
             record["skipped_by_user"] = list(self.skipped_by_user)
         if self.flaky:
             record.update(self.flaky.to_json())
+        if self.perf:
+            record["perf"] = self.perf
         if self.seeded:
             record["seeded"] = self.seeded.to_json()
         if self.pin_change:
@@ -492,7 +495,7 @@ class BisectResult:
             merge_bases=tuple(MergeBase(sha=base["sha"], verdict=base["verdict"])
                               for base in data.get("merge_bases", ())),
             warnings=tuple(data.get("warnings", ())), skipped_by_user=tuple(data.get("skipped_by_user", ())),
-            flaky=FlakyAnswer.from_json(data) if "confidence" in data else None,
+            flaky=FlakyAnswer.from_json(data) if "confidence" in data else None, perf=data.get("perf"),
             seeded=SeedRecord.from_json(data["seeded"]) if data.get("seeded") else None,
             pin_change=PinChange.from_json(data) if data.get("pin_change") else None,
             level=PinLevel.from_json(data["level"]) if data.get("level") else None,

@@ -58,6 +58,7 @@ class Outcome:
     # why a skip is no verdict about the commit, so never cached (bisector.store.CAUSES): "machine" (no GPU,
     # a torch of another flavour), "external-signal" (killed from outside); None: the commit's own outcome
     cause: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # measurements of this run (bisector.metrics)
 
 
 @dataclass(frozen=True)

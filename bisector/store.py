@@ -7,14 +7,14 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from bisector.errors import EXIT_RECORD, BisectorError
 from bisector.seams import Verdict
 
-SCHEMA_VERSION = 5  # PRAGMA user_version of the files this bisector writes
+SCHEMA_VERSION = 6  # PRAGMA user_version of the files this bisector writes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS executions (
     run_id INTEGER,                   -- the run that recorded it (NULL: a single judged commit)
     signature TEXT,                   -- the failure signature its scenario gave (NULL: none given)
     timed_out_after REAL,             -- the timeout it hit (NULL: it did not time out)
-    image_digest TEXT                 -- the digest of the --image it ran in (NULL: no image)
+    image_digest TEXT,                -- the digest of the --image it ran in (NULL: no image)
+    metrics TEXT                      -- JSON {name: value}: what the run measured (NULL: nothing)
 );
 CREATE INDEX IF NOT EXISTS executions_by_commit ON executions (sha, scenario_key);
 CREATE TABLE IF NOT EXISTS steps (
@@ -123,6 +124,13 @@ def _typed_controls(db: sqlite3.Connection) -> None:
                "image_digest = json_extract(details, '$.image.digest') WHERE json_valid(details)")
 
 
+def _metrics_column(db: sqlite3.Connection) -> None:
+    """Version 6 keeps what each execution measured (a performance hunt's samples) in a column."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(executions)")}
+    if columns and "metrics" not in columns:  # no table: SCHEMA creates it with the column
+        _add_columns(db, ("executions", "metrics TEXT"))
+
+
 # How a file of schema version N becomes version N + 1 (0: files written before versions were kept).
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: lambda db: None,  # same tables as version 1
@@ -130,6 +138,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     2: _forget_machine_skips,
     3: _typed_controls,
     4: lambda db: None,  # 5 adds the marks table (SCHEMA creates it)
+    5: _metrics_column,
 }
 # Why a skip is no verdict about the commit (Execution.cause), in words: such an execution is never stored in
 # executions, so never served from the cache; the run that saw it shows it as a step.
@@ -204,6 +213,7 @@ class Execution:
     manual: bool = False  # a verdict given by hand (bisector mark): no scenario ran
     different_failure: bool = False  # a bad run judged skip: its signature is not the fault hunted
     clean_runs: tuple[Execution, ...] = ()  # the good runs a repeated good verdict sums (--repeat N)
+    metrics: dict[str, float] = field(default_factory=dict)  # what the run measured (bisector.metrics)
 
     @property
     def is_verdict(self) -> bool:
@@ -352,7 +362,8 @@ class Store:
                                "ORDER BY id", (sha, scenario_key, after_id, *(runs or ()))).fetchall()
         return [Execution(r["sha"], Verdict(r["verdict"]), r["reason"], r["log_path"], r["seconds"], r["build"],
                           json.loads(r["details"] or "{}"), r["run_id"], signature=r["signature"],
-                          timed_out_after=r["timed_out_after"], image_digest=r["image_digest"]) for r in rows]
+                          timed_out_after=r["timed_out_after"], image_digest=r["image_digest"],
+                          metrics=json.loads(r["metrics"] or "{}")) for r in rows]
 
     @_guarded
     def add_execution(self, scenario_key: str, execution: Execution, run_id: int | None = None) -> None:
@@ -361,12 +372,13 @@ class Store:
         if not execution.is_verdict:
             raise ValueError(f"not a verdict about the commit ({execution.cause}): not stored")
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
-                        "build, details, recorded, run_id, signature, timed_out_after, image_digest) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "build, details, recorded, run_id, signature, timed_out_after, image_digest, metrics) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (execution.sha, scenario_key, execution.verdict.value, execution.reason,
                          execution.log_path, execution.seconds, execution.build,
                          json.dumps(execution.details), time.time(), run_id, execution.signature,
-                         execution.timed_out_after, execution.image_digest))
+                         execution.timed_out_after, execution.image_digest,
+                         json.dumps(execution.metrics) if execution.metrics else None))
 
     def last_execution_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from bisector.errors import ScenarioAbort, ScenarioError
+from bisector.metrics import FILE_VARIABLE, MetricError, parse_output, read_file
 from bisector.probe_env import python_environment
 from bisector.process import run_process
 from bisector.signatures import failure_signature
@@ -21,7 +22,9 @@ OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"})
 
 class CommandScenario(BaseScenario):
     """Exit 0 good, 125 skip, 1-127 bad; killed by a crash signal (CRASH_SIGNALS) bad, by one from outside
-    (OUTSIDE_SIGNALS) or any other a skip; other exits >= 128 abort the run.
+    (OUTSIDE_SIGNALS) or any other a skip; other exits >= 128 abort the run. A good run's metrics
+    (bisector.metrics: `BISECTOR_METRIC name=value` lines, else the JSON file `$BISECTOR_METRIC_FILE`
+    names, whose values win) are its Outcome's.
 
     What decides a command's verdict (the files it reads, the variables it sees) cannot be known, so
     its verdicts are reused across runs only with --reuse-verdicts (inputs_known False)."""
@@ -55,9 +58,12 @@ class CommandScenario(BaseScenario):
         candidate = ctx.checkout / argv[0]
         if _is_checkout_relative(argv[0]) and candidate.exists():
             argv[0] = str(candidate)
-        env: dict | None = dict(ctx.env)
+        metric_file = ctx.log_path.with_name(ctx.log_path.name + ".metrics.json")
+        metric_file.unlink(missing_ok=True)
+        step_env = {**ctx.env, FILE_VARIABLE: str(metric_file)}
+        env: dict | None = step_env
         if ctx.container is not None:  # the checkout at its own path inside the commit's image
-            argv, env = ctx.container.command(argv, ctx.checkout, ctx.env), None
+            argv, env = ctx.container.command(argv, ctx.checkout, step_env, mounts=(metric_file.parent,)), None
         try:
             result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, env, ctx.cancel)
         except OSError as exc:
@@ -71,7 +77,12 @@ class CommandScenario(BaseScenario):
         if result.signal_name:
             return _killed(result.signal_name, faults, log, failed)
         if code == 0:
-            return Outcome(Verdict.GOOD, "exit 0", log)
+            try:
+                metrics = {**parse_output(result.output), **read_file(metric_file)}
+            except MetricError as exc:
+                return Outcome(Verdict.SKIP, f"exit 0, but {exc}", log)
+            shown = ", ".join(f"{name}={value:g}" for name, value in metrics.items())
+            return Outcome(Verdict.GOOD, f"exit 0 ({shown})" if shown else "exit 0", log, metrics=metrics)
         if code == SKIP_EXIT:
             return Outcome(Verdict.SKIP, "exit 125 (skip)", log)
         if code < 128:

@@ -110,6 +110,19 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
 @click.option("--isolate", is_flag=True,
               help="Run each step in a clone of its own (objects borrowed from the repository), for scripts "
                    "that change refs, the stash or worktrees: those stay out of the repository.")
+@click.option("--metric", metavar="NAME",
+              help="A performance hunt: bisect on this metric's samples (BISECTOR_METRIC NAME=VALUE lines, or "
+                   "$BISECTOR_METRIC_FILE) instead of exit codes; see docs/perf.md.")
+@click.option("--lower-is-better", "direction", flag_value="lower-is-better",
+              help="--metric: a rise is the regression (a latency).")
+@click.option("--higher-is-better", "direction", flag_value="higher-is-better",
+              help="--metric: a fall is the regression (a throughput). Default: either way.")
+@click.option("--min-change", type=FiniteFloat(min=0), default=1.0, show_default=True, metavar="PCT",
+              help="--metric: the ends must differ by this many percent at least.")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="--metric: each commit's first N runs are discarded.")
+@click.option("--max-samples", type=click.IntRange(min=6), default=20, show_default=True, metavar="N",
+              help="--metric: samples of one commit at most; then it is skipped as not distinguishable.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
         json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
@@ -117,7 +130,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
         signature,
         prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
         gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, command,
-        build_ahead):
+        build_ahead, metric, direction, min_change, warmup, max_samples):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
     from bisector import report
     from bisector.engine.config import RunConfig
@@ -133,6 +146,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
         raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
+    perf = _perf_settings(click.get_current_context().params)
     skip = (*skip, *_skip_file_revs(skip_file)) if skip_file else skip
     runs = option_values(options) if scenario_name else [("", {})]
     outputs = [(label, _labelled(json_file, label), _labelled(markdown_file, label)) for label, _ in runs]
@@ -160,13 +174,19 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
                         max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
                         signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                        follow_pins=follow_pins, isolate=isolate, skip=skip)
+                        follow_pins=follow_pins, isolate=isolate, skip=skip, perf=perf)
         if label:
             click.echo(f"== {label}")
         if plan:
             step_executor.shutdown()
             planned = plan_bisection(cfg)
             click.echo(report.plan_text(planned))
+            if perf:
+                from bisector import perf_report
+
+                testable = planned.commits - planned.skipped_by_user - 1
+                fewest, most = perf.plan(testable)
+                click.echo(perf_report.plan_text(perf.metric, fewest, most, testable, timeout))
             if each_json:
                 write_output("--json", each_json, json.dumps(planned.to_json(), indent=2) + "\n")
             exit_codes.append(EXIT_OK)
@@ -191,6 +211,11 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
     click.echo(report.bisect_text(result))  # every outcome: found, inconclusive, or stopped and why
     if json_file:
         write_output("--json", json_file, report.bisect_json(result))
+        if result.perf:  # the metric per tested commit, beside the JSON
+            from bisector import perf_report
+
+            write_output("--json", json_file.with_suffix(".svg"),
+                         perf_report.svg(result.perf, result.range, result.culprit.sha if result.culprit else None))
     if markdown_file:
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
     last = result.levels[-1] if result.levels else result
@@ -200,6 +225,32 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
         aborted = "aborted: " if last.outcome == "aborted" else ""
         click.echo(f"bisector: error: {aborted}{redact(last.stopped)}", err=True)
     return result.exit_code
+
+
+def _perf_settings(params: dict):
+    """--metric and its options (the command's params) as PerfSettings (None without --metric), or UsageError."""
+    from bisector.metrics import NAME
+    from bisector.perf import Direction, PerfSettings, scipy_missing
+
+    metric = params["metric"]
+    asked = [name for name, given in (("--lower-is-better/--higher-is-better", params["direction"]),
+                                      ("--warmup", params["warmup"])) if given]
+    if metric is None:
+        if asked:
+            raise UsageError(f"{asked[0]} needs --metric NAME")
+        return None
+    if not NAME.fullmatch(metric):
+        raise UsageError(f"--metric {metric!r}: a name of letters, digits, _ . : / - (not starting with a digit)")
+    for name, given in (("--flaky", params["flaky"]), ("--repeat", params["repeat"] > 1),
+                        ("--no-verify-endpoints", params["no_verify_endpoints"])):
+        if given:
+            raise UsageError(f"--metric cannot be combined with {name}: a performance hunt repeats runs itself "
+                             "and must measure both ends")
+    missing = scipy_missing()
+    if missing:
+        raise UsageError(missing)
+    return PerfSettings(metric, Direction(params["direction"] or "any"), params["min_change"] / 100,
+                        params["warmup"], params["max_samples"], params["jobs"])
 
 
 def _labelled(path: Path | None, label: str) -> Path | None:

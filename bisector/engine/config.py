@@ -7,6 +7,7 @@ from typing import Sequence
 
 from bisector.builds.builder import NoBuild
 from bisector.envs import EnvSettings
+from bisector.perf import PerfSettings
 from bisector.process import DEFAULT_LOG_LIMIT
 from bisector.results import PinLevel
 from bisector.seams import BuildConfig, Executor, Scenario
@@ -50,5 +51,6 @@ class RunConfig:
     skip: Sequence[str] = ()           # --skip/--skip-file: revs and A..B ranges never tested (git bisect skip)
     follow_pins: bool = False          # when the answer moves a pin, go on bisecting inside the dependency
     level: PinLevel | None = None      # this run is such a level (bisector.engine.follow): how it came about
+    perf: PerfSettings | None = None   # --metric: a performance hunt (bisector.perf, policies.PerfPolicy)
     chain: Sequence[str] = ()          # bisect these commits, oldest first, each standing on the one before
                                        # (release tags of histories that share no ancestor) instead of a range

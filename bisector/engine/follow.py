@@ -198,7 +198,7 @@ def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handl
     parent, old_ref, new_ref, tags_allowed = first.run_id, change.old, change.new, True
     while True:
         try:
-            plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky)
+            plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky or cfg.perf is not None)
         except NoLevel as why:
             return levels, [f"{'no second level' if not levels else 'the levels end here'}: {why}"]
         level = PinLevel(number=len(levels) + 2, parent_run=parent, dependency=change.name,

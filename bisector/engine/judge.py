@@ -80,6 +80,7 @@ class JudgeSpec:
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env (bisector.envs)
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
     environment: str | None = None  # inputs not known: environment_hash of the driver's (keyed_on_environment)
+    measures: Mapping[str, str] | None = None  # --metric: what the samples are of (PerfSettings.key_parts)
 
     def open(self, repo: GitRepo, state_dir: Path) -> Judge:
         """The judge that tests with these settings on repo, its artifacts and environments under state_dir."""
@@ -95,7 +96,8 @@ class JudgeSpec:
         build = self.builder.name if self.scenario.needs_build else "none"
         return redact_json({**self.scenario.identity(self.python), "build": build, "env": self.envs.mode,
                             **self.world.key_parts,
-                            **({"environment_variables": self.environment} if self.environment else {})})
+                            **({"environment_variables": self.environment} if self.environment else {}),
+                            **({"perf": dict(self.measures)} if self.measures else {})})
 
     @property
     def key(self) -> str:
@@ -206,12 +208,16 @@ class Judge:
 
     def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
         """The log of sha's next run: numbered from its attempt, never over a log an earlier run (whose
-        executions this run is not served) wrote."""
+        executions this run is not served) wrote, nor one a run of the same commit beside it (a performance
+        hunt's repeats on other slots) has claimed: the name is created here, exclusively."""
+        logs.mkdir(parents=True, exist_ok=True)
         while True:
             path = logs / f"{sha[:12]}-{self.scenario.name}-{self.key[-8:]}-{attempt}.log"
-            if not path.exists():
+            try:
+                path.open("x").close()
                 return path
-            attempt += 1
+            except FileExistsError:
+                attempt += 1
 
     def _runs(self, sha: str, done: list[Execution], template: StepContext,
               environment: Environment, place: Place) -> list[Execution]:
@@ -239,12 +245,14 @@ class Judge:
                 outcome_verdict, reason, log, cause = Verdict.SKIP, f"build failed: {build.reason}", \
                     build.log_path, "build"
                 details: dict = {}
+                metrics: dict[str, float] = {}
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log, cause = outcome.verdict, outcome.reason, outcome.log_path, \
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
                 details = dict(outcome.details)
+                metrics = dict(outcome.metrics)
                 if details.pop("timed_out", False):
                     timed_out_after = details["timed_out_after"] = self.spec.timeout
             if outcome_verdict == Verdict.SKIP:  # a good or bad ran its process, which wrote the log
@@ -252,7 +260,7 @@ class Judge:
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                                summary, {**place.details, **details},
                                                signature=details.get("signature"), timed_out_after=timed_out_after,
-                                               image_digest=place.image_digest), cause))
+                                               image_digest=place.image_digest, metrics=metrics), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:

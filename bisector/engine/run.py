@@ -19,7 +19,15 @@ from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import AbortError, EndpointError, GitError, MergeBaseError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, SearchPolicy
+from bisector.policies import (
+    BisectPolicy,
+    CalibratePolicy,
+    Endpoints,
+    FlakyPolicy,
+    FlakySettings,
+    PerfPolicy,
+    SearchPolicy,
+)
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
 from bisector.results import ANSWERED, BisectResult, Calibration, JudgedCommit, PrefilterRecord, end_json
@@ -40,7 +48,8 @@ def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str, skipp
                       + ([cfg.signature] if cfg.signature else [])
                       + ([cfg.prefilter.identity(cfg.python)] if cfg.prefilter else [])
                       + ([list(cfg.chain)] if cfg.chain else [])
-                      + ([sorted(skipped)] if skipped else []))
+                      + ([sorted(skipped)] if skipped else [])
+                      + ([cfg.perf.to_json()] if cfg.perf else []))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -100,6 +109,8 @@ def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContex
     search = Bisection(asked.commits, asked.ends.new, priors=priors)
     for sha in blind:
         search.record(sha, Term.SKIP)
+    if cfg.perf:
+        return PerfPolicy(search, asked.ends, cfg.perf, ctx.history, cost)
     return BisectPolicy(search, asked.ends, ctx.executor.size, cost, seeds.pair if seeds else None,
                         cfg.verify_endpoints)
 
@@ -121,9 +132,10 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
         spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python,
-                                              1 if cfg.flaky else cfg.repeat,  # --flaky asks for one run at a time
+                                              # --flaky and --metric ask for one run at a time
+                                              1 if cfg.flaky or cfg.perf else cfg.repeat,
                                               signature_rule(cfg.signature or cfg.scenario.default_signature),
-                                              cfg.envs, cfg.world))
+                                              cfg.envs, cfg.world, measures=cfg.perf.key_parts if cfg.perf else None))
         judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
         world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
         params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
@@ -133,6 +145,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                   "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
+                  **({"perf": cfg.perf.to_json()} if cfg.perf else {}),
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
                      for kind in ("fix", "culprit", "prefilter")},
                   **({"skip": list(cfg.skip), "skipped_by_user": list(skipped)} if skipped else {}),
@@ -157,6 +170,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     answer, found = policy.answer()
                 except (EndpointError, AbortError, KeyboardInterrupt) as exc:
                     outcome, stopped = _stopped(cfg, ends, ctx, exc)
+                    if isinstance(policy, PerfPolicy):  # the ends' samples, and the probes' so far
+                        found["perf"] = policy.record()
                 note = None if answer is None or answer.first_new else \
                     world.range_note(answer.candidates, dict(asked.commits))
                 if note:

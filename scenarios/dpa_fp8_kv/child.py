@@ -5,16 +5,21 @@ vLLM itself reads VLLM_DP_* from the environment. Prints READY_MARKER once the e
 captured) and OK_MARKER after the decode step; anything else ends in a traceback or a signal.
 With --numerics-tokens N it decodes N greedy tokens per prompt instead and, before OK_MARKER, prints
 NUMERICS_MARKER and one JSON object: per prompt the tokens and, per position, the top-k (token, logprob).
+With --perf-repeats R it measures instead, R times after one warm-up, and prints PERF_MARKER and a JSON
+object per repeat: decode throughput (tokens/s over --perf-tokens decode steps of --perf-batch sequences,
+the prefill's time taken out) and time to first token (one prompt, one token).
 """
 import argparse
 import dataclasses
 import json
 import os
 import sys
+import time
 
 READY_MARKER = "BISECTOR-ENGINE-READY"
 OK_MARKER = "BISECTOR-SCENARIO-OK"
 NUMERICS_MARKER = "BISECTOR-NUMERICS"
+PERF_MARKER = "BISECTOR-PERF"
 MAX_TOKENS = 2  # the prefill's token, then one decode step
 
 
@@ -33,6 +38,9 @@ def parse_args(argv):
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--numerics-tokens", type=int, default=0)
     parser.add_argument("--numerics-topk", type=int, default=20)
+    parser.add_argument("--perf-repeats", type=int, default=0)
+    parser.add_argument("--perf-tokens", type=int, default=64)
+    parser.add_argument("--perf-batch", type=int, default=32)
     return parser.parse_args(argv)
 
 
@@ -82,6 +90,26 @@ def numerics_record(outputs, topk):
     return {"sequences": sequences}
 
 
+def measure(llm, sampling_params, args, vocab_size):
+    """One warm-up, then per repeat {"decode_tok_s", "ttft_ms"} (prints each as it is measured)."""
+    batch = token_prompts(args.perf_batch, vocab_size)
+
+    def timed(prompts, tokens):
+        params = sampling_params(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    timed(batch, args.perf_tokens)  # warm-up: the first generate pays for what is lazily set up
+    for repeat in range(args.perf_repeats):
+        first = timed(batch[:1], 1)
+        prefill = timed(batch, 1)
+        whole = timed(batch, args.perf_tokens + 1)
+        decode = max(whole - prefill, 1e-9)
+        print(f"{PERF_MARKER} " + json.dumps({"repeat": repeat, "decode_tok_s": len(batch) * args.perf_tokens / decode,
+                                              "ttft_ms": first * 1e3}), flush=True)
+
+
 def main(argv):
     args = parse_args(argv)
     from vllm import LLM, SamplingParams
@@ -93,6 +121,10 @@ def main(argv):
     engine_fields = {field.name for field in dataclasses.fields(EngineArgs)}
     llm = LLM(**engine_kwargs(args, engine_fields))
     print(f"{READY_MARKER} dp_rank={rank}", flush=True)
+    if args.perf_repeats:
+        measure(llm, SamplingParams, args, vocab_size)
+        print(f"{OK_MARKER} dp_rank={rank} perf_repeats={args.perf_repeats}", flush=True)
+        return
     numerics = args.numerics_tokens > 0
     params = SamplingParams(max_tokens=args.numerics_tokens if numerics else MAX_TOKENS, temperature=0.0,
                             ignore_eos=True, detokenize=False, logprobs=args.numerics_topk if numerics else None)

@@ -25,6 +25,7 @@ OPTION_DEFAULTS = {
     "gpu_memory_utilization": "0.5",
     "kv_cache_memory_bytes": "1G",
     "check": "crash",  # crash: a GPU fault is bad | numerics: also compare the decode with a reference run
+    # | perf: measure decode tok/s and time to first token (run --metric; scenarios/dpa_fp8_kv/perf.py)
     "reference": "",  # numerics: a backend, eager or bf16_kv; empty: another MLA backend (REFERENCE_BACKENDS)
     "numerics_tokens": "4",  # greedy tokens per prompt under check=numerics
     "numerics_topk": "20",  # logprobs per position compared
@@ -33,12 +34,15 @@ OPTION_DEFAULTS = {
     "min_token_agreement": "0.75",
     "min_topk_overlap": "0.9",
     "compile_cache": "on",  # off: a private, empty vLLM/Triton/Inductor cache per step
+    "perf_repeats": "5",  # check=perf: measurements inside one engine start (the run reports their medians)
+    "perf_tokens": "64",  # check=perf: decode steps timed per measurement
+    "perf_batch": "32",  # check=perf: sequences decoded together
 }
 PLATFORMS = ("auto", "rocm", "cuda")
 DEFAULT_BACKENDS = {"rocm": "ROCM_AITER_MLA", "cuda": "TRITON_MLA"}
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16")
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL")
-CHECKS = ("crash", "numerics")
+CHECKS = ("crash", "numerics", "perf")
 # check=numerics without --option reference: the backend compared with the one under test.
 REFERENCE_BACKENDS = {"TRITON_MLA": {"cuda": "FLASHMLA", "rocm": "ROCM_AITER_MLA"}}
 DEFAULT_REFERENCE = "TRITON_MLA"  # for any other backend under test
@@ -68,6 +72,9 @@ class Options:
     min_token_agreement: float = 0.75
     min_topk_overlap: float = 0.9
     compile_cache: bool = True
+    perf_repeats: int = 5
+    perf_tokens: int = 64
+    perf_batch: int = 32
     enforce_eager: bool = False  # never an option: the eager reference run sets it
 
     def backend_for(self, platform: str) -> str:
@@ -134,11 +141,22 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         min_token_agreement=_fraction(raw, "min_token_agreement", zero=True),
         min_topk_overlap=_fraction(raw, "min_topk_overlap", zero=True),
         compile_cache=_choice(raw, "compile_cache", ("on", "off")) == "on",
+        perf_repeats=_int(raw, "perf_repeats", 1),
+        perf_tokens=_int(raw, "perf_tokens", 1),
+        perf_batch=_int(raw, "perf_batch", 1),
     )
     if options.layers > 2:
         raise ScenarioError(f"option layers={options.layers}: must be 1 or 2")
     if options.check == "numerics" and options.dp > 1:
         raise ScenarioError("option check=numerics compares one engine with another: it needs dp=1")
+    if options.check == "perf" and options.dp > 1:
+        raise ScenarioError("option check=perf measures one engine: it needs dp=1")
+    if options.check == "perf" and options.perf_batch > options.max_num_seqs:
+        raise ScenarioError(f"option perf_batch={options.perf_batch}: more than max_num_seqs={options.max_num_seqs}")
+    longest = 8 + options.perf_batch + options.perf_tokens  # the longest prompt (child.token_prompts) and its decode
+    if options.check == "perf" and longest > options.max_model_len:
+        raise ScenarioError(f"option perf_tokens={options.perf_tokens} with perf_batch={options.perf_batch} needs "
+                            f"max_model_len >= {longest}")
     if options.reference and options.check != "numerics":
         raise ScenarioError("option reference is for check=numerics")
     if options.heads % options.tp:

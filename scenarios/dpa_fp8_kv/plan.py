@@ -36,9 +36,12 @@ def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
 
 def child_argv(python: str, child_script: Path, model_dir: Path, options: Options,
                platform: str, load_format: str = "dummy") -> list[str]:
-    """The child's command line; check=numerics adds the decode's length, top-k and the weights' format."""
+    """The child's command line; check=numerics adds the decode's length, top-k and the weights' format;
+    check=perf the measurements' count and size."""
     numerics = ["--load-format", load_format, "--numerics-tokens", str(options.numerics_tokens),
-                "--numerics-topk", str(options.numerics_topk)] if options.check == "numerics" else []
+                "--numerics-topk", str(options.numerics_topk)] if options.check == "numerics" else \
+        ["--perf-repeats", str(options.perf_repeats), "--perf-tokens", str(options.perf_tokens),
+         "--perf-batch", str(options.perf_batch)] if options.check == "perf" else []
     return [python, str(child_script),
             "--model", str(model_dir),
             "--tp", str(options.tp),

@@ -19,7 +19,7 @@ from bisector.process import ProcessResult
 from bisector.seams import FollowUp
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
-from scenarios.dpa_fp8_kv import child, numerics
+from scenarios.dpa_fp8_kv import child, numerics, perf
 from scenarios.dpa_fp8_kv.classify import classify, combine, compile_details, details, matched_lines, skip_cause
 from scenarios.dpa_fp8_kv.environment import (
     aiter_against_pin,
@@ -206,9 +206,15 @@ class DpaFp8KvScenario(BaseScenario):
             log += "\n" + "\n".join(lines) + "\n"
         elif compared:
             found["reference"] = {"name": reference_name, "not_compared": "the run under test did not finish"}
+        measured: dict[str, float] = {}
+        if settings.check == "perf" and verdict is Verdict.GOOD:  # a good run's measurements (docs/perf.md)
+            measured, extra = perf.metrics(tested[0].output)
+            found.update(extra)
+            if not measured:
+                verdict, reason = Verdict.SKIP, "perf: the engine printed no measurement"
         _write_log(ctx.log_path, log)
         cause = skip_cause(judged) if verdict is Verdict.SKIP else None
-        return Outcome(verdict, reason, str(ctx.log_path), found, cause)
+        return Outcome(verdict, reason, str(ctx.log_path), found, cause, metrics=measured)
 
     def calibrated_options(self, good_details: list[dict]) -> dict[str, str]:
         """check=numerics: the bounds the good end's clean pairs call for (`scenario calibrate`)."""

@@ -1,0 +1,210 @@
+"""A performance hunt's statistics: are two commits' samples of a metric the same, different, or not yet
+known; which end of the range a commit's samples are like; how large the change is, with its confidence
+interval. Pure logic over lists of numbers; the tests come from scipy.stats (the `perf` extra), imported
+when first needed so the rest of bisector runs without it.
+
+The comparison is Chromium Pinpoint's (dashboard/pinpoint/models/compare): the p-value is the smaller of
+the Mann-Whitney U and the Kolmogorov-Smirnov tests'; at or below LOW_THRESHOLD the samples are different;
+above a high threshold that falls as samples grow they are the same; in between, more samples are needed.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+LOW_THRESHOLD = 0.01
+# A commit is called like one end only while its samples are plainly consistent with that end's: a p-value
+# against it above this (between LOW_THRESHOLD and this, more samples are taken).
+CONSISTENT = 0.05
+# Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
+# smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
+# p-value that already says "the same".
+HIGH_THRESHOLDS = (1.0, 0.3682, 0.1625, 0.0815, 0.0428, 0.0230, 0.0126, 0.0070, 0.0039, 0.0022, 0.0013, 0.0007)
+HIGH_THRESHOLD_STEP = 5
+CONFIDENCE = 0.95  # of the change's interval
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20260  # the interval is reproducible: the same samples give the same interval
+
+
+class Result(str, Enum):
+    DIFFERENT = "different"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def scipy_missing() -> str | None:
+    """Why the statistics cannot run here (scipy not installed), else None."""
+    try:
+        import scipy.stats  # noqa: F401
+    except ImportError:
+        return "a performance hunt needs scipy: pip install 'bisector[perf]' (or pip install scipy)"
+    return None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    result: Result
+    p_value: float
+    high_threshold: float
+
+
+def high_threshold(a: Sequence[float], b: Sequence[float]) -> float:
+    """The p-value above which samples of these sizes are called the same."""
+    return HIGH_THRESHOLDS[min(min(len(a), len(b)) // HIGH_THRESHOLD_STEP, len(HIGH_THRESHOLDS) - 1)]
+
+
+def p_value(a: Sequence[float], b: Sequence[float]) -> float:
+    """The smaller of the two-sided Mann-Whitney U and Kolmogorov-Smirnov p-values (1.0 where a side is
+    empty or every sample is equal)."""
+    from scipy import stats
+
+    if not a or not b or len(set(a) | set(b)) == 1:
+        return 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mwu = stats.mannwhitneyu(a, b, alternative="two-sided").pvalue
+        ks = stats.ks_2samp(a, b).pvalue
+    found = [float(p) for p in (mwu, ks) if not math.isnan(p)]
+    return min(found) if found else 1.0
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
+    """Pinpoint's verdict on two sets of samples: different, the same, or unknown (more samples)."""
+    p, high = p_value(a, b), high_threshold(a, b)
+    if p <= LOW_THRESHOLD:
+        return Comparison(Result.DIFFERENT, p, high)
+    return Comparison(Result.SAME if p > high else Result.UNKNOWN, p, high)
+
+
+@dataclass(frozen=True)
+class Change:
+    """From `before` to `after`: medians, the relative change of the median, its confidence interval
+    (bootstrap over both sides, percentile method) and the comparison's p-value."""
+
+    before: float
+    after: float
+    relative: float          # after / before - 1 (-0.09: 9 % lower)
+    low: float               # the relative change's CONFIDENCE interval
+    high: float
+    p_value: float
+
+    def to_json(self) -> dict:
+        return {"before": self.before, "after": self.after, "relative": round(self.relative, 6),
+                "ci": [round(self.low, 6), round(self.high, 6)], "confidence": CONFIDENCE,
+                "p_value": self.p_value}
+
+
+def change(before: Sequence[float], after: Sequence[float]) -> Change:
+    """How `after`'s median differs from `before`'s, with a bootstrap confidence interval of the ratio."""
+    import numpy as np
+    from scipy import stats
+
+    med_before, med_after = statistics.median(before), statistics.median(after)
+    relative = med_after / med_before - 1 if med_before else math.inf
+    low = high = relative
+    if med_before and len(set(before) | set(after)) > 1 and len(before) > 1 and len(after) > 1:
+        def ratio(x, y, axis):
+            return np.median(y, axis=axis) / np.median(x, axis=axis) - 1
+
+        with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+            warnings.simplefilter("ignore")
+            interval = stats.bootstrap((list(before), list(after)), ratio, vectorized=True, paired=False,
+                                       confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
+                                       method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED)
+                                       ).confidence_interval
+        if math.isfinite(interval.low) and math.isfinite(interval.high):
+            low, high = float(interval.low), float(interval.high)
+    return Change(med_before, med_after, relative, low, high, p_value(before, after))
+
+
+class Direction(str, Enum):
+    """Which way is better; ANY: whichever way the ends differ."""
+
+    LOWER = "lower-is-better"
+    HIGHER = "higher-is-better"
+    ANY = "any"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def worse(self, relative: float) -> bool:
+        """Whether a relative change (after / before - 1) is for the worse (ANY: no way is worse)."""
+        if self is Direction.LOWER:
+            return relative > 0
+        return self is Direction.HIGHER and relative < 0
+
+
+@dataclass(frozen=True)
+class Likeness:
+    """Which end a commit's samples are like: "old", "new", or None while not known; and why."""
+
+    end: str | None
+    versus_old: Comparison
+    versus_new: Comparison
+    reason: str
+
+
+def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> Likeness:
+    """A commit is like one end when its samples differ from the other end's (p <= LOW_THRESHOLD), are
+    consistent with this one's (p > CONSISTENT), and its median lies in the third of the way between the
+    ends' medians nearest this end's; otherwise not known (more samples, or a skip)."""
+    versus_old, versus_new = compare(samples, old), compare(samples, new)
+    median = statistics.median(samples)
+    to_old, to_new = abs(median - statistics.median(old)), abs(median - statistics.median(new))
+    p = f"p = {versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end"
+    if versus_new.result is Result.DIFFERENT and versus_old.p_value > CONSISTENT and to_old * 2 < to_new:
+        return Likeness("old", versus_old, versus_new, f"like the old end ({p})")
+    if versus_old.result is Result.DIFFERENT and versus_new.p_value > CONSISTENT and to_new * 2 < to_old:
+        return Likeness("new", versus_old, versus_new, f"like the new end ({p})")
+    if versus_old.result is Result.DIFFERENT and versus_new.result is Result.DIFFERENT:
+        return Likeness(None, versus_old, versus_new, f"differs from both ends ({p})")
+    return Likeness(None, versus_old, versus_new, f"not distinguishable from either end ({p})")
+
+
+def median_spread(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile) of samples."""
+    if len(samples) < 2:
+        value = samples[0] if samples else math.nan
+        return value, value, value
+    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q1, statistics.median(samples), q3
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    """`run --metric`: what a performance hunt measures and how it decides."""
+
+    metric: str
+    direction: Direction = Direction.ANY
+    min_change: float = 0.01   # the ends must differ by this fraction at least (0.01: 1 %)
+    warmup: int = 0            # each commit's first runs, discarded
+    max_samples: int = 20      # samples of one commit at most before it is skipped as not distinguishable
+    parallel: int = 1          # runs of one commit side by side (free slots)
+
+    ENDPOINT_START = 6         # samples of each end before they are first compared
+    PROBE_START = 4            # samples of a commit before it is first compared with the ends
+    PROBE_STEP = 2             # more samples of an undecided commit, per round
+
+    @property
+    def key_parts(self) -> dict:
+        """What the stored samples depend on (the verdict cache key's perf part): the metric. How they are
+        judged (direction, minimum change, warm-up, caps) is applied to them afresh on every run."""
+        return {"metric": self.metric}
+
+    def to_json(self) -> dict:
+        return {"metric": self.metric, "direction": str(self.direction), "min_change": self.min_change,
+                "warmup": self.warmup, "max_samples": self.max_samples}
+
+    def plan(self, testable: int) -> tuple[int, int]:
+        """Runs a hunt over `testable` commits takes: (fewest, most)."""
+        probes = math.ceil(math.log2(testable + 1)) if testable else 0
+        fewest = 2 * (self.warmup + self.ENDPOINT_START) + probes * (self.warmup + self.PROBE_START + 1)
+        most = 2 * (self.warmup + self.max_samples) + probes * (self.warmup + 2 * self.max_samples)
+        return fewest, most

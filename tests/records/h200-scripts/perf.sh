@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 35 on the H200: a performance hunt on real vLLM 0.24.0. A history of eight Python-only commits
+# (bench/gpu_fault_history.py --variant perf) plants a decode slowdown at p5: the sampler sleeps a pause per
+# step, sized here to about 6 % of the measured decode step. `dpa-fp8-kv-graph-capture --option check=perf`
+# measures decode tok/s (full CUDA graphs, after a warm-up) and time to first token inside each engine start;
+# `bisector run --metric decode_tok_s --higher-is-better` must name p5.
+#
+# Phases, one device call each (a call is capped at 10 minutes; the machine must stay warm between them):
+#   bash perf.sh prepare   install vLLM 0.24.0 (prepare.sh), measure v0.24.0, build the history, measure p5
+#   bash perf.sh hunt      the hunt, stopped at 540 s; call it again to resume: every stored sample is kept
+#   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
+# Each run starts an engine (about 30-40 s with the compile cache warm); the hunt takes 12 runs of the ends
+# and 5 or more per probe (3 probes): about 27-40 runs, so two or three `hunt` calls.
+set -x
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+ln -sfn "$PWD" .device/src 2>/dev/null
+SRC=$PWD/.device/src
+export PYTHONPATH=$SRC:/tmp/site PIP_NO_BUILD_ISOLATION=0 PIP_NO_DEPS=1 PIP_NO_INDEX=1 BISECTOR_CACHE_DIR=/tmp/bcache
+B="python3 -P -m bisector.cli"
+GPU=(--option platform=cuda --option max_num_seqs=64 --option check=perf --option perf_repeats=3
+     --option perf_tokens=64 --option perf_batch=32)
+BUILD=(--build auto --wheels /tmp/wheels --allow-install-into-python)
+median() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['details']['perf'][sys.argv[2]])" "$@"; }
+
+case "${1:-prepare}" in
+prepare)
+  cp .device/repo/v024.bundle /tmp/v024.bundle
+  bash .device/scripts/prepare.sh > $OUT/prepare.out 2>&1 || { tail -30 $OUT/prepare.out; exit 1; }
+  tail -3 $OUT/prepare.out
+  t=$(date +%s)
+  $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/history --ref v0.24.0 "${GPU[@]}" "${BUILD[@]}" \
+    --state-dir /tmp/pstate --json $OUT/perf-base.json > $OUT/perf-base.out 2>&1
+  echo "base rc=$? wall=$(( $(date +%s) - t ))s"; tail -3 $OUT/perf-base.out
+  TOK_S=$(median $OUT/perf-base.json decode_tok_s) || exit 1
+  # a decode step makes perf_batch (32) tokens: its time is 32 / tok/s; the pause is 6 % of it
+  PAUSE=$(python3 -c "print(max(20, round(0.06 * 32 / $TOK_S * 1e6)))")
+  echo "v0.24.0 decode $TOK_S tok/s, ttft $(median $OUT/perf-base.json ttft_ms) ms: planted pause ${PAUSE} us"
+  rm -rf /tmp/perf-history
+  python3 $SRC/bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/perf-history --variant perf \
+    --pause-us $PAUSE --json $OUT/perf-history.json || exit 1
+  W=/tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl
+  for sha in $(python3 -c "import json; [print(c['sha']) for c in json.load(open('$OUT/perf-history.json'))]"); do
+    mkdir -p /tmp/wheels/$sha && ln -sf $W /tmp/wheels/$sha/
+  done
+  P5=$(python3 -c "import json; print(json.load(open('$OUT/perf-history.json'))[5]['sha'])")
+  t=$(date +%s)
+  $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/perf-history --ref $P5 "${GPU[@]}" "${BUILD[@]}" \
+    --state-dir /tmp/pstate --json $OUT/perf-p5.json > $OUT/perf-p5.out 2>&1
+  echo "p5 rc=$? wall=$(( $(date +%s) - t ))s: decode $(median $OUT/perf-p5.json decode_tok_s) tok/s"
+  ;;
+hunt)
+  t=$(date +%s)
+  timeout 540 $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
+    "${GPU[@]}" "${BUILD[@]}" --gpus 0 --metric decode_tok_s --higher-is-better --min-change 2 --max-samples 12 \
+    --state-dir /tmp/pstate --json $OUT/perf-hunt.json --markdown $OUT/perf-hunt.md >> $OUT/perf-hunt.out 2>&1
+  echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at 540 s; run this phase again to resume)"
+  tail -25 $OUT/perf-hunt.out
+  ;;
+report)
+  $B report latest --repo /tmp/perf-history --state-dir /tmp/pstate --format html -o $OUT/perf-hunt.html
+  $B report latest --repo /tmp/perf-history --state-dir /tmp/pstate --format json -o $OUT/perf-hunt.json
+  $B report latest --repo /tmp/perf-history --state-dir /tmp/pstate > $OUT/perf-hunt.txt
+  python3 -c "
+import json, sys; sys.path.insert(0, '$SRC')
+from bisector.perf_report import svg
+data = json.load(open('$OUT/perf-hunt.json'))
+culprit = (data.get('first_bad') or {}).get('sha')
+open('$OUT/perf-hunt.svg', 'w').write(svg(data['perf'], data['range'], culprit))
+print('culprit', culprit, 'planted', json.load(open('$OUT/perf-history.json'))[5]['sha'])"
+  head -20 $OUT/perf-hunt.txt
+  tar czf $OUT/logs-perf.tar.gz -C /tmp/pstate logs 2>/dev/null; ls -la $OUT
+  ;;
+esac

@@ -1,0 +1,44 @@
+"""bench/gpu_fault_history.py --variant perf on real vLLM 0.24.0 source: the planted slowdown applies, pauses
+the sampler each step, compiles and stays Python-only (its effect on the H200: tests/records/h200-scripts/
+perf.sh)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLER = "vllm/v1/sample/sampler.py"
+
+
+def test_the_perf_variant_pauses_the_sampler_at_p5_only(tmp_path, git, vllm_sources):
+    release = tmp_path / "release"
+    subprocess.run(["cp", "-r", str(vllm_sources("0.24.0")), str(release)], check=True)
+    git(release, "init", "-q", "-b", "main")
+    git(release, "add", "-A")
+    git(release, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v0.24.0")
+    git(release, "tag", "v0.24.0")
+    out, summary = tmp_path / "perf", tmp_path / "perf.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo", str(release),
+                           "--out", str(out), "--json", str(summary), "--variant", "perf", "--pause-us", "450"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    commits = json.loads(summary.read_text())
+    assert [c["role"] for c in commits] == ["base"] + ["harmless"] * 4 + ["perf-slowdown"] + ["harmless"] * 3
+
+    def sampler(n: int) -> str:
+        return subprocess.run(["git", "-C", str(out), "show", f"{commits[n]['sha']}:{SAMPLER}"], check=True,
+                              capture_output=True, text=True).stdout
+
+    assert "time.sleep" not in sampler(4)
+    for n in (5, 8):
+        text = sampler(n)
+        assert "import time\n" in text and "        time.sleep(0.00045)\n" in text
+        compile(text, SAMPLER, "exec")
+    changed = git(out, "diff", "--name-only", "v0.24.0", commits[-1]["sha"]).split()
+    assert SAMPLER in changed and all(path.startswith("vllm/") and path.endswith(".py") for path in changed)

@@ -1,0 +1,210 @@
+"""Performance hunts (`run --metric`, issue 35) on built histories: a seeded benchmark (tests/helpers/
+perf_bench.py) with run-to-run noise and a planted slowdown, bisected through the real CLI."""
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "tests" / "helpers" / "perf_bench.py"
+
+
+def bench(tmp_path: Path, *args: str) -> list[str]:
+    return ["--", sys.executable, str(BENCH), "--runs-dir", str(tmp_path / "runs"), *args]
+
+
+def hunt(cli, repo, good: str, bad: str, tmp_path: Path, *options: str, bench_args=()):
+    out = tmp_path / "out.json"
+    result = cli("run", "--repo", str(repo.path), "--good", good, "--bad", bad, "--state-dir",
+                 str(tmp_path / "state"), "--json", str(out), *options, *bench(tmp_path, *bench_args))
+    return result, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def invocations(tmp_path: Path, counter: int) -> int:
+    """How many times the benchmark ran on the commit with this counter."""
+    path = tmp_path / "runs" / f"{counter}.runs"
+    return len(path.read_text()) if path.exists() else 0
+
+
+def test_a_planted_8_percent_slowdown_under_noise_is_found(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(16, 11)
+    result, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "tok_s", "--higher-is-better",
+                        bench_args=("--seed", "1", "--noise", "0.02"))
+    assert result.returncode == 0, result.stderr
+    assert data["first_bad"]["sha"] == shas[11]
+    perf = data["perf"]
+    assert perf["metric"] == "tok_s" and perf["direction"] == "higher-is-better"
+    assert -0.12 < perf["change"]["relative"] < -0.04  # about -8 %
+    low, high = perf["change"]["ci"]
+    assert low <= perf["change"]["relative"] <= high < 0
+    by_sha = {entry["sha"]: entry for entry in perf["commits"]}
+    # every run's sample is kept: the ends were sampled at least 6 times each, each sample the last value printed
+    good_end = by_sha[shas[0]]
+    assert len(good_end["samples"]) == good_end["runs"] == invocations(tmp_path, 0) >= 6
+    assert all(sample > 800 for sample in good_end["samples"])  # not the early (halved) value
+    assert by_sha[shas[11]]["verdict"] == "bad" and by_sha[shas[10]]["verdict"] == "good"
+    assert by_sha[shas[11]]["p_old"] <= 0.01
+    # fewer runs than a fixed 10 per tested commit
+    assert data["executions"] < 10 * len(perf["commits"])
+
+
+def test_occasional_2x_outliers_give_the_right_commit_or_an_honest_skip(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(12, 7)
+    for seed in ("3", "4"):
+        result, data = hunt(cli, repo, shas[0], shas[-1], tmp_path / seed, "--metric", "tok_s",
+                            "--higher-is-better", bench_args=("--seed", seed, "--noise", "0.02",
+                                                              "--outliers", "0.1"))
+        assert result.returncode in (0, 1), result.stderr
+        if result.returncode == 0:
+            assert data["first_bad"]["sha"] == shas[7]
+        else:  # inconclusive: the true culprit stays among the candidates, and a skip says why
+            assert shas[7] in data["candidates"]
+            assert any(entry["verdict"] == "skip" and entry["reason"] for entry in data["perf"]["commits"])
+
+
+def test_no_slowdown_is_exit_3_the_endpoints_do_not_differ(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(6, None)
+    result, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "tok_s",
+                        bench_args=("--seed", "2", "--noise", "0.02"))
+    assert result.returncode == 3, result.stderr
+    assert "the endpoints do not differ" in result.stderr
+    assert data["culprit"] is None and data["outcome"] == "endpoint"
+
+
+def test_a_slowdown_the_wrong_way_for_the_direction_is_exit_3(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(6, 3)
+    result, _ = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "latency_ms", "--higher-is-better",
+                     bench_args=("--seed", "2"))
+    assert result.returncode == 3
+    assert "differ the wrong way for higher-is-better" in result.stderr
+
+
+def test_a_speed_up_is_found_with_find_fix(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(12, 5)  # the benchmark makes "bad" commits 8 % faster here: a speed-up at 5
+    result, data = hunt(cli, repo, shas[-1], shas[0], tmp_path, "--find-fix", "--metric", "latency_ms",
+                        "--lower-is-better", "--jobs", "2",
+                        bench_args=("--seed", "5", "--slower", "-0.08", "--file"))
+    assert result.returncode == 0, result.stderr
+    assert data["first_good"]["sha"] == shas[5]
+    assert data["perf"]["change"]["relative"] < -0.04  # latency fell from the bad (old) end to the good one
+
+
+def test_a_failing_run_makes_its_commit_a_skip_with_its_reason(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(8, 4)
+    script = tmp_path / "wrap.sh"  # commit 3 crashes: no measurement there
+    script.write_text(f'[ "$(cat counter.txt)" = 3 ] && exit 1\nexec {sys.executable} {BENCH} '
+                      f'--runs-dir {tmp_path / "runs"} --seed 6\n')
+    out = tmp_path / "out.json"
+    result = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+                 str(tmp_path / "state"), "--json", str(out), "--metric", "tok_s", "--", "sh", str(script))
+    data = json.loads(out.read_text())
+    by_sha = {entry["sha"]: entry for entry in data["perf"]["commits"]}
+    assert by_sha[shas[3]]["verdict"] == "skip"
+    assert by_sha[shas[3]]["reason"] == "a run gave no measurement: bad (exit 1)"
+    # as git bisect skip: the skipped commit next to the first slow one leaves both as candidates
+    assert result.returncode == 1 and data["candidates"] == [shas[3], shas[4]]
+
+
+def test_a_resumed_hunt_keeps_the_samples_of_the_killed_one(make_repo, tmp_path, git_env, wait_for, cli):
+    repo = make_repo("r")
+    shas = repo.linear(10, 6)
+    argv = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0], "--bad",
+            shas[-1], "--state-dir", str(tmp_path / "state"), "--metric", "tok_s", *bench(tmp_path, "--seed", "7")]
+    killed = subprocess.Popen(argv, env={**os.environ, **git_env, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: invocations(tmp_path, 0) >= 7 or killed.poll() is not None)
+        os.killpg(killed.pid, signal.SIGKILL)
+    finally:
+        killed.wait()
+    before = invocations(tmp_path, 0)
+    with sqlite3.connect(tmp_path / "state" / "bisector.sqlite") as db:
+        stored = db.execute("SELECT COUNT(*) FROM executions WHERE sha = ? AND json_extract(metrics, '$.tok_s')",
+                            (shas[0],)).fetchone()[0]
+    out = tmp_path / "out.json"
+    result = cli("run", *argv[4:argv.index("--")], "--json", str(out), *argv[argv.index("--"):])
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["resumed_from"] == 1
+    good_end = next(entry for entry in data["perf"]["commits"] if entry["sha"] == shas[0])
+    # every sample the killed run stored counts (a run it was killed in is lost), and the resumed run's own
+    assert stored >= 6 and good_end["runs"] == len(good_end["samples"]) == stored + invocations(tmp_path, 0) - before
+    assert data["first_bad"]["sha"] == shas[6]
+
+
+def test_metric_options_need_metric_and_exclude_flaky(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(3, 1)
+    before = repo.snapshot()
+    for options, message in ((("--warmup", "2"), "--warmup needs --metric NAME"),
+                             (("--metric", "tok_s", "--flaky"), "--metric cannot be combined with --flaky"),
+                             (("--metric", "1x"), "--metric '1x': a name of letters")):
+        result = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+                     str(tmp_path / "state"), *options, "--", "true")
+        assert result.returncode == 2
+        assert result.stderr.startswith(f"bisector: error: {message}"), result.stderr
+    assert repo.snapshot() == before
+
+
+def test_a_rerun_builds_on_the_stored_samples_of_the_same_metric_only(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(8, 5)
+    options = ("--metric", "tok_s", "--higher-is-better", "--reuse-verdicts")
+    first, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, *options, bench_args=("--seed", "8"))
+    assert first.returncode == 0 and data["first_bad"]["sha"] == shas[5], first.stderr
+    measured = invocations(tmp_path, 0)
+    again, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, *options, bench_args=("--seed", "8"))
+    assert again.returncode == 0 and data["first_bad"]["sha"] == shas[5], again.stderr
+    # every commit was decided by the samples stored: nothing ran again, and none was discarded
+    assert data["executions"] == 0 and invocations(tmp_path, 0) == measured
+    good_end = next(entry for entry in data["perf"]["commits"] if entry["sha"] == shas[0])
+    assert good_end["runs"] == measured
+    assert data["cache_key"]["perf"] == {"metric": "tok_s"}
+    # another metric is another question: its samples are measured afresh
+    other, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "latency_ms", "--lower-is-better",
+                       "--reuse-verdicts", bench_args=("--seed", "8"))
+    assert other.returncode == 0 and data["first_bad"]["sha"] == shas[5], other.stderr
+    assert invocations(tmp_path, 0) >= measured + 6 and data["cache_key"]["perf"] == {"metric": "latency_ms"}
+
+
+def test_an_end_that_reports_no_metric_stops_the_hunt_with_exit_3(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(4, 2)
+    out = tmp_path / "out.json"
+    result = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+                 str(tmp_path / "state"), "--json", str(out), "--metric", "tok_s", "--", "sh", "-c",
+                 "echo BISECTOR_METRIC other=1")
+    assert result.returncode == 3
+    assert f"endpoint check failed: good {shas[0]} ({shas[0][:12]}) cannot be measured: a run reported no " \
+           "tok_s (BISECTOR_METRIC tok_s=VALUE)" in result.stderr
+    assert json.loads(out.read_text())["perf"]["commits"][0]["samples"] == []
+
+
+def test_repeats_side_by_side_each_keep_their_own_log_and_sample(cli, make_repo, tmp_path):
+    repo = make_repo("r")
+    shas = repo.linear(10, 6)
+    result, data = hunt(cli, repo, shas[0], shas[-1], tmp_path, "--metric", "tok_s", "--jobs", "3",
+                        bench_args=("--seed", "9"))
+    assert result.returncode == 0 and data["first_bad"]["sha"] == shas[6], result.stderr
+    logs = [step["log"] for step in data["steps"]]
+    assert len(set(logs)) == len(logs) == data["executions"]  # repeats of one commit ran at once, each its own log
+    with sqlite3.connect(tmp_path / "state" / "bisector.sqlite") as db:
+        stored = db.execute("SELECT log_path, json_extract(metrics, '$.tok_s') FROM executions").fetchall()
+    for log, sample in stored:  # each sample is the last value its own run printed
+        printed = [line for line in Path(log).read_text().splitlines() if "tok_s=" in line]
+        assert float(printed[-1].rpartition("=")[2]) == sample
