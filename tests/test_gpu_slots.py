@@ -295,3 +295,16 @@ def test_a_gpu_step_waits_for_the_first_engine_start_of_its_settings(tmp_path, g
     step.join()
     assert outcomes[0].verdict is Verdict.GOOD
     assert (root / "compile/warm" / key).is_file()
+
+
+def test_a_performance_hunt_on_shared_slots_is_refused_before_anything_runs(cli, history, tmp_path):
+    repo, shas = history
+    before = repo.snapshot()
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
+               str(tmp_path / "state"), "--gpus", "0:2", "--metric", "tok_s", "--", "sh", "-c", "touch ran")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "bisector: error: a performance hunt needs a GPU per step: shared slots (--gpus ID:N) would interfere "
+        "with the timings; give --gpus without :N"]
+    assert not (repo.path / "ran").exists() and not (tmp_path / "state").exists()
+    assert repo.snapshot() == before
