@@ -24,9 +24,11 @@ median() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['det
 
 case "${1:-prepare}" in
 prepare)
-  cp .device/repo/v024.bundle /tmp/v024.bundle
-  bash .device/scripts/prepare.sh > $OUT/prepare.out 2>&1 || { tail -30 $OUT/prepare.out; exit 1; }
-  tail -3 $OUT/prepare.out
+  if [ ! -f /tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl ]; then  # slots.sh prepared it already
+    cp .device/repo/v024.bundle /tmp/v024.bundle
+    bash .device/scripts/prepare.sh > $OUT/prepare.out 2>&1 || { tail -30 $OUT/prepare.out; exit 1; }
+    tail -3 $OUT/prepare.out
+  fi
   t=$(date +%s)
   $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/history --ref v0.24.0 "${GPU[@]}" "${BUILD[@]}" \
     --state-dir /tmp/pstate --json $OUT/perf-base.json > $OUT/perf-base.out 2>&1
