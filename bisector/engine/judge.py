@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from bisector.builds.base import BuildResult
 from bisector.engine.state import open_builder
@@ -189,7 +189,8 @@ class Judge:
             step = StepAt(sha, worktree, logs, slot_env, cancel)
             with self.world.enter(step, environment, self.spec.python) as place:
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
-                    log = _reason_log(place.log_path, self._log_path(logs, sha, len(done)), f"skip: {place.reason}")
+                    log = _reason_log(place.log_path, lambda: self._log_path(logs, sha, len(done)),
+                                      f"skip: {place.reason}")
                     return [Execution(sha, Verdict.SKIP, place.reason, log, 0.0, place.summary or None,
                                       dict(place.details), cause="world")]
                 stands_on = place.environment or environment
@@ -257,6 +258,8 @@ class Judge:
                     timed_out_after = details["timed_out_after"] = self.spec.timeout
             if outcome_verdict == Verdict.SKIP:  # a good or bad ran its process, which wrote the log
                 log = _reason_log(log, log_path, f"skip: {reason}")
+            if log != str(log_path) and log_path.is_file() and not log_path.stat().st_size:
+                log_path.unlink()  # claimed, never written: the run's log is another (a remembered failure's)
             fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
                                                summary, {**place.details, **details},
                                                signature=details.get("signature"), timed_out_after=timed_out_after,
@@ -268,7 +271,7 @@ class Judge:
         return self.scenario.machine_check(template) if isinstance(self.scenario, ChecksMachine) else None
 
 
-def _reason_log(log: str | None, step_log: Path, reason: str) -> str | None:
+def _reason_log(log: str | None, step_log: Path | Callable[[], Path], reason: str) -> str | None:
     """The log a skip names, made to exist: one named but missing or empty (a scenario that gave up before its
     process started, a build that failed before writing, an earlier run's log removed) becomes the step's own
     log, holding the reason; None stays None (no log is shown)."""
@@ -277,10 +280,10 @@ def _reason_log(log: str | None, step_log: Path, reason: str) -> str | None:
     named = Path(log)
     if named.is_file() and named.stat().st_size:
         return log
-    step_log.parent.mkdir(parents=True, exist_ok=True)
-    with open(step_log, "a") as out:
+    own = step_log() if callable(step_log) else step_log  # a log to claim is claimed only when needed
+    with open(own, "a") as out:
         out.write(f"bisector: {reason}\n")
-    return str(step_log)
+    return str(own)
 
 
 def _no_verdict(execution: Execution, cause: str | None) -> Execution:

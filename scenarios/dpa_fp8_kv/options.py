@@ -153,7 +153,7 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         raise ScenarioError("option check=perf measures one engine: it needs dp=1")
     if options.check == "perf" and options.perf_batch > options.max_num_seqs:
         raise ScenarioError(f"option perf_batch={options.perf_batch}: more than max_num_seqs={options.max_num_seqs}")
-    longest = 8 + options.perf_batch + options.perf_tokens  # the longest prompt (child.token_prompts) and its decode
+    longest = 8 + options.perf_batch + 2 * options.perf_tokens + 1  # the longest prompt and its longer timed decode
     if options.check == "perf" and longest > options.max_model_len:
         raise ScenarioError(f"option perf_tokens={options.perf_tokens} with perf_batch={options.perf_batch} needs "
                             f"max_model_len >= {longest}")

@@ -25,8 +25,10 @@ def measurements(output: str) -> list[dict[str, float]]:
             record = json.loads(line[at + len(PERF_MARKER) + 1:])
         except ValueError:
             continue
-        if isinstance(record, dict) and all(isinstance(record.get(name), (int, float)) for name in METRICS):
-            found.append({name: float(record[name]) for name in METRICS})
+        if isinstance(record, dict):
+            measured = {name: float(record[name]) for name in METRICS if isinstance(record.get(name), (int, float))}
+            if measured:
+                found.append(measured)
     return found
 
 
@@ -36,5 +38,6 @@ def metrics(output: str) -> tuple[dict[str, float], dict]:
     found = measurements(output)
     if not found:
         return {}, {}
-    medians = {name: statistics.median(record[name] for record in found) for name in METRICS}
+    medians = {name: statistics.median(values) for name in METRICS
+               if (values := [record[name] for record in found if name in record])}
     return medians, {"perf": {"measurements": found, **{name: round(value, 3) for name, value in medians.items()}}}
