@@ -12,6 +12,7 @@
 # (nvidia-smi every 2 s), logs-slots-<spec>.tar.gz (step, build and build-ahead logs), history30.json.
 set -x
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export PIP_NO_BUILD_ISOLATION=0 PIP_NO_DEPS=1 PIP_NO_INDEX=1  # the device reaches no index: the precompiled build installs offline
 START=$(date +%s)
 SRC=$PWD/.device/src
 [ -e "$SRC" ] || ln -sfn "$PWD" .device/src
