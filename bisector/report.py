@@ -818,6 +818,7 @@ def plan_text(plan: Plan) -> str:
     low, high = plan.minutes
     lines.append(f"estimate: {low if low == high else f'{low}-{high}'} min of builds, pulls and installs for "
                  f"these steps (the costlier second probe counted; each step's scenario run comes on top)")
+    lines.extend(f"follow-pins: {level}" for level in plan.pin_levels)
     lines.extend(f"warning: {warning}" for warning in plan.warnings)
     return "\n".join(lines)
 

@@ -124,3 +124,36 @@ def test_cli_backport_follow_pins_with_the_real_probe_at_gfx950(tmp_path, cli):
     assert (v1["verdict"], v2["verdict"], v1.get("pin_level")) == ("verified", "masked", None)
     assert (v2["pin_level"]["culprit"], v2["pin_level"]["mode"]) == (aiter_shas["v2.0"], "find-fix")
     assert f"inside AITER: first good {aiter_shas['v2.0'][:12]} (v2.0) AITER v2.0" in out.stdout
+
+
+def test_plan_with_follow_pins_shows_each_pin_change_and_the_second_levels_cost(tmp_path):
+    from bisector.engine.config import RunConfig
+    from bisector.engine.planning import plan_bisection
+    from bisector.world import WorldSettings
+
+    world = flip_world(tmp_path)  # releases/v2: c0 (v1.0), c1 docs, c2 bumps to v2.0; AITER a2..a6 after v1.0
+    bump = git(world["vllm"], "rev-parse", "releases/v2")
+
+    def plan(aiter_repo: str = str(world["aiter"]), **settings):
+        return plan_bisection(RunConfig(repo=world["vllm"], good="releases/v1", bad="releases/v2",
+                                        scenario=PinnedState({"aiter_repo": aiter_repo}),
+                                        state_dir=tmp_path / "state", **settings))
+
+    assert plan().pin_levels == ()  # only asked with --follow-pins
+    [line] = plan(follow_pins=True).pin_levels
+    assert line == (f"{bump[:12]} moves AITER v1.0 → v2.0: 5 AITER commits after v1.0 up to v2.0 (ancestor); "
+                    f"level 2: about 5 steps (2 ends, then bisection)")
+    [pinned] = plan(follow_pins=True, world=WorldSettings(aiter="pinned")).pin_levels
+    assert pinned == line + ("; with --aiter pinned: about 5 AITER builds, one per AITER commit tested (JIT, ~5 min "
+                             "each unless cached)")
+    assert report.plan_text(plan(follow_pins=True)).splitlines()[-1] == f"follow-pins: {line}"
+    assert json.loads(json.dumps(plan(follow_pins=True).to_json()))["pin_levels"] == [line]
+
+    docs_only = plan_bisection(RunConfig(repo=world["vllm"], good="releases/v1", bad=world["c1"],
+                                         scenario=PinnedState({"aiter_repo": str(world["aiter"])}),
+                                         state_dir=tmp_path / "state", follow_pins=True))
+    assert docs_only.pin_levels == ("no AITER pin change in the range: an answer there would have no second level",)
+    elsewhere = plan("https://aiter.invalid/aiter.git", follow_pins=True)
+    assert elsewhere.pin_levels == (f"{bump[:12]} moves AITER v1.0 → v2.0: AITER commits between the pins not "
+                                    f"counted (https://aiter.invalid/aiter.git is not local: give the scenario's "
+                                    f"aiter_repo option a clone)",)
