@@ -126,6 +126,16 @@ def test_cli_backport_follow_pins_with_the_real_probe_at_gfx950(tmp_path, cli):
     assert f"inside AITER: first good {aiter_shas['v2.0'][:12]} (v2.0) AITER v2.0" in out.stdout
 
 
+def test_cli_backport_follow_pins_without_a_scenario_is_a_usage_error(tmp_path, cli):
+    world = flip_world(tmp_path)
+    before = git(world["vllm"], "for-each-ref")
+    out = cli("backport", "--repo", str(world["vllm"]), "--fix", world["fix"], "--branches", "releases/*",
+              "--follow-pins", "--state-dir", str(tmp_path / "state"))
+    assert (out.returncode, out.stderr) == (2, "bisector: error: --follow-pins judges AITER commits with the "
+                                               "scenario: give --scenario NAME\n")
+    assert git(world["vllm"], "for-each-ref") == before
+
+
 def test_plan_with_follow_pins_shows_each_pin_change_and_the_second_levels_cost(tmp_path):
     from bisector.engine.config import RunConfig
     from bisector.engine.planning import plan_bisection

@@ -83,6 +83,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         if scenario_name else []
     scenario = values[0][1] if values \
         else CommandScenario(list(command), in_image=bool(world["image"])) if command else None
+    if follow_pins and scenario is None:
+        raise UsageError("--follow-pins judges AITER commits with the scenario: give --scenario NAME")
     if world["image"] and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
     world_asked = world_settings(world, scenario, env_mode, rocm_arch)
