@@ -660,6 +660,8 @@ def _backport_matrix(result: BackportResult) -> list[tuple[str, str, str | None,
 
 def _detail(entry: BranchEntry) -> str:
     detail = entry.reason
+    if entry.pin_level:
+        detail += f"; {entry.pin_level.said()}"
     if entry.backport_branch:
         detail += f"; {entry.backport_branch.name} {entry.backport_branch.state}"
     return detail
@@ -783,7 +785,8 @@ def backport_junit(result: BackportResult) -> str:
         elif entry.verdict == "not-exercised":
             ET.SubElement(case, "skipped", message=entry.reason)
         ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {entry.tip}" + \
-            (f"\naiter: {entry.pin}" if entry.pin else "")
+            (f"\naiter: {entry.pin}" if entry.pin else "") + \
+            (f"\nfollow-pins: {entry.pin_level.said()}" if entry.pin_level else "")
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
@@ -815,6 +818,7 @@ def plan_text(plan: Plan) -> str:
     low, high = plan.minutes
     lines.append(f"estimate: {low if low == high else f'{low}-{high}'} min of builds, pulls and installs for "
                  f"these steps (the costlier second probe counted; each step's scenario run comes on top)")
+    lines.extend(f"follow-pins: {level}" for level in plan.pin_levels)
     lines.extend(f"warning: {warning}" for warning in plan.warnings)
     return "\n".join(lines)
 
