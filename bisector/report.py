@@ -446,8 +446,9 @@ function show(id){document.querySelectorAll('.detail').forEach(d=>d.hidden=d.id!
 document.querySelectorAll('[data-target]').forEach(e=>e.classList.toggle('sel',e.dataset.target===id));}
 document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click',()=>show(e.dataset.target)));
 """
-# Every verdict the tool produces: step verdicts, then backport verdicts (bisector.results.VERDICTS).
-_TONES = {"good": "good", "bad": "bad", "skip": "skip",
+# Every verdict the tool produces: step verdicts, a performance hunt's (perf_report.step_verdict), then
+# backport verdicts (bisector.results.VERDICTS).
+_TONES = {"good": "good", "bad": "bad", "skip": "skip", "like good": "good", "like bad": "bad", "undecided": "skip",
           "verified": "good", "not-affected": "good", "already-fixed": "good", "contains": "good",
           "already-picked": "good", "applies-unverified": "skip", "conflict": "bad",
           "fix-ineffective": "bad", "masked": "bad", "not-exercised": "skip", "untestable": "skip"}

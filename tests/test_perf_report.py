@@ -93,7 +93,7 @@ def test_plan_estimates_the_runs(cli, make_repo, tmp_path):
             "samples, 160 at most; at most 160 × --timeout 60s = 2.7 h") in result.stdout
 
 
-def test_the_step_list_shows_what_the_hunt_decided_for_each_commit_not_the_runs_exit_codes(hunted):
+def test_the_step_list_shows_what_the_hunt_decided_for_each_commit_not_the_runs_exit_codes(hunted, cli):
     """Every run of this hunt exits 0 (good by its exit code); the step list shows the hunt's verdict for the
     run's commit: the ends by name, a probe "like good" / "like bad"."""
     shas, result, tmp = hunted
@@ -110,3 +110,6 @@ def test_the_step_list_shows_what_the_hunt_decided_for_each_commit_not_the_runs_
     culprit_rows = [row for row in (tmp / "out.md").read_text().splitlines() if row.startswith("| ") and
                     shas[6][:12] in row]
     assert culprit_rows and all("| probe | like bad |" in row for row in culprit_rows)
+    page = cli("report", "latest", "--repo", str(tmp / "repo"), "--state-dir", str(tmp / "state"),
+               "--format", "html").stdout
+    assert '<span class="v bad">like bad</span>' in page and '<span class="v good">like good</span>' in page
