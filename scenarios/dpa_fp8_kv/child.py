@@ -100,7 +100,7 @@ def measure(llm, sampling_params, args, vocab_size):
     is measured)."""
     batch = token_prompts(args.perf_batch, vocab_size)
     engine = getattr(llm, "llm_engine", None)
-    stepped = callable(getattr(engine, "step", None)) and callable(getattr(engine, "add_request", None))
+    stepped = all(callable(getattr(engine, name, None)) for name in ("add_request", "step", "has_unfinished_requests"))
 
     def params(tokens):
         return sampling_params(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
