@@ -274,7 +274,7 @@ def _level_text(result: BisectResult) -> str:
         cached = (" (cached from an earlier run)" if step.from_earlier_run else " (cached)") if step.cached else ""
         shown = step.build and not step.build.startswith("none")
         build = f"  [build {step.build}]" if shown else ""
-        lines.append(f"  {result.named(step.sha)} {step.role:<8} {step.verdict:<4} "
+        lines.append(f"  {result.named(step.sha)} {step.role:<8} {perf_report.step_verdict(result.perf, step):<4} "
                      f"{step.seconds:7.2f}s{cached}  {step.reason}{build}")
     return "\n".join(lines)
 
@@ -334,7 +334,8 @@ def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[s
             "| # | commit | role | verdict | seconds | cached | reason |",
             "|---|---|---|---|---|---|---|"]
     for n, step in enumerate(result.steps, 1):
-        out.append(f"| {n} | {md_code(result.named(step.sha), True)} | {step.role} | {step.verdict} | "
+        out.append(f"| {n} | {md_code(result.named(step.sha), True)} | {step.role} | "
+                   f"{perf_report.step_verdict(result.perf, step)} | "
                    f"{step.seconds:.2f} | {'yes' if step.cached else ''} | {md_code(step.reason, True)} |")
     return out
 
@@ -445,8 +446,9 @@ function show(id){document.querySelectorAll('.detail').forEach(d=>d.hidden=d.id!
 document.querySelectorAll('[data-target]').forEach(e=>e.classList.toggle('sel',e.dataset.target===id));}
 document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click',()=>show(e.dataset.target)));
 """
-# Every verdict the tool produces: step verdicts, then backport verdicts (bisector.results.VERDICTS).
-_TONES = {"good": "good", "bad": "bad", "skip": "skip",
+# Every verdict the tool produces: step verdicts, a performance hunt's (perf_report.step_verdict), then
+# backport verdicts (bisector.results.VERDICTS).
+_TONES = {"good": "good", "bad": "bad", "skip": "skip", "like good": "good", "like bad": "bad", "undecided": "skip",
           "verified": "good", "not-affected": "good", "already-fixed": "good", "contains": "good",
           "already-picked": "good", "applies-unverified": "skip", "conflict": "bad",
           "fix-ineffective": "bad", "masked": "bad", "not-exercised": "skip", "untestable": "skip"}
@@ -539,13 +541,13 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
     for n, step in enumerate(steps, 1):
         rows.append(f'<tr class="pick" data-target="{prefix}d-{step.sha}"><td>{n}</td>'
                     f'<td><code>{e(result.named(step.sha))}</code></td><td>{e(step.role)}</td>'
-                    f'<td>{_badge(step.verdict)}</td><td>{step.seconds:.2f}</td>'
+                    f'<td>{_badge(perf_report.step_verdict(result.perf, step))}</td><td>{step.seconds:.2f}</td>'
                     f'<td>{"yes" if step.cached else ""}</td><td>{e(step.reason)}</td></tr>')
     for sha, runs in by_sha.items():
         parts = [f'<div class="card detail" id="{prefix}d-{sha}" hidden><b><code>{e(result.named(sha, 40))}</code></b>'
                  + (" — " + e(label) if sha == culprit_sha else "")]
         for step in runs:
-            parts.append(f'<p>{e(step.role)} {_badge(step.verdict)} {e(step.reason)} · '
+            parts.append(f'<p>{e(step.role)} {_badge(perf_report.step_verdict(result.perf, step))} {e(step.reason)} · '
                          f'{step.seconds:.2f}s · build {e(str(step.build))}'
                          f'{" · cached" if step.cached else ""}<br><code>{e(str(step.log))}</code></p>'
                          f'<pre class="log">{e(log_tail(step.log))}</pre>')
