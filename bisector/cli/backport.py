@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
+from bisector.builds import BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
     build_options,
-    build_settings,
     check_writable,
     command_line,
     env_options,
@@ -21,7 +21,6 @@ from bisector.cli.options import (
     reuse_verdicts_option,
     state_dir_option,
     world_options,
-    world_settings,
     write_output,
 )
 from bisector.envs import EnvSettings
@@ -68,6 +67,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     from bisector import report
     from bisector.backport import BackportConfig, run_backport
     from bisector.cli.backport_progress import BackportProgress
+    from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 
@@ -87,12 +87,13 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         raise UsageError("--follow-pins judges AITER commits with the scenario: give --scenario NAME")
     if world["image"] and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
-    world_asked = world_settings(world, scenario, env_mode, rocm_arch)
+    world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)
+    builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
+        .allowing_install(allow_install_into_python)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          option_values=values if len(values) > 1 else (),
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
-                         .allowing_install(allow_install_into_python),
+                         python=python, builder=builder,
                          log_limit=parse_log_limit(log_limit), no_cache=no_cache, reuse_verdicts=reuse_verdicts,
                          command_line=command_line(),
                          envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
