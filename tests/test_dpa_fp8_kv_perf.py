@@ -1,6 +1,7 @@
 """dpa-fp8-kv-graph-capture --option check=perf, end to end with the real child.py against the fake vllm of
 test_dpa_fp8_kv_numerics.py, whose decode here takes FAKE_STEP_SECONDS per decode step (a planted speed), every
 FAKE_SLOW_EVERY-th engine step FAKE_SLOW_FACTOR times that (planted noise)."""
+import statistics
 import sys
 import textwrap
 
@@ -55,15 +56,16 @@ def test_check_perf_reports_decode_throughput_and_time_to_first_token(tmp_path, 
     fast = measured(tmp_path, nvidia_root, "0.002", "fast")
     assert fast.verdict is Verdict.GOOD, fast.reason
     assert set(fast.metrics) == {"decode_tok_s", "ttft_ms"}
-    # 4 sequences per engine step of 2 ms: about 2,000 tokens/s
-    assert 800 < fast.metrics["decode_tok_s"] < 2400
-    assert 2 <= fast.metrics["ttft_ms"] < 50
+    # 4 sequences per engine step of at least 2 ms (a sleep is never shorter; load only lengthens it): at most
+    # 2,000 tokens/s; no lower bound, which a loaded machine could break
+    assert 0 < fast.metrics["decode_tok_s"] <= 2000 * 1.02
+    assert fast.metrics["ttft_ms"] >= 2
     found = fast.details["perf"]["measurements"]
     assert len(found) == 3  # three measurements inside one engine start
     for measurement in found:  # 17 engine steps (the prefill's and 16 decode), the first two not timed
         assert measurement["method"] == "engine-steps" and measurement["steps"] == 15
-        assert 2 <= measurement["step_ms_median"] < 5 and measurement["step_ms_iqr"] >= 0
-    slow = measured(tmp_path, nvidia_root, "0.004", "slow")
+        assert measurement["step_ms_median"] >= 2 and measurement["step_ms_iqr"] >= 0
+    slow = measured(tmp_path, nvidia_root, "0.008", "slow")  # 4x the step: slower even with ms of load on both
     assert slow.metrics["decode_tok_s"] < 0.75 * fast.metrics["decode_tok_s"]
 
 
@@ -75,16 +77,20 @@ def test_one_slow_step_in_ten_leaves_the_median_step_figure_where_it_was(tmp_pat
     noisy = measured(tmp_path, nvidia_root, "0.02", "noisy", options,
                      {"FAKE_SLOW_EVERY": "10", "FAKE_SLOW_FACTOR": "5"})
     assert noisy.verdict is Verdict.GOOD, noisy.reason
-    assert 0.93 * 200 < noisy.metrics["decode_tok_s"] <= 200
+    assert noisy.metrics["decode_tok_s"] <= 200 * 1.02  # never faster than the planted steps allow
+    medians = [measurement["step_ms_median"] for measurement in noisy.details["perf"]["measurements"]]
+    assert noisy.metrics["decode_tok_s"] == pytest.approx(statistics.median(4e3 / ms for ms in medians), rel=0.01)
     for measurement in noisy.details["perf"]["measurements"]:
-        assert measurement["steps"] == 29 and measurement["step_ms_iqr"] < 0.2 * measurement["step_ms_median"]
-        assert 4 / (measurement["step_ms_mean"] / 1e3) < 0.8 * 200
+        # the median step is the planted one; the mean carries the slow steps (1.4x): a figure from it is a
+        # fifth lower or more (still with several ms of load added to every step)
+        assert measurement["steps"] == 29 and measurement["step_ms_iqr"] < 0.5 * measurement["step_ms_median"]
+        assert measurement["step_ms_mean"] > 1.2 * measurement["step_ms_median"]
 
 
 def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811
     old = measured(tmp_path, nvidia_root, "0.002", "old", step_api=False)
     assert old.verdict is Verdict.GOOD, old.reason
-    assert 800 < old.metrics["decode_tok_s"] < 2400
+    assert 0 < old.metrics["decode_tok_s"] <= 2000 * 1.02
     assert {m["method"] for m in old.details["perf"]["measurements"]} == {"two-generates"}
     assert old.details["perf"]["method"] == "two-generates"
 
