@@ -104,6 +104,41 @@ def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path)
     assert [role_of(words) for words in asked_one].count("(probe)") == one["rounds"]  # one a round
 
 
+def test_the_first_probe_round_runs_beside_the_endpoints(cli, history, tmp_path):
+    """4 slots, 2 endpoints: the endpoint round tests the first round's 4 probes too, so one round fewer
+    follows it; --no-verify-endpoints gives the slots to probes from the start, as before."""
+    repo, shas = history
+    result, _, asked = bisect(cli, history, tmp_path, "beside", "--gpus", "0:4")
+    assert [role_of(words) for words in asked[:6]] == ["(endpoint)"] * 2 + ["(probe)"] * 4  # launched at once
+    first = [step["role"] for step in result["steps"] if step["round"] == 0]  # landed (moot probes are cancelled)
+    assert first.count("endpoint") == 2 and first.count("probe") >= 1
+    assert result["culprit"]["sha"] == shas[11] and result["rounds"] == 1
+    unverified, _, asked = bisect(cli, history, tmp_path, "unverified", "--gpus", "0:4", "--no-verify-endpoints")
+    assert unverified["culprit"]["sha"] == shas[11]
+    assert "(endpoint)" not in {role_of(words) for words in asked}
+    assert {step["round"] for step in unverified["steps"]} == set(range(1, unverified["rounds"] + 1))
+
+
+def test_an_end_that_tests_otherwise_stops_the_run_though_probes_ran_beside_it(cli, repo_builder, tmp_path):
+    """The bad end tests good: exit 3 as before; the probes of its round are stored, verdicts of their commits."""
+    repo = repo_builder(tmp_path / "repo")
+    shas = repo.linear(9, bad_from=None)
+    before = repo.snapshot()
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--gpus", "0:4", "--", "sh", "-c", "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"bisector: error: endpoint check failed: bad {shas[-1]} ({shas[-1][:12]}) tested good, not bad")
+    with sqlite3.connect(state / "bisector.sqlite") as db:
+        steps = db.execute("SELECT sha, role, round, verdict FROM steps").fetchall()
+        stored = {sha for (sha,) in db.execute("SELECT sha FROM executions WHERE verdict = 'good'")}
+    probes = {sha for sha, role, round_no, verdict in steps if role == "probe" and round_no == 0 and verdict == "good"}
+    assert probes and probes <= set(shas[1:-1]) and probes <= stored  # moot ones were cancelled
+    assert {role for _, role, _, _ in steps} == {"endpoint", "probe"}
+    assert repo.snapshot() == before
+
+
 def test_slots_across_gpus_each_name_their_gpu(cli, history, tmp_path):
     result, seen, _ = bisect(cli, history, tmp_path, "across", "--gpus", "0:2,1:2")
     assert seen == {"0|0|0|0.5", "1|0|0|0.5"}
@@ -265,8 +300,9 @@ def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
         rounds[gpus], texts[gpus] = planned["rounds"], plan.stdout
         assert planned["slots"] == (4 if gpus == "0:4" else 1) and planned["rounds_one_slot"] == 5
         assert sum(probe["role"] == "probe 1" for probe in planned["probes"]) == planned["slots"]
-    assert rounds == {"0:4": 2, "0": 5}  # 18 commits to split: 5 halvings, or 2 rounds of fifths
-    assert "rounds: about 2 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
+    # 18 commits to split: 5 halvings, or 2 rounds of fifths, the first of them beside the endpoints
+    assert rounds == {"0:4": 1, "0": 5}
+    assert "rounds: about 1 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
            "step's time" in " ".join(texts["0:4"].split())
     assert "rounds: about 5 after the endpoints with 1 slot; a round" in " ".join(texts["0"].split())
     for gpus in ("0:4", "0"):  # the estimate is what the search needs at most
