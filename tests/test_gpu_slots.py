@@ -1,22 +1,36 @@
 """Several slots on one GPU (--gpus 0:4), builds ahead of need (--build-ahead), the first engine start warming
 the compile cache alone: on built histories, through the real CLI, with a GPU-shaped stand-in scenario (a
 command, which wants one GPU per step) that records the environment each step saw."""
+import dataclasses
 import json
 import sqlite3
 import sys
 import textwrap
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import test_dpa_fp8_kv_scenario as dpa
 
+from bisector.builds.builder import NoBuild
 from bisector.compile_cache import first_start
+from bisector.engine.driver import RunContext
+from bisector.engine.judge import Judge, JudgeSpec
+from bisector.envs import EnvSettings
 from bisector.errors import UsageError
 from bisector.executor import local_slots
 from bisector.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
+from bisector.policies import BisectPolicy, Endpoints
 from bisector.process import Cancelled
+from bisector.search import Bisection
+from bisector.signatures import SignatureRule
+from bisector.steps import Handler
+from bisector.store import Execution, Store
+from bisector.world import WorldSettings
 from scenarios.base import Verdict
+from scenarios.command import CommandScenario
+from tests.fake_executor import TableExecutor
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 gpu_root, fake_python, records = dpa.gpu_root, dpa.fake_python, dpa.records  # the GPU scenario's fixtures
@@ -137,6 +151,55 @@ def test_an_end_that_tests_otherwise_stops_the_run_though_probes_ran_beside_it(c
     assert probes and probes <= set(shas[1:-1]) and probes <= stored  # moot ones were cancelled
     assert {role for _, role, _, _ in steps} == {"endpoint", "probe"}
     assert repo.snapshot() == before
+
+
+class BadEndLandsLast(TableExecutor):
+    """A table whose new end's step finishes only once another step has landed (`landed` is set), and whose bad
+    runs give signatures: the new end's `the fault`, any other commit's `crash in SHA`."""
+
+    def __init__(self, verdicts: dict[str, tuple[str, ...]], new_end: str):
+        super().__init__(verdicts, "skip", size=4)
+        self.new_end, self.landed = new_end, threading.Event()
+
+    def run_step(self, judge, sha: str, done: list) -> Future:
+        step = super().run_step(judge, sha, done)
+        if sha != self.new_end:
+            return step
+        later: Future = Future()
+        threading.Thread(target=lambda: (self.landed.wait(), later.set_result(step.result())), daemon=True).start()
+        return later
+
+    def _execute(self, sha: str) -> Execution:
+        signature = "the fault" if sha == self.new_end else f"crash in {sha}"
+        return dataclasses.replace(super()._execute(sha), signature=signature)
+
+
+@pytest.mark.unit
+def test_probes_beside_the_endpoints_wait_for_the_bad_ends_signature(tmp_path):
+    """--signature auto: the bad end's signature is the fault hunted. The probes beside the endpoints finish
+    first, each failing otherwise; they are judged once the bad end has landed: skips (a different failure),
+    not bad."""
+    shas = [f"c{i}" for i in range(9)]
+    executor = BadEndLandsLast({"c0": ("good",)}, "c8")
+    executor.default = "bad"
+    store = Store(tmp_path / "bisector.sqlite")
+    spec = JudgeSpec(CommandScenario(["true"]), NoBuild(), None, "python3", 1, SignatureRule.parse("auto"))
+    judge = Judge(spec, NoBuild().open(None, None), EnvSettings().open(tmp_path), WorldSettings().open(None, tmp_path))
+    ends = Endpoints("c0", "c8", "good", "bad", "c0", "c8")
+    commits = [(sha, (shas[i - 1],)) for i, sha in enumerate(shas) if i]
+
+    class Landed(Handler):
+        def tested(self, step, left, steps_left):
+            executor.landed.set()
+
+    with store.recording("bisect", "signature auto", {}) as record:
+        ctx = RunContext(store, judge, executor, record.id, Landed())
+        ctx.drive(BisectPolicy(Bisection(commits, "c8"), ends, executor.size, lambda sha: 1.0))
+        record.result = {}
+    probes = [step for step in ctx.steps if step.round == 0 and step.role == "probe"]
+    assert len(probes) == 4 and executor.asked[:2] == ["c0", "c8"]
+    assert judge.signature.learned == "the fault"
+    assert {(step.verdict, step.reason.split(":")[0]) for step in probes} == {("skip", "different failure")}
 
 
 def test_slots_across_gpus_each_name_their_gpu(cli, history, tmp_path):
