@@ -407,3 +407,40 @@ def test_a_performance_hunt_on_shared_slots_is_refused_before_anything_runs(cli,
         "with the timings; give --gpus without :N"]
     assert not (repo.path / "ran").exists() and not (tmp_path / "state").exists()
     assert repo.snapshot() == before
+
+
+# -- --plan's AITER line ------------------------------------------------------------------------------
+def python_with_torch(tmp_path: Path, name: str, hip: str | None) -> Path:
+    """An interpreter whose environment holds a torch (ROCm when hip is given, else CUDA) and no AITER."""
+    site = tmp_path / f"{name}-site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch/__init__.py").write_text("")
+    (site / "torch/version.py").write_text(f"hip = {hip!r}\ncuda = {None if hip else '12.8'!r}\n")
+    python = tmp_path / f"{name}-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_the_plan_says_aiter_is_unused_without_a_rocm_torch_as_the_run_finds(cli, repo_builder, tmp_path):
+    """--aiter installed (dpa-fp8-kv-graph-capture's default) on a CUDA torch: the run does not look at AITER,
+    and the plan says so, not that every step would skip; on a ROCm torch without the pin, a skip, as before."""
+    repo = repo_builder(tmp_path / "repo")
+    shas = [repo.commit(f"change {i}", {"docker/Dockerfile.rocm_base": 'ARG AITER_BRANCH="v0.1.13.post1"\n',
+                                        "state": "bad\n" if i >= 2 else "good\n"}) for i in range(4)]
+    cuda, rocm = python_with_torch(tmp_path, "cuda", None), python_with_torch(tmp_path, "rocm", "7.0.51831")
+
+    def run(python: Path, *options: str) -> dict:
+        out = tmp_path / f"{python.name}{'-plan' if options else ''}.json"
+        proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--aiter", "installed",
+                   "--python", str(python), "--state-dir", str(tmp_path / f"{python.name}-state"), *options,
+                   "--json", str(out), "--", "sh", "-c", "grep -q good state")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(out.read_text())
+
+    assert {probe["world"] for probe in run(cuda, "--plan")["probes"]} == {
+        "no ROCm torch: AITER unused (the commit pins v0.1.13.post1)"}
+    assert {probe["world"] for probe in run(rocm, "--plan")["probes"]} == {
+        "AITER must be the pin v0.1.13.post1: AITER not installed, commit pins v0.1.13.post1: skip"}
+    result = run(cuda)
+    assert result["culprit"]["sha"] == shas[2] and {step["verdict"] for step in result["steps"]} == {"good", "bad"}
