@@ -152,7 +152,7 @@ class BisectPolicy:
 
     def candidates_after(self, batch: Batch) -> tuple[tuple[str, ...], ...]:
         """The probes the round after batch would test, for each way its verdicts may fall (a probe round
-        of k commits in order: the first j old, the rest new, j = 0..k; an endpoint or merge-base round:
+        of k commits in order: the first j old, the rest new, j = 0..k; endpoints and merge bases:
         as expected), from a copy of the search: nothing here changes. For building ahead (engine.driver)."""
         if batch.commits and batch.commits[0][1] == "seed":
             return ()

@@ -354,17 +354,19 @@ def test_a_slot_cancelled_while_it_waits_for_the_first_start_stops_waiting(tmp_p
 def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
     repo, shas = history
     rounds, texts = {}, {}
-    for gpus in ("0", "0:4"):
+    for gpus, *verify in (("0",), ("0:4",), ("0:4", "--no-verify-endpoints")):
         plan = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--gpus", gpus, "--plan",
-                   "--state-dir", str(tmp_path / "plan-state"), "--json", str(tmp_path / "plan.json"),
+                   *verify, "--state-dir", str(tmp_path / "plan-state"), "--json", str(tmp_path / "plan.json"),
                    "--", "sh", "-c", "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
         assert plan.returncode == 0, plan.stderr
         planned = json.loads((tmp_path / "plan.json").read_text())
-        rounds[gpus], texts[gpus] = planned["rounds"], plan.stdout
+        asked = " ".join((gpus, *verify))
+        rounds[asked], texts[asked] = planned["rounds"], plan.stdout
         assert planned["slots"] == (4 if gpus == "0:4" else 1) and planned["rounds_one_slot"] == 5
         assert sum(probe["role"] == "probe 1" for probe in planned["probes"]) == planned["slots"]
-    # 18 commits to split: 5 halvings, or 2 rounds of fifths, the first of them beside the endpoints
-    assert rounds == {"0:4": 1, "0": 5}
+    # 18 commits to split: 5 halvings, or 2 rounds of fifths, the first of them beside the endpoints (without
+    # endpoints to verify, both after them)
+    assert rounds == {"0:4": 1, "0": 5, "0:4 --no-verify-endpoints": 2}
     assert "rounds: about 1 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
            "step's time" in " ".join(texts["0:4"].split())
     assert "rounds: about 5 after the endpoints with 1 slot; a round" in " ".join(texts["0"].split())
