@@ -90,7 +90,7 @@ class Endpoints:
 
 class SearchPolicy(Protocol):
     rerun: bool       # True: each step is one more execution, cached verdicts or not
-    rounds: int       # probe rounds so far
+    rounds: int       # rounds after the endpoint round so far
     confirmed: bool   # a seed pair settled the answer
 
     @property
@@ -104,7 +104,9 @@ class SearchPolicy(Protocol):
 
 
 class BisectPolicy:
-    """Deterministic k-way bisection: a seed pair (when seeded), endpoint checks, then probe rounds."""
+    """Deterministic k-way bisection: a seed pair (when seeded), endpoint checks (with the first probe round
+    beside them when the slots outnumber the endpoints), then probe rounds. `rounds` counts the rounds after
+    the endpoint round."""
 
     rerun = False
 
@@ -124,9 +126,11 @@ class BisectPolicy:
             landed = yield Batch(0, ((candidate, "seed"), (parent, "seed")))
             self.confirmed = self._settle_seed(candidate, parent, landed)
         if self.verify_endpoints and not self.confirmed:
-            landed = yield Batch(0, (*((old, "endpoint") for old in self.ends.olds), (self.ends.new, "endpoint")))
+            endpoints = tuple((sha, "endpoint") for sha in (*self.ends.olds, self.ends.new))
+            landed = yield Batch(0, (*endpoints, *((sha, "probe") for sha in self._probes_beside(endpoints))))
             for step in landed:
-                self.ends.check(step)
+                if step.role == "endpoint":
+                    self.ends.check(step)
         for base in self.ends.merge_bases:  # one at a time, as git does: a bad one ends the run
             landed = yield Batch(0, ((base, "merge base"),))
             for step in landed:
@@ -139,9 +143,16 @@ class BisectPolicy:
             probes = self.search.next_probes(self.size, cost=self.cost)
             yield Batch(self.rounds, tuple((sha, "probe") for sha in probes))
 
+    def _probes_beside(self, endpoints: tuple[tuple[str, str], ...]) -> list[str]:
+        """The first probe round's commits, tested in the endpoint round when there are more slots than
+        endpoints (the endpoints assumed to verify as the user said): that round then narrows the search too.
+        Should an endpoint test otherwise, the run stops all the same (EndpointError); the probes' verdicts
+        stay stored, true of their commits whatever the range."""
+        return self.search.next_probes(self.size, cost=self.cost) if self.size > len(endpoints) else []
+
     def candidates_after(self, batch: Batch) -> tuple[tuple[str, ...], ...]:
         """The probes the round after batch would test, for each way its verdicts may fall (a probe round
-        of k commits in order: the first j old, the rest new, j = 0..k; an endpoint or merge-base round:
+        of k commits in order: the first j old, the rest new, j = 0..k; endpoints and merge bases:
         as expected), from a copy of the search: nothing here changes. For building ahead (engine.driver)."""
         if batch.commits and batch.commits[0][1] == "seed":
             return ()

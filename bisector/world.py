@@ -280,9 +280,8 @@ class World:
         if pin is None:
             return PlannedWorld("no AITER pin (docker/Dockerfile.rocm_base): skip", (), "none: skipped")
         if self.settings.aiter == "installed":
-            problem = installed_against_pin(pin.ref, _installed_aiter(python))
-            return PlannedWorld(f"AITER must be the pin {pin.ref}: " + (f"{problem}: skip" if problem else "it is"),
-                                (), BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
+            return PlannedWorld(_planned_installed(pin.ref, python), (), BUILD_ESTIMATES.get(build, build),
+                                BUILD_MINUTES.get(build, (0, 0)))
         assert self.aiter is not None
         try:
             planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, python)
@@ -462,10 +461,15 @@ def _settings(settings: WorldSettings) -> WorldSettings:
     return settings
 
 
-def _installed_aiter(python: str) -> str | None:
+def _planned_installed(pin_ref: str, python: str) -> str:
+    """--aiter installed, in words, as a step will find it (World._installed): without a ROCm torch AITER is
+    unused; with one, the environment's AITER must be the commit's pin, else the step skips."""
     try:
-        versions = run_probe(python, ("amd-aiter", "aiter"))["versions"]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return versions["amd-aiter"] or versions["aiter"]
+        found = run_probe(python, ("amd-aiter", "aiter", "torch"))
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return f"cannot read the environment's AITER ({exc}): skip"
+    if found["torch"]["hip"] is None:
+        return f"no ROCm torch: AITER unused (the commit pins {pin_ref})"
+    problem = installed_against_pin(pin_ref, found["versions"]["amd-aiter"] or found["versions"]["aiter"])
+    return f"AITER must be the pin {pin_ref}: " + (f"{problem}: skip" if problem else "it is")
 

@@ -95,9 +95,10 @@ ROWS = {
     "the first commit": (History(17, 1), Expected("c1", 6, 6, 4)),
     "the last commit": (History(17, 16), Expected("c16", 6, 6, 4)),
     "one commit in the range": (History(2, 1), Expected("c1", 2, 2, 0, tested=("c0", "c1"))),
-    # --jobs 3: each round splits the candidates four ways (16 -> 4 -> 1); --jobs 2 three ways (16 -> 6 -> 2 -> 1)
+    # --jobs 3: each round splits the candidates four ways (16 -> 4 -> 1), the first beside the endpoints (more
+    # slots than endpoints); --jobs 2 three ways (16 -> 6 -> 2 -> 1), after the endpoints
     "k-way, 3 jobs": (History(17, 9, jobs=3),
-                      Expected("c9", 8, 8, 2, tested=("c0", "c16", "c4", "c8", "c12", "c9", "c10", "c11"))),
+                      Expected("c9", 8, 8, 1, tested=("c0", "c16", "c4", "c8", "c12", "c9", "c10", "c11"))),
     "k-way, 2 jobs": (History(17, 9, jobs=2), Expected("c9", 7, 7, 3, tested=("c0", "c16", "c5", "c11", "c7", "c9",
                                                                               "c8"))),
     # a skipped probe costs one more (its neighbour is probed instead); next to the change it stays in the answer
@@ -112,7 +113,12 @@ ROWS = {
                           Expected(None, 5, 5, 3, ("c1", "c2", "c3", "c4"))),
     # --find-fix: the old end is bad, the fix is the first good commit
     "find-fix": (History(17, 5, find_fix=True), Expected("c5", 6, 6, 4)),
-    "find-fix, 3 jobs": (History(17, 5, find_fix=True, jobs=3), Expected("c5", 8, 8, 2)),
+    "find-fix, 3 jobs": (History(17, 5, find_fix=True, jobs=3), Expected("c5", 8, 8, 1)),
+    # 30 commits, the change at c17 (the H200's planted-crash history): 4 slots test 4 probes beside the two
+    # endpoints, then one round of 4 (the probes after the endpoints took 2 rounds); one slot: 5 halvings
+    "30 commits, 4 slots": (History(30, 17, jobs=4), Expected("c17", 10, 10, 1, tested=(
+        "c0", "c29", "c6", "c12", "c17", "c23", "c13", "c14", "c15", "c16"))),
+    "30 commits, 1 slot": (History(30, 17), Expected("c17", 7, 7, 5)),
     # --repeat 3: a good verdict needs three clean runs (c0, c2, c3), a fault in any run is bad at once (c8, c4
     # fault on their second): 3 + 2 + 2 + 3 + 3 executions
     "repeat catches a commit that faults on its second run":
@@ -135,7 +141,13 @@ def test_the_answer_and_its_cost(history, expected, tmp_path):
     assert sum(executor.runs.values()) == ctx.executions and len(executor.asked) == len(ctx.steps)
     if expected.tested is not None:
         assert tuple(executor.asked) == expected.tested
-    assert [step.role for step in ctx.steps[:2]] == ["endpoint", "endpoint"]
+    first_round = sorted(step.role for step in ctx.steps if step.round == 0)
+    assert first_round == ["endpoint", "endpoint"] + ["probe"] * beside_the_endpoints(history)
+
+
+def beside_the_endpoints(history: History) -> int:
+    """The probes the endpoint round tests: the first probe round's, when the slots outnumber the endpoints."""
+    return history.jobs if history.jobs > 2 and history.commits > 2 else 0
 
 
 PROBED = {name: row for name, row in ROWS.items() if row[1].steps > 2}  # rows with a step after the endpoints
@@ -143,16 +155,17 @@ PROBED = {name: row for name, row in ROWS.items() if row[1].steps > 2}  # rows w
 
 @pytest.mark.parametrize("history, expected", PROBED.values(), ids=PROBED.keys())
 def test_an_interrupted_run_resumes_from_its_verdicts(history, expected, tmp_path):
-    """Ctrl-C after the endpoints: the rerun is served what the first run decided, runs only the rest, and
+    """Ctrl-C after the endpoint round: the rerun is served what the first run decided, runs only the rest, and
     answers the same at the same total cost."""
     store = Store(tmp_path / "bisector.sqlite")
-    first, _, _ = run(history, store, interrupt_at=2)
-    assert [step.role for step in first.steps] == ["endpoint", "endpoint"]
+    served = 2 + beside_the_endpoints(history)
+    first, _, _ = run(history, store, interrupt_at=served)
+    assert sorted(step.role for step in first.steps) == ["endpoint", "endpoint"] + ["probe"] * (served - 2)
     again, executor, policy = run(history, store)
     assert policy.answer()[0].first_new == expected.first
-    assert [step.cached for step in again.steps] == [True, True] + [False] * (expected.steps - 2)
+    assert [step.cached for step in again.steps] == [True] * served + [False] * (expected.steps - served)
     assert first.executions + again.executions == expected.executions
-    assert sorted(executor.asked) == sorted(step.sha for step in again.steps[2:])
+    assert sorted(executor.asked) == sorted(step.sha for step in again.steps[served:])
 
 
 ALTERNATING = ("good", "bad") * 20  # a commit with the fault faults on every second run

@@ -1,22 +1,36 @@
 """Several slots on one GPU (--gpus 0:4), builds ahead of need (--build-ahead), the first engine start warming
 the compile cache alone: on built histories, through the real CLI, with a GPU-shaped stand-in scenario (a
 command, which wants one GPU per step) that records the environment each step saw."""
+import dataclasses
 import json
 import sqlite3
 import sys
 import textwrap
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import test_dpa_fp8_kv_scenario as dpa
 
+from bisector.builds.builder import NoBuild
 from bisector.compile_cache import first_start
+from bisector.engine.driver import RunContext
+from bisector.engine.judge import Judge, JudgeSpec
+from bisector.envs import EnvSettings
 from bisector.errors import UsageError
 from bisector.executor import local_slots
 from bisector.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
+from bisector.policies import BisectPolicy, Endpoints
 from bisector.process import Cancelled
+from bisector.search import Bisection
+from bisector.signatures import SignatureRule
+from bisector.steps import Handler
+from bisector.store import Execution, Store
+from bisector.world import WorldSettings
 from scenarios.base import Verdict
+from scenarios.command import CommandScenario
+from tests.fake_executor import TableExecutor
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 gpu_root, fake_python, records = dpa.gpu_root, dpa.fake_python, dpa.records  # the GPU scenario's fixtures
@@ -102,6 +116,90 @@ def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path)
     roles = [role_of(words) for words in asked]
     assert roles[:6] == ["(endpoint)"] * 2 + ["(probe)"] * 4
     assert [role_of(words) for words in asked_one].count("(probe)") == one["rounds"]  # one a round
+
+
+def test_the_first_probe_round_runs_beside_the_endpoints(cli, history, tmp_path):
+    """4 slots, 2 endpoints: the endpoint round tests the first round's 4 probes too, so one round fewer
+    follows it; --no-verify-endpoints gives the slots to probes from the start, as before."""
+    repo, shas = history
+    result, _, asked = bisect(cli, history, tmp_path, "beside", "--gpus", "0:4")
+    assert [role_of(words) for words in asked[:6]] == ["(endpoint)"] * 2 + ["(probe)"] * 4  # launched at once
+    first = [step["role"] for step in result["steps"] if step["round"] == 0]  # landed (moot probes are cancelled)
+    assert first.count("endpoint") == 2 and first.count("probe") >= 1
+    assert result["culprit"]["sha"] == shas[11] and result["rounds"] == 1
+    unverified, _, asked = bisect(cli, history, tmp_path, "unverified", "--gpus", "0:4", "--no-verify-endpoints")
+    assert unverified["culprit"]["sha"] == shas[11]
+    assert "(endpoint)" not in {role_of(words) for words in asked}
+    assert {step["round"] for step in unverified["steps"]} == set(range(1, unverified["rounds"] + 1))
+
+
+def test_an_end_that_tests_otherwise_stops_the_run_though_probes_ran_beside_it(cli, repo_builder, tmp_path):
+    """The bad end tests good: exit 3 as before; the probes of its round are stored, verdicts of their commits."""
+    repo = repo_builder(tmp_path / "repo")
+    shas = repo.linear(9, bad_from=None)
+    before = repo.snapshot()
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--gpus", "0:4", "--", "sh", "-c", "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"bisector: error: endpoint check failed: bad {shas[-1]} ({shas[-1][:12]}) tested good, not bad")
+    with sqlite3.connect(state / "bisector.sqlite") as db:
+        steps = db.execute("SELECT sha, role, round, verdict FROM steps").fetchall()
+        stored = {sha for (sha,) in db.execute("SELECT sha FROM executions WHERE verdict = 'good'")}
+    probes = {sha for sha, role, round_no, verdict in steps if role == "probe" and round_no == 0 and verdict == "good"}
+    assert probes and probes <= set(shas[1:-1]) and probes <= stored  # moot ones were cancelled
+    assert {role for _, role, _, _ in steps} == {"endpoint", "probe"}
+    assert repo.snapshot() == before
+
+
+class BadEndLandsLast(TableExecutor):
+    """A table whose new end's step finishes only once another step has landed (`landed` is set), and whose bad
+    runs give signatures: the new end's `the fault`, any other commit's `crash in SHA`."""
+
+    def __init__(self, verdicts: dict[str, tuple[str, ...]], new_end: str):
+        super().__init__(verdicts, "skip", size=4)
+        self.new_end, self.landed = new_end, threading.Event()
+
+    def run_step(self, judge, sha: str, done: list) -> Future:
+        step = super().run_step(judge, sha, done)
+        if sha != self.new_end:
+            return step
+        later: Future = Future()
+        threading.Thread(target=lambda: (self.landed.wait(), later.set_result(step.result())), daemon=True).start()
+        return later
+
+    def _execute(self, sha: str) -> Execution:
+        signature = "the fault" if sha == self.new_end else f"crash in {sha}"
+        return dataclasses.replace(super()._execute(sha), signature=signature)
+
+
+@pytest.mark.unit
+def test_probes_beside_the_endpoints_wait_for_the_bad_ends_signature(tmp_path):
+    """--signature auto: the bad end's signature is the fault hunted. The probes beside the endpoints finish
+    first, each failing otherwise; they are judged once the bad end has landed: skips (a different failure),
+    not bad."""
+    shas = [f"c{i}" for i in range(9)]
+    executor = BadEndLandsLast({"c0": ("good",)}, "c8")
+    executor.default = "bad"
+    store = Store(tmp_path / "bisector.sqlite")
+    spec = JudgeSpec(CommandScenario(["true"]), NoBuild(), None, "python3", 1, SignatureRule.parse("auto"))
+    judge = Judge(spec, NoBuild().open(None, None), EnvSettings().open(tmp_path), WorldSettings().open(None, tmp_path))
+    ends = Endpoints("c0", "c8", "good", "bad", "c0", "c8")
+    commits = [(sha, (shas[i - 1],)) for i, sha in enumerate(shas) if i]
+
+    class Landed(Handler):
+        def tested(self, step, left, steps_left):
+            executor.landed.set()
+
+    with store.recording("bisect", "signature auto", {}) as record:
+        ctx = RunContext(store, judge, executor, record.id, Landed())
+        ctx.drive(BisectPolicy(Bisection(commits, "c8"), ends, executor.size, lambda sha: 1.0))
+        record.result = {}
+    probes = [step for step in ctx.steps if step.round == 0 and step.role == "probe"]
+    assert len(probes) == 4 and executor.asked[:2] == ["c0", "c8"]
+    assert judge.signature.learned == "the fault"
+    assert {(step.verdict, step.reason.split(":")[0]) for step in probes} == {("skip", "different failure")}
 
 
 def test_slots_across_gpus_each_name_their_gpu(cli, history, tmp_path):
@@ -256,17 +354,20 @@ def test_a_slot_cancelled_while_it_waits_for_the_first_start_stops_waiting(tmp_p
 def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
     repo, shas = history
     rounds, texts = {}, {}
-    for gpus in ("0", "0:4"):
+    for gpus, *verify in (("0",), ("0:4",), ("0:4", "--no-verify-endpoints")):
         plan = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--gpus", gpus, "--plan",
-                   "--state-dir", str(tmp_path / "plan-state"), "--json", str(tmp_path / "plan.json"),
+                   *verify, "--state-dir", str(tmp_path / "plan-state"), "--json", str(tmp_path / "plan.json"),
                    "--", "sh", "-c", "grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
         assert plan.returncode == 0, plan.stderr
         planned = json.loads((tmp_path / "plan.json").read_text())
-        rounds[gpus], texts[gpus] = planned["rounds"], plan.stdout
+        asked = " ".join((gpus, *verify))
+        rounds[asked], texts[asked] = planned["rounds"], plan.stdout
         assert planned["slots"] == (4 if gpus == "0:4" else 1) and planned["rounds_one_slot"] == 5
         assert sum(probe["role"] == "probe 1" for probe in planned["probes"]) == planned["slots"]
-    assert rounds == {"0:4": 2, "0": 5}  # 18 commits to split: 5 halvings, or 2 rounds of fifths
-    assert "rounds: about 2 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
+    # 18 commits to split: 5 halvings, or 2 rounds of fifths, the first of them beside the endpoints (without
+    # endpoints to verify, both after them)
+    assert rounds == {"0:4": 1, "0": 5, "0:4 --no-verify-endpoints": 2}
+    assert "rounds: about 1 after the endpoints with 4 slots (one slot: about 5); a round takes about one " \
            "step's time" in " ".join(texts["0:4"].split())
     assert "rounds: about 5 after the endpoints with 1 slot; a round" in " ".join(texts["0"].split())
     for gpus in ("0:4", "0"):  # the estimate is what the search needs at most
@@ -308,3 +409,40 @@ def test_a_performance_hunt_on_shared_slots_is_refused_before_anything_runs(cli,
         "with the timings; give --gpus without :N"]
     assert not (repo.path / "ran").exists() and not (tmp_path / "state").exists()
     assert repo.snapshot() == before
+
+
+# -- --plan's AITER line ------------------------------------------------------------------------------
+def python_with_torch(tmp_path: Path, name: str, hip: str | None) -> Path:
+    """An interpreter whose environment holds a torch (ROCm when hip is given, else CUDA) and no AITER."""
+    site = tmp_path / f"{name}-site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch/__init__.py").write_text("")
+    (site / "torch/version.py").write_text(f"hip = {hip!r}\ncuda = {None if hip else '12.8'!r}\n")
+    python = tmp_path / f"{name}-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_the_plan_says_aiter_is_unused_without_a_rocm_torch_as_the_run_finds(cli, repo_builder, tmp_path):
+    """--aiter installed (dpa-fp8-kv-graph-capture's default) on a CUDA torch: the run does not look at AITER,
+    and the plan says so, not that every step would skip; on a ROCm torch without the pin, a skip, as before."""
+    repo = repo_builder(tmp_path / "repo")
+    shas = [repo.commit(f"change {i}", {"docker/Dockerfile.rocm_base": 'ARG AITER_BRANCH="v0.1.13.post1"\n',
+                                        "state": "bad\n" if i >= 2 else "good\n"}) for i in range(4)]
+    cuda, rocm = python_with_torch(tmp_path, "cuda", None), python_with_torch(tmp_path, "rocm", "7.0.51831")
+
+    def run(python: Path, *options: str) -> dict:
+        out = tmp_path / f"{python.name}{'-plan' if options else ''}.json"
+        proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--aiter", "installed",
+                   "--python", str(python), "--state-dir", str(tmp_path / f"{python.name}-state"), *options,
+                   "--json", str(out), "--", "sh", "-c", "grep -q good state")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(out.read_text())
+
+    assert {probe["world"] for probe in run(cuda, "--plan")["probes"]} == {
+        "no ROCm torch: AITER unused (the commit pins v0.1.13.post1)"}
+    assert {probe["world"] for probe in run(rocm, "--plan")["probes"]} == {
+        "AITER must be the pin v0.1.13.post1: AITER not installed, commit pins v0.1.13.post1: skip"}
+    result = run(cuda)
+    assert result["culprit"]["sha"] == shas[2] and {step["verdict"] for step in result["steps"]} == {"good", "bad"}

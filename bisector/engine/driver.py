@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass
+from functools import partial
 from itertools import zip_longest
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE
@@ -124,12 +125,25 @@ class RunContext:
         assert decided is not None, "Judge.test returned executions that settle no verdict"
         return decided
 
+    def _served(self, sha: str, done: list[Execution]) -> list[Execution]:
+        """sha's verdict given by hand, else the one its stored runs settle (decided when it lands)."""
+        hit = self.marks.get(sha) or self.judge.decide(done)
+        assert hit is not None, "a served verdict no longer settles"
+        return [hit]
+
+    def _settled(self, done: list[Execution], fresh: list[Execution]) -> list[Execution]:
+        return [self._decided(done + fresh)]
+
     def run_round(self, batch: Batch, policy: SearchPolicy) -> list[Step]:
         """Judge a batch concurrently; record each as it lands; cancel steps the policy no longer wants.
 
-        With `policy.rerun` every commit gets one more execution, cache or not (--flaky's evidence).
+        With `policy.rerun` every commit gets one more execution, cache or not (--flaky's evidence). With
+        --signature auto still to learn, the round's other steps are judged once its endpoints have landed
+        (the bad end's signature says which failures count).
         """
         landed: list[Step] = []
+        held: list[tuple[str, str, Callable[[], list[Execution]], bool]] = []  # waiting for the endpoints
+        endpoints_due = sum(role == "endpoint" for _, role in batch.commits)
 
         def land(sha: str, role: str, execution: Execution, cached: bool) -> None:
             if execution.verdict == Verdict.BAD and not execution.manual and \
@@ -140,12 +154,32 @@ class RunContext:
             policy.observe(step)
             self.handler.tested(step, *policy.progress())
 
+        def arrive(sha: str, role: str, judged: Callable[[], list[Execution]], cached: bool) -> None:
+            """Land a finished step's verdicts (judged: decided now), or hold them until the endpoints land."""
+            nonlocal endpoints_due
+            rule = self.judge.signature
+            if role != "endpoint" and endpoints_due and rule.mode == "auto" and rule.learned is None:
+                held.append((sha, role, judged, cached))
+                return
+            for execution in judged():
+                land(sha, role, execution, cached)
+            if role == "endpoint":
+                endpoints_due -= 1
+                if not endpoints_due:
+                    release()
+
+        def release() -> None:
+            while held:
+                sha, role, judged, cached = held.pop(0)
+                for execution in judged():
+                    land(sha, role, execution, cached)
+
         futures = {}
         for sha, role in batch.commits:
             done = [] if policy.rerun else self.history(sha)
             hit = self.marks.get(sha) or (None if policy.rerun else self.judge.decide(done))
             if hit is not None:  # a verdict given by hand is used, not tested (and not a cached one)
-                land(sha, role, hit, not hit.manual)
+                arrive(sha, role, partial(self._served, sha, done), not hit.manual)
                 continue
             self.handler.testing(sha, role)
             futures[self.executor.run_step(self.judge, sha, done)] = (sha, role, done)
@@ -159,13 +193,13 @@ class RunContext:
                     fresh = self.record(future.result())
                 except (Cancelled, CancelledError):
                     continue
-                for execution in fresh if policy.rerun else [self._decided(done + fresh)]:
-                    land(sha, role, execution, False)
+                arrive(sha, role, partial(list, fresh) if policy.rerun else partial(self._settled, done, fresh), False)
             for future, (sha, _, _) in futures.items():
                 if future not in cancelled and not policy.wants(sha):
                     cancelled.add(future)
                     self.executor.cancel(future)
                     self.handler.cancelled(sha)
+        release()  # an endpoint cancelled or stopped short: what waited for it lands now
         return landed
 
     def _build_next(self, batch: Batch, policy: SearchPolicy) -> None:

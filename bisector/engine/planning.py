@@ -89,11 +89,12 @@ def plan_bisection(cfg: RunConfig) -> Plan:
             branch.record(first[0], term)
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
+    beside = bool(cfg.verify_endpoints and first and slots > len(ends.olds) + 1)  # the first probes, with the ends
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
                 imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
                 skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world), slots=slots,
-                rounds=expected_rounds(first_search.testable_mask.bit_count(), slots),
+                rounds=expected_rounds(first_search.testable_mask.bit_count(), slots) - beside,
                 rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
                 names=asked.repo.names([probe.sha for probe in probes]),
                 pin_levels=planned_levels(cfg, asked) if cfg.follow_pins else ())
