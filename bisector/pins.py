@@ -98,10 +98,11 @@ def version_key(tag: str) -> tuple | None:
     return tuple(int(part) for part in match[1].split(".")) + ((int(post[1] or 0) + 1) if post else 0,)
 
 
-def continuation_argv(change: PinChange, vllm_repo: str, vllm_commit: str, dependency_repo: str,
+def continuation_argv(change: PinChange, held: tuple[str, str], dependency_repo: str,
                       options: dict[str, str] | None = None, find_fix: bool = False,
                       perf: PerfSettings | None = None) -> list[str]:
-    """The `bisector run` that continues inside the dependency with vLLM held at vllm_commit: the
+    """The `bisector run` that continues inside the dependency with vLLM held (held: vLLM's repository and
+    the commit it is held at): the
     dependency's repository is bisected between the two pins, and the probe loads each dependency
     commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`); a performance hunt's
     continuation measures the same metric the same way (perf: its --metric options). Both pins must be
@@ -110,6 +111,7 @@ def continuation_argv(change: PinChange, vllm_repo: str, vllm_commit: str, depen
     if old is None or new is None:
         raise ValueError(f"{change.name} is pinned on one side only ({old} → {new}): no range to continue in")
     good, bad = (new, old) if find_fix else (old, new)
+    vllm_repo, vllm_commit = held
     argv: list[str] = ["bisector", "run", "--repo", dependency_repo, "--good", good, "--bad", bad,
             "--scenario", "aiter-mla-probe", "--option", f"vllm_repo={vllm_repo}",
             "--option", f"vllm_ref={vllm_commit}"]

@@ -171,7 +171,7 @@ def test_version_key_orders_post_releases_and_drops_release_candidates():
 
 def test_continuation_command_holds_vllm_and_bisects_aiter():
     change = PinChange(name="aiter", old="v1.0", new="v2.0")
-    assert pins.continuation_argv(change, "/src/vllm", "abc123", "/src/aiter", {"arch": "gfx950"}, find_fix=True) == [
+    assert pins.continuation_argv(change, ("/src/vllm", "abc123"), "/src/aiter", {"arch": "gfx950"}, find_fix=True) == [
         "bisector", "run", "--find-fix", "--repo", "/src/aiter", "--good", "v2.0", "--bad", "v1.0", "--scenario",
         "aiter-mla-probe", "--option", "vllm_repo=/src/vllm", "--option", "vllm_ref=abc123", "--option",
         "arch=gfx950"]

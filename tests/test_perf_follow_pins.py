@@ -58,9 +58,9 @@ def test_a_slowdown_from_a_pin_bump_is_hunted_inside_aiter(tmp_path):
 def test_the_continuation_printed_for_running_the_aiter_level_by_hand_keeps_the_metric_options():
     change = PinChange(name="aiter", old="v1.0", new="v2.0")
     settings = PerfSettings("decode_tok_s", Direction.HIGHER, min_change=0.05, warmup=1, max_samples=12)
-    assert pins.continuation_argv(change, "/src/vllm", "abc123", "/src/aiter", {"check": "perf"}, perf=settings) == [
+    assert pins.continuation_argv(change, ("/src/vllm", "abc123"), "/src/aiter", {"check": "perf"}, perf=settings) == [
         "bisector", "run", "--repo", "/src/aiter", "--good", "v1.0", "--bad", "v2.0", "--scenario", "aiter-mla-probe",
         "--option", "vllm_repo=/src/vllm", "--option", "vllm_ref=abc123", "--option", "check=perf",
         "--metric", "decode_tok_s", "--higher-is-better", "--min-change", "5", "--warmup", "1", "--max-samples", "12"]
-    either_way = pins.continuation_argv(change, "/src/vllm", "abc123", "/src/aiter", perf=PerfSettings("ttft_ms"))
+    either_way = pins.continuation_argv(change, ("/src/vllm", "abc123"), "/src/aiter", perf=PerfSettings("ttft_ms"))
     assert either_way[-8:] == ["--metric", "ttft_ms", "--min-change", "1", "--warmup", "0", "--max-samples", "20"]

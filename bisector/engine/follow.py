@@ -50,7 +50,7 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     if change is None or change.old is None or change.new is None:
         return change  # pinned on one side only: no range inside the dependency to continue in
     follow = scenario_follow_up(cfg.scenario, change.name) or FollowUp()
-    argv = continuation_argv(change, str(repo.root), culprit, _dependency_source(repo, culprit, change.name, follow),
+    argv = continuation_argv(change, (str(repo.root), culprit), _dependency_source(repo, culprit, change.name, follow),
                              dict(follow.options), cfg.find_fix, cfg.perf)
     return dataclasses.replace(change, continuation=shlex.join(argv))
 
