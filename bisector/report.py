@@ -112,15 +112,16 @@ def _command_line(result: Result) -> str | None:
 
 
 @published
-def run_line(row: Mapping) -> str:
-    """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer."""
+def run_line(row: Mapping, names: Mapping[str, str] | None = None) -> str:
+    """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer.
+    names (sha -> tag or branch) name the commits of a run with no result yet (its result's names otherwise)."""
     run = StoredRun.from_row(row)
     params, result = run.params, run.result
+    names = result.names if result else names or {}
     if run.kind == "backport":
-        span = f"fix {(params.fix or '')[:12]} on {' '.join(params.globs)}"
+        span = f"fix {named(params.fix or '', names)} on {' '.join(params.globs)}"
         answer = _backport_summary(result) if isinstance(result, BackportResult) else "-"
     else:
-        names = result.names if isinstance(result, BisectResult) else {}
         span = f"{_short_ends(params.good, names)}..{_short_ends(params.bad, names)}"
         answer = _run_answer(result) if isinstance(result, BisectResult) else "-"
         if params.parent_run is not None:

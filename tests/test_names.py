@@ -4,8 +4,11 @@ the same commit counts in every format (item 7). Real repositories, the real CLI
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -239,3 +242,24 @@ def test_backport_reports_name_the_fix_and_the_tips_from_the_stored_result(relea
     picked = {entry["branch"]: entry["picked"] for entry in record["branches"]}
     assert all(picked.values()) and f"picked: {picked['rel/plain']}" in outs["rel/plain"].splitlines()
     assert record["names"] == {fix: "v1.1", tips["rel/tagged"]: "v1.0.1", tips["rel/plain"]: "rel/plain"}
+
+
+def test_runs_names_the_ends_of_a_run_still_going(tagged, tmp_path, git_env, project_root, wait_for):
+    """A run with no result yet: `runs` names its ends from the repository, as a finished run's result does."""
+    repo, shas = tagged
+    state, started, release = tmp_path / "state", tmp_path / "started", tmp_path / "release"
+    env = {**os.environ, **git_env, "PYTHONPATH": str(project_root)}
+    hold = f"touch '{started}'; while [ ! -e '{release}' ]; do sleep 0.05; done; grep -q good state"
+    going = subprocess.Popen([sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", "v1.0",
+                              "--bad", "main", "--state-dir", str(state), "--", "sh", "-c", hold],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(started.exists)
+        runs = subprocess.run([sys.executable, "-m", "bisector.cli", "runs", "--repo", str(repo.path),
+                               "--state-dir", str(state)], env=env, capture_output=True, text=True, timeout=120)
+        assert runs.returncode == 0, runs.stderr
+        [line] = runs.stdout.splitlines()
+        assert " running " in line and f"  {shas[0][:12]} (v1.0)..{shas[7][:12]} (main)  -  $ " in line
+    finally:
+        release.touch()
+        assert going.wait(timeout=120) == 0

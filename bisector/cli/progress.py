@@ -83,7 +83,8 @@ class ProgressHandler(Handler):
 
     def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None:
         self.start, self.logs = time.monotonic(), logs
-        console.print(f"calibrating: {counted(runs, 'run')} of each end, bad {bad[:12]} and good {good[:12]}")
+        console.print(f"calibrating: {counted(runs, 'run')} of each end, bad {self._named(bad)} and good "
+                      f"{self._named(good)}")
         self._begin()
 
     def _begin(self) -> None:

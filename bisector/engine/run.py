@@ -328,6 +328,7 @@ def calibrate(repo_path: Path, ends: tuple[str, str], spec: JudgeSpec, runs: int
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
     policy = CalibratePolicy(good_sha, bad_sha, runs)
     with single_commit_context(repo, state_dir, keyed_on_environment(spec), handler=handler) as (ctx, logs):
+        ctx.handler.named(repo.names([good_sha, bad_sha]))
         ctx.handler.calibrating(good_sha, bad_sha, runs, logs)
         ctx.drive(policy)
     learned = spec.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
