@@ -48,7 +48,8 @@ def test_every_format_runs_plan_and_progress_name_the_commits(tagged, tmp_path, 
                "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     assert f"{shas[0][:12]} (v1.0) good" in proc.stderr and f"{shas[7][:12]} (main) bad" in proc.stderr
-    assert f"testing {shas[0][:12]} (v1.0) (endpoint)" in proc.stderr
+    assert f"  testing {shas[0][:12]} (v1.0), endpoint …" in proc.stderr.splitlines()
+    assert f"  testing {shas[3][:12]} (v1.1~3), probe …" in proc.stderr.splitlines()
     assert f"first bad commit: {shas[4]} (v1.1~2)" in proc.stdout
     plan = cli("run", "--repo", str(repo.path), "--good", "v1.0", "--bad", "main", "--state-dir", str(state),
                "--plan", "--", *state_is_good)

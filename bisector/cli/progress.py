@@ -97,7 +97,7 @@ class ProgressHandler(Handler):
 
     def testing(self, sha: str, role: str) -> None:
         self.running[sha] = time.monotonic()
-        console.print(f"  testing {self._named(sha)} ({role}) …", style="dim")
+        console.print(f"  testing {self._named(sha)}, {role} …", style="dim")
 
     def tested(self, step: Step, left: int, steps_left: int) -> None:
         self.running.pop(step.sha, None)
