@@ -87,6 +87,13 @@ class ProgressHandler(Handler):
                       f"{self._named(good)}")
         self._begin()
 
+    def judging(self, sha: str, logs: Path) -> None:
+        """`scenario run`: its one commit, heard from while it runs as a step is."""
+        self.start, self.logs = time.monotonic(), logs
+        console.print(f"judging {self._named(sha)} …")
+        self._begin()
+        self.running[sha] = time.monotonic()
+
     def _begin(self) -> None:
         """The notes and the heartbeat, once per command (--prefilter and --follow-pins levels start several runs)."""
         self.runs += 1
