@@ -3,7 +3,10 @@
 First the fix's parent (and the fix) at each --option value: a parent that is already good there means
 the fix is not exercised at that value. Then per branch and value: contains -> before -> pick -> after ->
 verdict. Picks happen in tool-owned detached
-worktrees; the user's branches only change with create_branches (a new backport/... branch).
+worktrees; the user's branches only change with create_branches (a new backport/... branch). With follow_pins,
+a branch whose tip tests unlike its neighbour's and pins AITER elsewhere gets the AITER commit that changes it: a
+level inside AITER between the two pins, the tip held (engine.follow), or an earlier backport's answer to the
+same question.
 """
 from __future__ import annotations
 
@@ -17,9 +20,11 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from bisector.builds.builder import NoBuild
+from bisector.engine.config import RunConfig
 from bisector.engine.driver import CacheUse, RunContext
+from bisector.engine.follow import follow_branch_pin, levels_answer
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
-from bisector.engine.run import run_logs
+from bisector.engine.run import run_bisection, run_logs
 from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
@@ -28,9 +33,9 @@ from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_eq
 from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BackportBranch, BackportResult, BranchEntry, FixCheck
+from bisector.results import BackportBranch, BackportResult, BranchEntry, BranchLevel, FixCheck, PinChange
 from bisector.seams import BuildConfig, Scenario
-from bisector.store import Execution
+from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
 from bisector.world import WorldSettings
 
@@ -60,6 +65,7 @@ class BackportConfig:
     command_line: Sequence[str] = ()
     envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
+    follow_pins: bool = False  # name the AITER commit where a branch's verdict flips with its neighbour's pin
 
 
 @runtime_checkable
@@ -241,10 +247,76 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     executions=sum(ctx.executions for _, ctx in contexts if ctx), resumed_from=run.resumed_from)
                 result = dataclasses.replace(result, names=repo.names(result.shown()))
                 run.result = result.to_json()
-            return result
         finally:
             GROUPS.stop()
             executor.shutdown()
+    if cfg.follow_pins and judges:
+        columns = {label: (scenario, each.key) for (label, scenario), (_, each) in zip(values, judges) if scenario}
+        return _follow_pins(cfg, result, state_dir, columns)
+    return result
+
+
+def pin_flips(neighbour: BranchEntry, entry: BranchEntry) -> bool:
+    """Whether entry's tip tests unlike its neighbour's (good against bad) and pins AITER elsewhere: then the
+    flip may be AITER's doing, and --follow-pins looks inside AITER for it."""
+    verdicts = {neighbour.before, entry.before}
+    return verdicts == {"good", "bad"} and bool(neighbour.pin and entry.pin) and neighbour.pin != entry.pin
+
+
+def _follow_pins(cfg: BackportConfig, result: BackportResult, state_dir: Path,
+                 columns: dict[str, tuple[Scenario, str]]) -> BackportResult:
+    """Each branch whose verdict flips with its neighbour's AITER pin (the branch before it, at the same
+    --option value) gets the AITER commit that changes it; the run's record is updated to say so."""
+    entries = list(result.branches)
+    with Store(state_dir / "bisector.sqlite") as store:
+        earlier = {} if cfg.no_cache else _earlier_levels(store)
+    for value, (scenario, key) in columns.items():
+        at = [n for n, entry in enumerate(entries) if entry.options == value]
+        for before, n in zip(at, at[1:]):
+            if pin_flips(entries[before], entries[n]):
+                base = RunConfig(repo=Path(result.repo or cfg.repo), good=entries[n].tip, bad=entries[n].tip,
+                                 scenario=scenario, find_fix=entries[before].before == "bad", timeout=cfg.timeout,
+                                 state_dir=state_dir, repeat=cfg.repeat, python=cfg.python, log_limit=cfg.log_limit,
+                                 no_cache=cfg.no_cache, reuse_verdicts=cfg.reuse_verdicts,
+                                 command_line=cfg.command_line, world=cfg.world)
+                level = _branch_level(base, entries[before], entries[n], key, result.run_id, earlier)
+                entries[n] = dataclasses.replace(entries[n], pin_level=level)
+    followed = dataclasses.replace(result, branches=tuple(entries))
+    with Store(state_dir / "bisector.sqlite") as store:
+        store.update_result(result.run_id, followed.to_json())
+    return followed
+
+
+def _branch_level(base: RunConfig, neighbour: BranchEntry, entry: BranchEntry, judge_key: str, parent: int,
+                  earlier: dict[str, BranchLevel]) -> BranchLevel:
+    """The levels inside AITER from the neighbour's pin to entry's, entry's tip held (base.find_fix when the
+    neighbour's tip is bad), or an earlier backport's answer to the same question."""
+    assert neighbour.pin and entry.pin
+    question = hashlib.sha256(json.dumps([str(base.repo), entry.tip, "aiter", neighbour.pin, entry.pin, judge_key,
+                                          base.find_fix, base.repeat]).encode()).hexdigest()
+    if question in earlier:
+        return dataclasses.replace(earlier[question], neighbour=neighbour.branch, reused=True)
+    change = PinChange(name="aiter", old=neighbour.pin, new=entry.pin)
+    levels, notes = follow_branch_pin(base, change, entry.tip, parent, run_bisection)
+    culprit, answer = levels_answer(levels, notes)
+    return BranchLevel(neighbour=neighbour.branch, dependency="aiter", old=neighbour.pin, new=entry.pin,
+                       mode="find-fix" if base.find_fix else "regression", question=question,
+                       runs=tuple(level.run_id for level in levels), culprit=culprit, answer=answer)
+
+
+def _earlier_levels(store: Store) -> dict[str, BranchLevel]:
+    """The levels earlier backports ran, by the question they answer (the newest answer of each), when every
+    level run of it finished."""
+    found: dict[str, BranchLevel] = {}
+    for row in store.runs():
+        if row["kind"] != "backport" or row["status"] != "finished" or not row["result"]:
+            continue
+        for data in json.loads(row["result"]).get("branches", ()):
+            level = BranchLevel.from_json(data["pin_level"]) if data.get("pin_level") else None
+            if level and level.runs and all((run := store.run(number)) is not None and run["status"] == "finished"
+                                            for number in level.runs):
+                found[level.question] = dataclasses.replace(level, reused=False)
+    return found
 
 
 class _BranchChecker:

@@ -198,6 +198,12 @@ class PerfSettings:
         judged (direction, minimum change, warm-up, caps) is applied to them afresh on every run."""
         return {"metric": self.metric}
 
+    def cli_args(self) -> list[str]:
+        """These settings as `bisector run` options (a continuation command printed for running by hand)."""
+        direction = [] if self.direction is Direction.ANY else [f"--{self.direction}"]
+        return ["--metric", self.metric, *direction, "--min-change", f"{self.min_change * 100:g}",
+                "--warmup", str(self.warmup), "--max-samples", str(self.max_samples)]
+
     def to_json(self) -> dict:
         return {"metric": self.metric, "direction": str(self.direction), "min_change": self.min_change,
                 "warmup": self.warmup, "max_samples": self.max_samples}

@@ -1,12 +1,14 @@
 """A performance hunt in reports: the change in words ("tok_s 10,340 → 9,410 (−9.0 %, 95 % CI −10.1 … −7.8 %,
 p = 2e-6)"), a line per tested commit, and an SVG plot of the metric per tested commit in history order
-(median and spread, coloured by verdict, the culprit marked). Reads the result's `perf` record
-(policies.PerfPolicy.record); hand-written SVG, no plotting library."""
+(median and spread, coloured by verdict, the culprit marked), and the verdict a step list shows for each run.
+Reads the result's `perf` record (policies.PerfPolicy.record); hand-written SVG, no plotting library."""
 from __future__ import annotations
 
 import html
 import math
 from typing import Mapping, Sequence
+
+from bisector.results import StepRecord
 
 COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#f9a825"}
 MINUS = "\u2212"
@@ -61,6 +63,20 @@ def notes(perf: Mapping) -> list[str]:
             said += f": {entry['reason']}"
         lines.append("  " + said)
     return lines
+
+
+def step_verdict(perf: Mapping | None, step: StepRecord) -> str:
+    """The verdict a step list shows for one run: its own (exit code) verdict, except that in a performance
+    hunt a run that measured (not skip) shows what the hunt decided for its commit: "like good" / "like bad"
+    (a probe, in the ends' names), "undecided", or an end's own name; every such run exits good."""
+    if not perf or step.verdict == "skip":
+        return step.verdict
+    for entry in perf["commits"]:
+        if entry["sha"] == step.sha:
+            if entry["role"] == "endpoint":
+                return entry["verdict"]
+            return "undecided" if entry["verdict"] == "skip" else f"like {entry['verdict']}"
+    return step.verdict
 
 
 def plan_text(metric: str, fewest: int, most: int, testable: int, timeout: float | None) -> str:

@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bisector.perf import PerfSettings
 from bisector.results import PinChange
 
 DOCKERFILE = "docker/Dockerfile.rocm_base"
@@ -98,11 +99,13 @@ def version_key(tag: str) -> tuple | None:
 
 
 def continuation_argv(change: PinChange, vllm_repo: str, vllm_commit: str, dependency_repo: str,
-                      options: dict[str, str] | None = None, find_fix: bool = False) -> list[str]:
+                      options: dict[str, str] | None = None, find_fix: bool = False,
+                      perf: PerfSettings | None = None) -> list[str]:
     """The `bisector run` that continues inside the dependency with vLLM held at vllm_commit: the
     dependency's repository is bisected between the two pins, and the probe loads each dependency
-    commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`). Both pins must be known: a
-    dependency pinned on one side only has no range to continue in."""
+    commit against that one vLLM commit (`--option vllm_repo=`/`vllm_ref=`); a performance hunt's
+    continuation measures the same metric the same way (perf: its --metric options). Both pins must be
+    known: a dependency pinned on one side only has no range to continue in."""
     old, new = change.old, change.new
     if old is None or new is None:
         raise ValueError(f"{change.name} is pinned on one side only ({old} → {new}): no range to continue in")
@@ -112,6 +115,8 @@ def continuation_argv(change: PinChange, vllm_repo: str, vllm_commit: str, depen
             "--option", f"vllm_ref={vllm_commit}"]
     for key, value in sorted((options or {}).items()):
         argv += ["--option", f"{key}={value}"]
+    if perf is not None:
+        argv += perf.cli_args()
     if find_fix:
         argv.insert(2, "--find-fix")
     return argv

@@ -287,7 +287,7 @@ def _level_text(result: BisectResult) -> str:
         cached = (" (cached from an earlier run)" if step.from_earlier_run else " (cached)") if step.cached else ""
         shown = step.build and not step.build.startswith("none")
         build = f"  [build {step.build}]" if shown else ""
-        lines.append(f"  {result.named(step.sha)} {step.role:<8} {step.verdict:<4} "
+        lines.append(f"  {result.named(step.sha)} {step.role:<8} {perf_report.step_verdict(result.perf, step):<4} "
                      f"{step.seconds:7.2f}s{cached}  {step.reason}{build}")
     return "\n".join(lines)
 
@@ -348,7 +348,8 @@ def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[s
             "| # | commit | role | verdict | seconds | cached | reason |",
             "|---|---|---|---|---|---|---|"]
     for n, step in enumerate(result.steps, 1):
-        out.append(f"| {n} | {md_code(result.named(step.sha), True)} | {step.role} | {step.verdict} | "
+        out.append(f"| {n} | {md_code(result.named(step.sha), True)} | {step.role} | "
+                   f"{perf_report.step_verdict(result.perf, step)} | "
                    f"{step.seconds:.2f} | {'yes' if step.cached else ''} | {md_code(step.reason, True)} |")
     return out
 
@@ -465,8 +466,9 @@ document.querySelectorAll('[data-target]').forEach(e=>e.classList.toggle('sel',e
 document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click',()=>show(e.dataset.target)));
 """
 USER_SKIP = "background:repeating-linear-gradient(45deg,#d5d9de 0 3px,#fff 3px 6px)"  # a commit --skip kept out
-# Every verdict the tool produces: step verdicts, then backport verdicts (bisector.results.VERDICTS).
-_TONES = {"good": "good", "bad": "bad", "skip": "skip",
+# Every verdict the tool produces: step verdicts, a performance hunt's (perf_report.step_verdict), then
+# backport verdicts (bisector.results.VERDICTS).
+_TONES = {"good": "good", "bad": "bad", "skip": "skip", "like good": "good", "like bad": "bad", "undecided": "skip",
           "verified": "good", "not-affected": "good", "already-fixed": "good", "contains": "good",
           "already-picked": "good", "applies-unverified": "skip", "conflict": "bad",
           "fix-ineffective": "bad", "masked": "bad", "not-exercised": "skip", "untestable": "skip"}
@@ -564,13 +566,13 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
     for n, step in enumerate(steps, 1):
         rows.append(f'<tr class="pick" data-target="{prefix}d-{step.sha}"><td>{n}</td>'
                     f'<td><code>{e(result.named(step.sha))}</code></td><td>{e(step.role)}</td>'
-                    f'<td>{_badge(step.verdict)}</td><td>{step.seconds:.2f}</td>'
+                    f'<td>{_badge(perf_report.step_verdict(result.perf, step))}</td><td>{step.seconds:.2f}</td>'
                     f'<td>{"yes" if step.cached else ""}</td><td>{e(step.reason)}</td></tr>')
     for sha, runs in by_sha.items():
         parts = [f'<div class="card detail" id="{prefix}d-{sha}" hidden><b><code>{e(result.named(sha, 40))}</code></b>'
                  + (" — " + e(label) if sha == culprit_sha else "")]
         for step in runs:
-            parts.append(f'<p>{e(step.role)} {_badge(step.verdict)} {e(step.reason)} · '
+            parts.append(f'<p>{e(step.role)} {_badge(perf_report.step_verdict(result.perf, step))} {e(step.reason)} · '
                          f'{step.seconds:.2f}s · build {e(str(step.build))}'
                          f'{" · cached" if step.cached else ""}<br><code>{e(str(step.log))}</code></p>'
                          f'<pre class="log">{e(log_tail(step.log))}</pre>')
@@ -700,6 +702,8 @@ def _backport_matrix(result: BackportResult) -> list[tuple[str, str, str | None,
 
 def _detail(entry: BranchEntry) -> str:
     detail = entry.reason
+    if entry.pin_level:
+        detail += f"; {entry.pin_level.said()}"
     if entry.backport_branch:
         detail += f"; {entry.backport_branch.name} {entry.backport_branch.state}"
     return detail
@@ -825,7 +829,8 @@ def backport_junit(result: BackportResult) -> str:
             ET.SubElement(case, "skipped", message=entry.reason)
         ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {_tip(result, entry, 40)}" + \
             (f"\npicked: {result.named(entry.picked, 40)}" if entry.picked else "") + \
-            (f"\naiter: {entry.pin}" if entry.pin else "")
+            (f"\naiter: {entry.pin}" if entry.pin else "") + \
+            (f"\nfollow-pins: {entry.pin_level.said()}" if entry.pin_level else "")
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
@@ -857,6 +862,7 @@ def plan_text(plan: Plan) -> str:
     low, high = plan.minutes
     lines.append(f"estimate: {low if low == high else f'{low}-{high}'} min of builds, pulls and installs for "
                  f"these steps (the costlier second probe counted; each step's scenario run comes on top)")
+    lines.extend(f"follow-pins: {level}" for level in plan.pin_levels)
     lines.extend(f"warning: {warning}" for warning in plan.warnings)
     return "\n".join(lines)
 

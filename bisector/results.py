@@ -551,6 +551,7 @@ class BranchEntry:
     options: str = ""            # the --option value judged at ("arch=gfx950"); "" when each option has one
     pin: str | None = None       # the AITER ref the tip pins (docker/Dockerfile.rocm_base); None: no pin
     masked: str | None = None    # good before, but the scenario saw the bug hidden: what hides it
+    pin_level: BranchLevel | None = None  # --follow-pins: the dependency commit that changes it from its neighbour
 
     @property
     def settled(self) -> bool:
@@ -564,7 +565,8 @@ class BranchEntry:
                 "conflicts": [conflict.to_json() for conflict in self.conflicts], "picked": self.picked,
                 "target": self.target, "reason": self.reason, "before_reason": self.before_reason,
                 "after_reason": self.after_reason,
-                "backport_branch": {"name": made.name, "state": made.state} if made else None}
+                "backport_branch": {"name": made.name, "state": made.state} if made else None,
+                **({"pin_level": self.pin_level.to_json()} if self.pin_level else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> BranchEntry:
@@ -575,7 +577,44 @@ class BranchEntry:
                    picked=data.get("picked"), target=data.get("target"), reason=data["reason"],
                    before_reason=data.get("before_reason"), after_reason=data.get("after_reason"),
                    backport_branch=BackportBranch(name=made["name"], state=made["state"]) if made else None,
-                   options=data.get("options", ""), pin=data.get("pin"), masked=data.get("masked"))
+                   options=data.get("options", ""), pin=data.get("pin"), masked=data.get("masked"),
+                   pin_level=BranchLevel.from_json(data["pin_level"]) if data.get("pin_level") else None)
+
+
+@dataclass(kw_only=True, frozen=True)
+class BranchLevel:
+    """backport --follow-pins: a branch's tip tests unlike its neighbour's (the branch before it) and pins the
+    dependency (AITER) elsewhere: the levels bisected inside the dependency between the two pins, the tip held
+    (bisector.engine.follow), and the answer in words."""
+
+    neighbour: str             # the branch before it: its pin is the old end
+    dependency: str            # aiter
+    old: str                   # the neighbour's pin
+    new: str                   # this branch's pin
+    mode: str                  # find-fix (the neighbour is bad) | regression (the neighbour is good)
+    question: str              # what was asked, hashed: a later backport asking it again reuses the answer
+    runs: tuple[int, ...] = ()  # the level runs (bisect runs under the backport run that asked first)
+    culprit: str | None = None  # the dependency commit named (the last level's answer), None: none named
+    answer: str = ""           # in words: the commit named, the tag pair, or why no level answered
+    reused: bool = False       # served from an earlier backport's levels: nothing ran for it
+
+    def to_json(self) -> dict:
+        return {"neighbour": self.neighbour, "dependency": self.dependency, "old": self.old, "new": self.new,
+                "mode": self.mode, "question": self.question, "runs": list(self.runs), "culprit": self.culprit,
+                "answer": self.answer, "reused": self.reused}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> BranchLevel:
+        return cls(neighbour=data["neighbour"], dependency=data["dependency"], old=data["old"], new=data["new"],
+                   mode=data["mode"], question=data["question"], runs=tuple(data["runs"]),
+                   culprit=data.get("culprit"), answer=data["answer"], reused=data.get("reused", False))
+
+    def said(self) -> str:
+        """One clause for the branch's entry: which way the pin moved and what inside it changes the verdict."""
+        name = self.dependency.upper()
+        reused = " (from an earlier run)" if self.reused else ""
+        return f"{self.neighbour} → this branch moves {name} {self.old} → {self.new}; inside {name}{reused}: " \
+               f"{self.answer}"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -812,6 +851,7 @@ class Plan:
     slots: int = 1             # steps at once (--jobs, --gpus ID:N): the k of each probe round
     rounds: int | None = None  # probe rounds expected with those slots (None: not estimated)
     rounds_one_slot: int | None = None  # and with one
+    pin_levels: tuple[str, ...] = ()  # --follow-pins: each pin change in the range and its second level's cost
 
     @property
     def minutes(self) -> tuple[int, int]:
@@ -830,14 +870,15 @@ class Plan:
                 **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {}),
                 **({"slots": self.slots, "rounds": self.rounds, "rounds_one_slot": self.rounds_one_slot}
                    if self.rounds is not None else {}),
-                **({"names": dict(self.names)} if self.names else {})}
+                **({"names": dict(self.names)} if self.names else {}),
+                **({"pin_levels": list(self.pin_levels)} if self.pin_levels else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
         return cls(commits=data["commits"], good=_shas(data["good"]), bad=_shas(data["bad"]),
                    builder=data["builder"], merge_bases=tuple(data["merge_bases"]), imaged=data.get("imaged"),
                    skipped_by_user=data.get("skipped_by_user", 0), warnings=tuple(data.get("warnings", ())),
-                   names=dict(data.get("names", {})),
+                   names=dict(data.get("names", {})), pin_levels=tuple(data.get("pin_levels", ())),
                    slots=data.get("slots", 1), rounds=data.get("rounds"), rounds_one_slot=data.get("rounds_one_slot"),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],

@@ -52,9 +52,25 @@ FAKE_VLLM = {
             def __init__(self, completion):
                 self.outputs = [completion]
 
+        class _Engine:
+            """The step API of vLLM's LLMEngine: a step makes one token of every unfinished request."""
+            def __init__(self):
+                self.remaining = {}
+
+            def add_request(self, request_id, prompt, params):
+                self.remaining[request_id] = params.kwargs["max_tokens"]
+
+            def has_unfinished_requests(self):
+                return bool(self.remaining)
+
+            def step(self):
+                self.remaining = {request: left - 1 for request, left in self.remaining.items() if left > 1}
+                return []
+
         class LLM:
             def __init__(self, **kwargs):
                 self.kwargs = kwargs
+                self.llm_engine = _Engine()
                 if kwargs["load_format"] == "safetensors" and not os.path.exists(
                         os.path.join(kwargs["model"], "model.safetensors")):
                     raise ValueError("Following weights were not initialized from checkpoint: {...}")

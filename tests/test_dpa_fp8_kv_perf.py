@@ -1,5 +1,6 @@
 """dpa-fp8-kv-graph-capture --option check=perf, end to end with the real child.py against the fake vllm of
-test_dpa_fp8_kv_numerics.py, whose decode here takes FAKE_STEP_SECONDS per decode step (a planted speed)."""
+test_dpa_fp8_kv_numerics.py, whose decode here takes FAKE_STEP_SECONDS per decode step (a planted speed), every
+FAKE_SLOW_EVERY-th engine step FAKE_SLOW_FACTOR times that (planted noise)."""
 import sys
 import textwrap
 
@@ -18,37 +19,74 @@ TIMED = ("    def generate(self, prompts, params, use_tqdm=True):\n",
          "    def generate(self, prompts, params, use_tqdm=True):\n"
          "        import time\n"
          "        time.sleep(float(os.environ.get('FAKE_STEP_SECONDS', '0')) * params.kwargs['max_tokens'])\n")
+STEP = ("    def step(self):\n",
+        "    def step(self):\n"
+        "        import time\n"
+        "        self.steps = getattr(self, 'steps', 0) + 1\n"
+        "        slow = self.steps % int(os.environ.get('FAKE_SLOW_EVERY') or self.steps + 1) == 0\n"
+        "        factor = float(os.environ['FAKE_SLOW_FACTOR']) if slow else 1\n"
+        "        time.sleep(float(os.environ['FAKE_STEP_SECONDS']) * factor)\n")
+NO_STEP_API = ("        self.llm_engine = _Engine()\n", "")  # an older vLLM: LLM has no llm_engine.step()
 
 
-def measured(tmp_path, root, seconds_per_step: str, name: str):
+def measured(tmp_path, root, seconds_per_step: str, name: str, options=PERF, env=None, step_api=True):
     site = tmp_path / "site"
     for rel, text in FAKE_TORCH.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
     checkout = tmp_path / name / "tree"
-    assert TIMED[0] in textwrap.dedent(FAKE_VLLM["vllm/__init__.py"])
+    fake = textwrap.dedent(FAKE_VLLM["vllm/__init__.py"])
+    assert TIMED[0] in fake and STEP[0] in fake and NO_STEP_API[0] in fake
     for rel, text in FAKE_VLLM.items():
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
-        (checkout / rel).write_text(textwrap.dedent(text).replace(*TIMED))
-    scenario = create(NAME, PERF)
+        text = textwrap.dedent(text).replace(*TIMED).replace(*STEP)
+        (checkout / rel).write_text(text if step_api else text.replace(*NO_STEP_API))
+    scenario = create(NAME, options)
     scenario.system_root = root
     return scenario.run(StepContext(checkout=checkout, log_path=tmp_path / "logs" / f"{name}.log", timeout=120,
                                     python=sys.executable,
                                     env={"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
                                          "BISECTOR_CACHE_DIR": str(tmp_path / "cache"),
-                                         "FAKE_STEP_SECONDS": seconds_per_step}))
+                                         "FAKE_STEP_SECONDS": seconds_per_step, "FAKE_SLOW_FACTOR": "1",
+                                         **(env or {})}))
 
 
 def test_check_perf_reports_decode_throughput_and_time_to_first_token(tmp_path, nvidia_root):  # noqa: F811
     fast = measured(tmp_path, nvidia_root, "0.002", "fast")
     assert fast.verdict is Verdict.GOOD, fast.reason
     assert set(fast.metrics) == {"decode_tok_s", "ttft_ms"}
-    # 4 sequences x 16 decode steps in 16 x 2 ms (two generates 16 steps apart): about 2,000 tokens/s
+    # 4 sequences per engine step of 2 ms: about 2,000 tokens/s
     assert 800 < fast.metrics["decode_tok_s"] < 2400
     assert 2 <= fast.metrics["ttft_ms"] < 50
-    assert len(fast.details["perf"]["measurements"]) == 3  # three measurements inside one engine start
+    found = fast.details["perf"]["measurements"]
+    assert len(found) == 3  # three measurements inside one engine start
+    for measurement in found:  # 17 engine steps (the prefill's and 16 decode), the first two not timed
+        assert measurement["method"] == "engine-steps" and measurement["steps"] == 15
+        assert 2 <= measurement["step_ms_median"] < 5 and measurement["step_ms_iqr"] >= 0
     slow = measured(tmp_path, nvidia_root, "0.004", "slow")
     assert slow.metrics["decode_tok_s"] < 0.75 * fast.metrics["decode_tok_s"]
+
+
+def test_one_slow_step_in_ten_leaves_the_median_step_figure_where_it_was(tmp_path, nvidia_root):  # noqa: F811
+    """Every tenth engine step 5x slower: the figure from the median step stays within a few % of the planted
+    speed (4 sequences per 20 ms step: 200 tokens/s), where one from the mean step (the sum of the steps, as
+    the two-generate difference measured) falls by a fifth or more."""
+    options = {**PERF, "perf_tokens": "30"}
+    noisy = measured(tmp_path, nvidia_root, "0.02", "noisy", options,
+                     {"FAKE_SLOW_EVERY": "10", "FAKE_SLOW_FACTOR": "5"})
+    assert noisy.verdict is Verdict.GOOD, noisy.reason
+    assert 0.93 * 200 < noisy.metrics["decode_tok_s"] <= 200
+    for measurement in noisy.details["perf"]["measurements"]:
+        assert measurement["steps"] == 29 and measurement["step_ms_iqr"] < 0.2 * measurement["step_ms_median"]
+        assert 4 / (measurement["step_ms_mean"] / 1e3) < 0.8 * 200
+
+
+def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811
+    old = measured(tmp_path, nvidia_root, "0.002", "old", step_api=False)
+    assert old.verdict is Verdict.GOOD, old.reason
+    assert 800 < old.metrics["decode_tok_s"] < 2400
+    assert {m["method"] for m in old.details["perf"]["measurements"]} == {"two-generates"}
+    assert old.details["perf"]["method"] == "two-generates"
 
 
 def test_check_perf_options_are_checked():

@@ -1,6 +1,7 @@
 """The scenario end to end with real child processes: a fake python replaying child outputs (public
 quotes, see dpa_fp8_kv_records.py), the real child.py against a fake vllm package, and a fake /dev, /sys
 and /proc tree for the GPU check."""
+import dataclasses
 import json
 import os
 import sys
@@ -27,11 +28,17 @@ CUDA_TORCH = json.dumps({"torch": "2.11.0+cu130", "transformers": "5.17.0", "tor
 
 FAKE_PYTHON = f"""#!{sys.executable}
 # Stands in for the user's python: answers the environment probe (bisector/probe_env.py) from
-# FAKE_ENVIRONMENT, else records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
+# FAKE_ENVIRONMENT_FILE or FAKE_ENVIRONMENT (site directories: FAKE_SITES; one line per probe appended to
+# FAKE_PROBE_LOG), else records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
 import json, os, subprocess, sys, time
 if sys.argv[1].endswith("probe_env.py"):
-    found = json.loads(os.environ.get("FAKE_ENVIRONMENT", {ROCM_TORCH!r}))
-    print(json.dumps({{"python": "3.12.3", "executable": sys.executable, "prefix": sys.prefix, "sites": [],
+    if "FAKE_PROBE_LOG" in os.environ:
+        open(os.environ["FAKE_PROBE_LOG"], "a").write("probe\\n")
+    written = os.environ.get("FAKE_ENVIRONMENT_FILE")
+    found = json.loads(open(written).read() if written and os.path.exists(written)
+                       else os.environ.get("FAKE_ENVIRONMENT", {ROCM_TORCH!r}))
+    sites = [site for site in os.environ.get("FAKE_SITES", "").split(os.pathsep) if site]
+    print(json.dumps({{"python": "3.12.3", "executable": sys.executable, "prefix": sys.prefix, "sites": sites,
                       "purelib": "", "versions": {{name: found.get(name) for name in sys.argv[2:]}},
                       "torch": {{"origin": None, "hip": found["torch_hip"], "cuda": found["torch_cuda"]}}}}))
     sys.exit(0)
@@ -313,6 +320,48 @@ def test_cancel_stops_all_ranks_at_once(tmp_path, gpu_root, fake_python, records
     assert time.monotonic() - start < 300  # far less than the ranks' 600 s
     for rank in (0, 1):
         assert _gone_soon(int((records / f"core{rank}.pid").read_text()))
+
+
+def judged_step(tmp_path, root, python, env, runs=2, between=lambda: None):
+    """The scenario's part of one step as the engine drives it (bisector/engine/judge.py): machine_check on the
+    step's template before the build, `between` (the build), then runs with the build's PYTHONPATH added."""
+    scenario = create(NAME, {})
+    scenario.system_root = root
+    checkout = tmp_path / "checkout"
+    checkout.mkdir(exist_ok=True)
+    template = StepContext(checkout=checkout, log_path=tmp_path / "logs", timeout=60, env=env, python=str(python))
+    assert scenario.machine_check(template) is None
+    between()
+    built = {"PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    return [scenario.run(dataclasses.replace(template, log_path=tmp_path / f"logs/step-{n}.log",
+                                             env={**built, **template.env}))
+            for n in range(runs)]
+
+
+def test_a_step_probes_its_environment_once(tmp_path, gpu_root, fake_python, records):
+    probes, site = tmp_path / "probes.log", tmp_path / "site-packages"
+    site.mkdir()
+    env = {**replay(records, r0=("ok", "exit 0")), "FAKE_PROBE_LOG": str(probes), "FAKE_SITES": str(site)}
+    outcomes = judged_step(tmp_path, gpu_root, fake_python, env)
+    assert [outcome.verdict for outcome in outcomes] == [Verdict.GOOD, Verdict.GOOD]
+    assert probes.read_text() == "probe\n"
+
+
+def test_an_install_into_the_environment_during_the_step_is_probed_again(tmp_path, gpu_root, fake_python,
+                                                                         records):
+    probes, site = tmp_path / "probes.log", tmp_path / "site-packages"
+    site.mkdir()
+    env = {**replay(records, r0=("ok", "exit 0")), "FAKE_PROBE_LOG": str(probes), "FAKE_SITES": str(site),
+           "FAKE_ENVIRONMENT_FILE": str(tmp_path / "environment.json")}
+
+    def install_a_cpu_torch():  # what a build allowed to install into --python may do
+        (site / "torch-2.9.0+cpu.dist-info").mkdir()
+        Path(env["FAKE_ENVIRONMENT_FILE"]).write_text(json.dumps({**json.loads(ROCM_TORCH), "torch": "2.9.0+cpu",
+                                                                  "torch_hip": None}))
+
+    outcomes = judged_step(tmp_path, gpu_root, fake_python, env, runs=1, between=install_a_cpu_torch)
+    assert probes.read_text() == "probe\nprobe\n"
+    assert outcomes[0].verdict is Verdict.SKIP and "2.9.0+cpu" in outcomes[0].reason
 
 
 def test_missing_python_is_skip(tmp_path, gpu_root):

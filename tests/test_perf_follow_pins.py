@@ -7,9 +7,11 @@ import random
 import pytest
 from follow_pins_world import PinnedState, shared_world
 
+from bisector import pins
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
 from bisector.perf import Direction, PerfSettings
+from bisector.results import PinChange
 from scenarios.base import Outcome, StepContext, Verdict
 
 pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")
@@ -43,8 +45,22 @@ def test_a_slowdown_from_a_pin_bump_is_hunted_inside_aiter(tmp_path):
                                      scenario=PinnedSpeed({"aiter_repo": str(world.aiter)}), follow_pins=True,
                                      perf=PerfSettings("tok_s", Direction.HIGHER)))
     assert result.culprit.sha == world.v[3] and result.perf["change"]["relative"] < -0.04
+    assert result.pin_change.continuation.endswith(  # the same hunt, by hand
+        " --metric tok_s --higher-is-better --min-change 1 --warmup 0 --max-samples 20")
     [inside] = result.levels
     assert inside.culprit.sha == world.a["a5"], inside.stopped
     assert inside.perf["metric"] == "tok_s" and inside.perf["change"]["relative"] < -0.04
     assert all(len(entry["samples"]) >= 4 for entry in inside.perf["commits"])
     assert result.exit_code == 0
+
+
+@pytest.mark.unit
+def test_the_continuation_printed_for_running_the_aiter_level_by_hand_keeps_the_metric_options():
+    change = PinChange(name="aiter", old="v1.0", new="v2.0")
+    settings = PerfSettings("decode_tok_s", Direction.HIGHER, min_change=0.05, warmup=1, max_samples=12)
+    assert pins.continuation_argv(change, "/src/vllm", "abc123", "/src/aiter", {"check": "perf"}, perf=settings) == [
+        "bisector", "run", "--repo", "/src/aiter", "--good", "v1.0", "--bad", "v2.0", "--scenario", "aiter-mla-probe",
+        "--option", "vllm_repo=/src/vllm", "--option", "vllm_ref=abc123", "--option", "check=perf",
+        "--metric", "decode_tok_s", "--higher-is-better", "--min-change", "5", "--warmup", "1", "--max-samples", "12"]
+    either_way = pins.continuation_argv(change, "/src/vllm", "abc123", "/src/aiter", perf=PerfSettings("ttft_ms"))
+    assert either_way[-8:] == ["--metric", "ttft_ms", "--min-change", "1", "--warmup", "0", "--max-samples", "20"]

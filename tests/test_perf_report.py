@@ -91,3 +91,25 @@ def test_plan_estimates_the_runs(cli, make_repo, tmp_path):
     # 7 commits between the ends: 3 probes; 2 x 6 endpoint runs + 3 x (4 + 1) at least; 2 x 20 + 3 x 40 at most
     assert ("performance hunt on tok_s: 7 commits to search; about 27 runs if each commit decides at its first "
             "samples, 160 at most; at most 160 × --timeout 60s = 2.7 h") in result.stdout
+
+
+def test_the_step_list_shows_what_the_hunt_decided_for_each_commit_not_the_runs_exit_codes(hunted, cli):
+    """Every run of this hunt exits 0 (good by its exit code); the step list shows the hunt's verdict for the
+    run's commit: the ends by name, a probe "like good" / "like bad"."""
+    shas, result, tmp = hunted
+    commits = json.loads((tmp / "out.json").read_text())["perf"]["commits"]
+    decided = {entry["sha"][:12]: entry["verdict"] for entry in commits}
+    steps = result.stdout.split("\nsteps: ", 1)[1].splitlines()[1:]
+    shown = [re.match(r"  ([0-9a-f]{12})(?: \(main\))? (endpoint|probe) +(like good|like bad|undecided|good|bad|skip) "
+                      r"+\d", line) for line in steps]
+    assert all(shown) and len(shown) == json.loads((tmp / "out.json").read_text())["executions"], steps
+    for match in shown:
+        sha, role, verdict = match.groups()
+        assert verdict == (decided[sha] if role == "endpoint" else f"like {decided[sha]}"), match[0]
+    assert {match[3] for match in shown} == {"good", "bad", "like good", "like bad"}
+    culprit_rows = [row for row in (tmp / "out.md").read_text().splitlines() if row.startswith("| ") and
+                    shas[6][:12] in row]
+    assert culprit_rows and all("| probe | like bad |" in row for row in culprit_rows)
+    page = cli("report", "latest", "--repo", str(tmp / "repo"), "--state-dir", str(tmp / "state"),
+               "--format", "html").stdout
+    assert '<span class="v bad">like bad</span>' in page and '<span class="v good">like good</span>' in page

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
+from bisector.builds import BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
     build_options,
-    build_settings,
     check_writable,
     command_line,
     env_options,
@@ -21,7 +21,6 @@ from bisector.cli.options import (
     reuse_verdicts_option,
     state_dir_option,
     world_options,
-    world_settings,
     write_output,
 )
 from bisector.envs import EnvSettings
@@ -43,6 +42,9 @@ from bisector.errors import (
 @click.option("--create-branches", is_flag=True,
               help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
 @click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
+@click.option("--follow-pins", is_flag=True,
+              help="Where a branch's tip tests unlike the branch before it and pins AITER elsewhere, bisect "
+                   "inside AITER between the two pins (the tip held) and name the AITER commit.")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
@@ -57,7 +59,7 @@ from bisector.errors import (
 @reuse_verdicts_option
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, state_dir, json_file,
+def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, follow_pins, state_dir, json_file,
              markdown_file, junit_file, python, build, rocm_arch, wheels, allow_install_into_python, cache_size,
              log_limit, env_mode,
              env_cache_size, no_cache, reuse_verdicts, world, command):
@@ -65,6 +67,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     from bisector import report
     from bisector.backport import BackportConfig, run_backport
     from bisector.cli.backport_progress import BackportProgress
+    from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 
@@ -80,17 +83,21 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         if scenario_name else []
     scenario = values[0][1] if values \
         else CommandScenario(list(command), in_image=bool(world["image"])) if command else None
+    if follow_pins and scenario is None:
+        raise UsageError("--follow-pins judges AITER commits with the scenario: give --scenario NAME")
     if world["image"] and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
-    world_asked = world_settings(world, scenario, env_mode, rocm_arch)
+    world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)
+    builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
+        .allowing_install(allow_install_into_python)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
                          option_values=values if len(values) > 1 else (),
                          create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=build_settings(build, python, rocm_arch, wheels, cache_size, command)
-                         .allowing_install(allow_install_into_python),
+                         python=python, builder=builder,
                          log_limit=parse_log_limit(log_limit), no_cache=no_cache, reuse_verdicts=reuse_verdicts,
                          command_line=command_line(),
-                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked)
+                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
+                         follow_pins=follow_pins)
     result = run_backport(cfg, BackportProgress())
     click.echo(report.backport_text(result))
     for option, path, render in outputs:

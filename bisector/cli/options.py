@@ -6,12 +6,11 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
 
-from bisector.builds import DEFAULT_CACHE_SIZE, STRATEGIES, BuildSettings, parse_size
+from bisector.builds import DEFAULT_CACHE_SIZE, STRATEGIES, parse_size
 from bisector.builds import REGISTRY as BUILD_STRATEGIES
 from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES
 from bisector.errors import (
@@ -22,10 +21,6 @@ from bisector.executor import checked_git_source
 from bisector.pins import unsafe_git_source
 from bisector.redact import redact_all
 from bisector.registry import Registry
-
-if TYPE_CHECKING:
-    from bisector.seams import Scenario
-    from bisector.world import WorldSettings
 
 
 class RegistryChoice(click.Choice):
@@ -194,7 +189,7 @@ def python_option(purpose: str):
 
 
 def build_options(command):
-    """The build options `run` and `backport` share (see build_settings): --build, every registered
+    """The build options `run` and `backport` share (see BuildSettings.from_options): --build, every registered
     strategy's own options, --cache-size."""
     options = [
         click.option("--build", "build", type=RegistryChoice(BUILD_STRATEGIES, STRATEGIES), default=None,
@@ -310,20 +305,6 @@ def scenario_takes(name: str | None, option: str) -> bool:
 
     found = available().get(name)
     return found is not None and option in getattr(found, "option_defaults", {})
-
-
-def world_settings(world: dict, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
-                   executor: str = "local") -> WorldSettings:
-    """The world options as bisector.world.WorldSettings, checked there (WorldSettings.from_options)."""
-    from bisector.world import WorldSettings
-
-    return WorldSettings.from_options(world, scenario, env_mode, rocm_arch, executor)
-
-
-def build_settings(build: str | None, python: str, rocm_arch: str | None, wheels: str | None,
-                   cache_size: str, command: tuple[str, ...] = ()) -> BuildSettings:
-    """The build options as BuildSettings, checked there (BuildSettings.from_options)."""
-    return BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command)
 
 
 def configure(ctx: click.Context, name: str, command: click.Command, args: list[str]) -> None:

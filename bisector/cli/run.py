@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from bisector.builds import BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
     RegistryChoice,
     build_options,
-    build_settings,
     check_writable,
     command_line,
     env_options,
@@ -27,7 +27,6 @@ from bisector.cli.options import (
     reuse_verdicts_option,
     state_dir_option,
     world_options,
-    world_settings,
     write_output,
 )
 from bisector.cli.progress import ProgressHandler, console, escape, resume_hint
@@ -137,6 +136,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     from bisector.engine.planning import plan_bisection
     from bisector.executor import LocalExecutor, Placement, create_executor
     from bisector.gpus import refuse_shared_for_timing
+    from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 
@@ -156,13 +156,13 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
         check_writable("--markdown", each_markdown)
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     pr_url_template = pr_links(repo, pr_url_template)
-    builder = build_settings(build, python, rocm_arch, wheels, cache_size, command) \
+    builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
         .allowing_install(allow_install_into_python)
     exit_codes = []
     for (label, scenario_options), (_, each_json, each_markdown) in zip(runs, outputs):
         scenario = create(scenario_name, scenario_options) if scenario_name \
             else CommandScenario(list(command), in_image=bool(world["image"]))
-        world_asked = world_settings(world, scenario, env_mode, rocm_arch, executor_kind)
+        world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch, executor_kind)
         step_executor = create_executor(executor_kind, Placement(
             jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
             builder, build_ahead))

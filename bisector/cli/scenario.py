@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
+from bisector.builds import BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
     build_options,
-    build_settings,
     check_writable,
     env_options,
     log_limit_option,
@@ -21,7 +21,6 @@ from bisector.cli.options import (
     reuse_verdicts_option,
     state_dir_option,
     world_options,
-    world_settings,
     write_output,
 )
 from bisector.envs import EnvSettings
@@ -77,6 +76,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import JudgeOne, judge_one
+    from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 
@@ -85,10 +85,11 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    builds = build_settings(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size, command)
+    builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
+                                        command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
                       envs=EnvSettings(env_mode, python, env_cache_size),
-                      world=world_settings(world, scenario, env_mode, rocm_arch))
+                      world=WorldSettings.from_options(world, scenario, env_mode, rocm_arch))
     outcome = judge_one(Path(repo), ref, judge, state_dir, JudgeOne(parse_log_limit(log_limit), reuse_verdicts),
                         ProgressHandler()).to_json()
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
@@ -121,6 +122,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
+    from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 
@@ -129,9 +131,10 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     check_writable("--json", json_file)
     scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
         else create(name, parse_options(options))
-    builds = build_settings(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size, command)
+    builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
+                                        command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
-                      world=world_settings(world, scenario, "shared", rocm_arch))
+                      world=WorldSettings.from_options(world, scenario, "shared", rocm_arch))
     result = calibrate(Path(repo), (good, bad), judge, runs, state_dir, ProgressHandler()).to_json()
     if json_file:
         write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
@@ -147,7 +150,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
 
 def _build_asked(build: str | None, wheels: str | None) -> str | None:
     """--build as given; without it, --wheels asks for a build (auto), for a -- CMD too, which otherwise
-    builds for itself as with `run` (build_settings)."""
+    builds for itself as with `run` (BuildSettings.from_options)."""
     if wheels and build == "none":
         raise UsageError("--wheels asks for a build: drop --build none (or the wheels)")
     return "auto" if wheels and build is None else build

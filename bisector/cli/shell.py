@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from bisector.builds import BuildSettings
 from bisector.cli.options import (
     build_options,
-    build_settings,
     env_options,
     not_an_option,
     python_option,
     state_dir_option,
     world_options,
-    world_settings,
 )
 from bisector.errors import EXIT_INTERRUPTED, EnvironmentFailed
 
@@ -49,14 +48,16 @@ def shell_command(ref, repo, state_dir, python, build, rocm_arch, wheels, allow_
     from bisector.envs import EnvSettings
     from bisector.refs import GitRepo
     from bisector.worktrees import OwnWorktree
+    from bisector.world import WorldSettings
     from scenarios.command import CommandScenario
 
     argv = list(command) or [os.environ.get("SHELL") or "/bin/sh"]
     checked = GitRepo(Path(repo))
     sha = checked.resolve(ref)  # a bad REV stops here: nothing made yet
     scenario = CommandScenario(argv, in_image=bool(world["image"]))  # what a step runs a command with
-    settings = build_settings(build, python, rocm_arch, wheels, cache_size).allowing_install(allow_install_into_python)
-    places = world_settings(world, scenario, env_mode, rocm_arch)
+    settings = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size) \
+        .allowing_install(allow_install_into_python)
+    places = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)
     directory = prepare_state_dir(choose_state_dir(checked, state_dir))
     judge = JudgeSpec(scenario, settings, None, python, envs=EnvSettings(env_mode, python, env_cache_size),
                       world=places).open(checked, directory)

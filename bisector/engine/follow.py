@@ -51,7 +51,7 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
         return change  # pinned on one side only: no range inside the dependency to continue in
     follow = scenario_follow_up(cfg.scenario, change.name) or FollowUp()
     argv = continuation_argv(change, str(repo.root), culprit, _dependency_source(repo, culprit, change.name, follow),
-                             dict(follow.options), cfg.find_fix)
+                             dict(follow.options), cfg.find_fix, cfg.perf)
     return dataclasses.replace(change, continuation=shlex.join(argv))
 
 
@@ -151,7 +151,8 @@ def follow_pins(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: H
         notes.append(f"no second level: {reason}")
     else:
         assert first.culprit and first.pin_change
-        levels, notes = _levels(cfg, first, state_dir, handler, bisect)
+        levels, notes = _levels(dataclasses.replace(cfg, state_dir=state_dir), first.pin_change, first.culprit.sha,
+                                first.run_id, handler, bisect)
     followed = dataclasses.replace(first, levels=tuple(levels), follow_notes=tuple(notes))
     with Store(state_dir / "bisector.sqlite") as store:
         store.update_result(first.run_id, followed.to_json())
@@ -178,11 +179,47 @@ def _cannot_follow(cfg: RunConfig, first: BisectResult) -> str | None:
     return None
 
 
-def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handler,
+def follow_branch_pin(cfg: RunConfig, change: PinChange, held_commit: str, parent: int,
+                      bisect: Bisect) -> tuple[list[BisectResult], list[str]]:
+    """`backport --follow-pins`: bisect inside the dependency from the neighbour branch's pin (change.old) to
+    this branch's (change.new) with vLLM held at this branch's tip, as a level under the backport run parent;
+    cfg: the backport's settings and state dir (cfg.find_fix when the neighbour's tip is bad). Returns the
+    levels and why they ended (why none ran: the scenario cannot judge the dependency's commits, ...)."""
+    follow = scenario_follow_up(cfg.scenario, change.name)
+    if follow is None or follow.hold is None:
+        why = (follow.missing if follow and follow.missing else
+               f"scenario {cfg.scenario.name} cannot judge {change.name.upper()} commits")
+        return [], [f"no second level: {why}"]
+    return _levels(cfg, change, held_commit, parent, Handler(), bisect)
+
+
+def levels_answer(levels: Sequence[BisectResult], notes: Sequence[str]) -> tuple[str | None, str]:
+    """What the levels inside a dependency name (the last level's commit, None without one) and the answer in
+    words: each level's answer joined by ", then ", or why no level ran."""
+    said = []
+    for level in levels:
+        tags = level.level is not None and level.level.how == "release tags"
+        if level.stopped:
+            said.append(level.stopped)
+        elif not level.culprit:
+            said.append(f"inconclusive, {len(level.candidates)} candidates")
+        elif tags and level.level:
+            tagged = [sha for _, sha in level.level.tags]
+            before = level.level.tags[tagged.index(level.culprit.sha) - 1][0]
+            said.append(f"release tags {before} → {level.level.tag_of(level.culprit.sha)}")
+        else:
+            said.append(f"{level.culprit_label.split(' commit')[0]} {level.named(level.culprit.sha)} "
+                        f"{level.culprit.subject}")
+    last = levels[-1] if levels else None
+    culprit = last.culprit.sha if last and last.culprit and not last.stopped else None
+    return culprit, "; ".join([", then ".join(said)] * bool(said) + list(notes))
+
+
+def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, handler: Handler,
             bisect: Bisect) -> tuple[list[BisectResult], list[str]]:
-    """Bisect inside the dependency from the old pin to the new one (then between boundary tags)."""
-    assert first.culprit and first.pin_change
-    change, held_commit = first.pin_change, first.culprit.sha
+    """Bisect inside the dependency from the old pin to the new one (then between boundary tags), the first
+    repository held at held_commit; the first level is filed under the run parent, all in cfg.state_dir."""
+    assert cfg.state_dir is not None
     repo = GitRepo(cfg.repo)
     follow = scenario_follow_up(cfg.scenario, change.name)
     assert follow and follow.hold and change.old and change.new
@@ -195,7 +232,7 @@ def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handl
     held = follow.hold(str(repo.root), held_commit)
     label = repo.git.describe("--tags", "--always", held_commit)
     levels: list[BisectResult] = []
-    parent, old_ref, new_ref, tags_allowed = first.run_id, change.old, change.new, True
+    old_ref, new_ref, tags_allowed = change.old, change.new, True
     while True:
         try:
             plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky or cfg.perf is not None)
@@ -208,7 +245,7 @@ def _levels(cfg: RunConfig, first: BisectResult, state_dir: Path, handler: Handl
                          tags=tuple((ref, dependency.resolve(ref)) for ref in plan.chain))
         handler.level(level.said())
         try:
-            result = bisect(_level_config(cfg, dependency, held, plan, level, state_dir), handler)
+            result = bisect(_level_config(cfg, dependency, held, plan, level, cfg.state_dir), handler)
         except BisectorError as exc:
             return levels, [f"level {level.number} inside {name} failed: {exc.message()}"]
         levels.append(result)

@@ -1,5 +1,5 @@
-"""`bisector run --plan`: the commits a run would test first, the build each needs, what they cost, and what
-this machine lacks to run them; nothing is run."""
+"""`bisector run --plan`: the commits a run would test first, the build each needs, what they cost, what this
+machine lacks to run them, and with --follow-pins what a second level inside AITER would cost; nothing is run."""
 from __future__ import annotations
 
 import math
@@ -9,14 +9,25 @@ from pathlib import Path
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE, NoBuild
 from bisector.engine.config import RunConfig
-from bisector.engine.ranges import resolve_range
+from bisector.engine.follow import NoLevel, plan_level, scenario_follow_up
+from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
+from bisector.errors import GitError
 from bisector.executor import LocalExecutor
-from bisector.results import Plan, PlannedCommand, PlannedStep
+from bisector.pins import (
+    DEFAULT_AITER_REPO,
+    DOCKERFILE,
+    DependencyUnavailable,
+    dependency_checkout,
+    pin_change,
+    pins_at,
+)
+from bisector.refs import GitRepo
+from bisector.results import PinChange, Plan, PlannedCommand, PlannedStep
 from bisector.seams import ChecksMachine, StepContext
 from bisector.search import Bisection, Term
-from bisector.world import World
+from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World
 
 
 def plan_bisection(cfg: RunConfig) -> Plan:
@@ -84,7 +95,68 @@ def plan_bisection(cfg: RunConfig) -> Plan:
                 skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world), slots=slots,
                 rounds=expected_rounds(first_search.testable_mask.bit_count(), slots),
                 rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
-                names=asked.repo.names([probe.sha for probe in probes]))
+                names=asked.repo.names([probe.sha for probe in probes]),
+                pin_levels=planned_levels(cfg, asked) if cfg.follow_pins else ())
+
+
+def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
+    """--follow-pins: each AITER pin change in the range (read from git objects: only the commits that touch
+    docker/Dockerfile.rocm_base) and what the second level would cost were the answer that commit: the AITER
+    commits between the pins (from a local AITER repository; a URL is not cloned for a plan), the steps of a
+    bisection among them, and with --aiter pinned the AITER builds those steps make. One line each."""
+    repo, ends = asked.repo, asked.ends
+    touching = repo.range_commits(ends.olds, ends.new, paths=(DOCKERFILE,))
+    changes = [(sha, change) for sha, _ in touching if (parents := repo.parents(sha))
+               and (change := pin_change(repo.root, parents[0], sha)) is not None]
+    if not changes:
+        return ("no AITER pin change in the range: an answer there would have no second level",)
+    follow = scenario_follow_up(cfg.scenario, "aiter")
+    lines = []
+    for sha, change in changes:
+        moved = f"{sha[:12]} moves AITER {change.old} → {change.new}"
+        if change.old is None or change.new is None:
+            lines.append(f"{moved}: pinned on one side only, no second level")
+        elif follow is None or follow.hold is None:
+            why = follow.missing if follow and follow.missing else \
+                f"scenario {cfg.scenario.name} cannot judge AITER commits"
+            lines.append(f"{moved}: no second level ({why})")
+        else:
+            lines.append(f"{moved}: {_level_cost(cfg, change, follow.repo or _pinned_repo(repo, sha))}")
+    return tuple(lines)
+
+
+def _pinned_repo(repo: GitRepo, sha: str) -> str:
+    """The AITER repository sha's Dockerfile names, else upstream."""
+    pin = pins_at(repo.root, sha).get("aiter")
+    return (pin.repo if pin else None) or DEFAULT_AITER_REPO
+
+
+def _level_cost(cfg: RunConfig, change: PinChange, source: str) -> str:
+    """The second level between change's pins in source, in words: how, how many AITER commits, the steps
+    (its verified ends and about log2 probes), and with --aiter pinned the AITER builds."""
+    assert change.old and change.new
+    if not Path(source).expanduser().exists():
+        return f"AITER commits between the pins not counted ({source} is not local: give the scenario's " \
+               f"aiter_repo option a clone)"
+    try:
+        dependency = GitRepo(dependency_checkout(source, (change.old, change.new)))
+        level = plan_level(dependency, change.old, change.new, tags=True)
+        candidates = len(level.chain) - 1 if level.chain else len(dependency.range_commits(
+            [dependency.resolve(old) for old in level.olds], dependency.resolve(level.new)))
+    except (NoLevel, DependencyUnavailable, GitError) as exc:
+        return f"no second level ({exc})"
+    what = f"{candidates} release tags after {change.old} up to {change.new} (no shared history)" if level.chain \
+        else f"{candidates} AITER commits after {change.old} up to {change.new} ({level.how})"
+    steps = len(level.olds) + 1 + expected_rounds(candidates - 1, 1)
+    said = f"{what}; level 2: about {steps} steps ({len(level.olds) + 1} ends, then bisection)"
+    if level.chain:
+        said += ", then a level between the boundary tags"
+    if cfg.world.aiter == "pinned":
+        prebuild = cfg.world.aiter_settings.prebuild
+        minutes = AITER_PREBUILD_MINUTES if prebuild else AITER_JIT_MINUTES
+        said += (f"; with --aiter pinned: about {steps} AITER builds, one per AITER commit tested "
+                 f"({'prebuilt kernels' if prebuild else 'JIT'}, ~{minutes} min each unless cached)")
+    return said
 
 
 def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: World) -> tuple[str, ...]:

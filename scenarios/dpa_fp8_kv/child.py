@@ -6,13 +6,17 @@ captured) and OK_MARKER after the decode step; anything else ends in a traceback
 With --numerics-tokens N it decodes N greedy tokens per prompt instead and, before OK_MARKER, prints
 NUMERICS_MARKER and one JSON object: per prompt the tokens and, per position, the top-k (token, logprob).
 With --perf-repeats R it measures instead, R times after one warm-up, and prints PERF_MARKER and a JSON
-object per repeat: decode throughput (tokens/s over --perf-tokens decode steps of --perf-batch sequences,
-the prefill's time taken out) and time to first token (one prompt, one token).
+object per repeat: decode throughput and time to first token (one prompt, one token). The batch of
+--perf-batch sequences is driven step by step through the engine (llm.llm_engine.add_request/step), each
+step timed: decode tok/s is the batch over the median step time, the prefill's and the warm-up's steps left
+out; the median and interquartile range of the step times say how noisy the repeat was. An engine without
+step() (older vLLM) is measured as the difference of two generates --perf-tokens steps apart instead.
 """
 import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -21,6 +25,7 @@ OK_MARKER = "BISECTOR-SCENARIO-OK"
 NUMERICS_MARKER = "BISECTOR-NUMERICS"
 PERF_MARKER = "BISECTOR-PERF"
 MAX_TOKENS = 2  # the prefill's token, then one decode step
+UNTIMED_STEPS = 2  # of each timed batch: the prefill's step and one warm-up decode step
 
 
 def parse_args(argv):
@@ -91,26 +96,64 @@ def numerics_record(outputs, topk):
 
 
 def measure(llm, sampling_params, args, vocab_size):
-    """One warm-up, then per repeat {"decode_tok_s", "ttft_ms"} (prints each as it is measured)."""
+    """One warm-up, then per repeat {"decode_tok_s", "ttft_ms", how the decode was measured} (prints each as it
+    is measured)."""
     batch = token_prompts(args.perf_batch, vocab_size)
+    engine = getattr(llm, "llm_engine", None)
+    stepped = all(callable(getattr(engine, name, None)) for name in ("add_request", "step", "has_unfinished_requests"))
+
+    def params(tokens):
+        return sampling_params(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
 
     def timed(prompts, tokens):
-        params = sampling_params(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        llm.generate(prompts, params(tokens), use_tqdm=False)
         return time.perf_counter() - start
 
     timed(batch, args.perf_tokens)  # warm-up: the first generate pays for what is lazily set up
     for repeat in range(args.perf_repeats):
-        first = timed(batch[:1], 1)
-        # two generates of the same (prefix-cached) prompts, perf_tokens decode steps apart: their difference is
-        # those steps alone (a 1-token generate is no baseline: on vLLM 0.24 it can take as long as 65 tokens)
-        short = timed(batch, args.perf_tokens + 1)
-        long = timed(batch, 2 * args.perf_tokens + 1)
-        measured = {"repeat": repeat, "ttft_ms": first * 1e3}
-        if long > short:  # else no decode figure from this repeat
-            measured["decode_tok_s"] = len(batch) * args.perf_tokens / (long - short)
+        measured = {"repeat": repeat, "ttft_ms": timed(batch[:1], 1) * 1e3}
+        if stepped:
+            measured.update(stepped_decode(engine, batch, params(args.perf_tokens + 1), f"perf{repeat}-"))
+        else:
+            measured.update(generates_decode(timed, batch, args.perf_tokens))
         print(f"{PERF_MARKER} " + json.dumps(measured), flush=True)
+
+
+def stepped_decode(engine, batch, params, prefix):
+    """The batch's decode timed step by step: {"method", "steps", "step_ms_median", "step_ms_iqr",
+    "step_ms_mean", "decode_tok_s"} (no figures when too few steps were timed). A step's time is the interval
+    between two returns of engine.step(), so whatever the engine does between them counts."""
+    try:
+        from vllm.sampling_params import RequestOutputKind
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate has it: an output when a request ends
+    except ImportError:
+        pass
+    for n, prompt in enumerate(batch):
+        engine.add_request(f"{prefix}{n}", prompt, params)
+    returned = [time.perf_counter()]
+    while engine.has_unfinished_requests():
+        engine.step()
+        returned.append(time.perf_counter())
+    steps = [after - before for before, after in zip(returned, returned[1:])][UNTIMED_STEPS:]
+    measured = {"method": "engine-steps", "steps": len(steps)}
+    if len(steps) >= 2:
+        q1, median, q3 = statistics.quantiles(steps, n=4)
+        measured.update(step_ms_median=round(median * 1e3, 4), step_ms_iqr=round((q3 - q1) * 1e3, 4),
+                        step_ms_mean=round(statistics.fmean(steps) * 1e3, 4), decode_tok_s=len(batch) / median)
+    return measured
+
+
+def generates_decode(timed, batch, tokens):
+    """The older way, for engines without step(): two generates of the same (prefix-cached) prompts, `tokens`
+    decode steps apart; their difference is those steps alone (a 1-token generate is no baseline: on vLLM
+    0.24 it can take as long as 65 tokens). Noisy: ±30 % between repeats on the H200."""
+    short = timed(batch, tokens + 1)
+    long = timed(batch, 2 * tokens + 1)
+    measured = {"method": "two-generates"}
+    if long > short:  # else no decode figure from this repeat
+        measured["decode_tok_s"] = len(batch) * tokens / (long - short)
+    return measured
 
 
 def main(argv):

@@ -1,10 +1,11 @@
 """What the step's Python environment holds, and whether the checkout's own runtime pins accept it.
 
 The probe (bisector.probe_env) runs in the scenario's interpreter and reads package metadata only (no torch
-import, so it takes well under a second). The rest is pure.
+import, so it takes well under a second); StepProbes runs it once per step. The rest is pure.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -23,7 +24,8 @@ PIN_FILES = {"rocm": ("requirements/common.txt", "requirements/rocm.txt"),
 def probe_environment(python: str, env: Mapping[str, str] | None = None, container: ContainerLauncher | None = None,
                       cwd: Path | None = None) -> dict | str:
     """{'torch', 'transformers', 'aiter', 'torch_cuda', 'torch_hip'} versions (None if absent) of python's
-    environment (under env; inside container, from cwd, when given), or why they could not be read."""
+    environment (under env; inside container, from cwd, when given), and its 'sites' (the directories it
+    reads them from), or why they could not be read."""
     launch = None
     if container is not None:
         def launch(argv: list[str]) -> list[str]:
@@ -41,7 +43,49 @@ def probe_environment(python: str, env: Mapping[str, str] | None = None, contain
     versions = found["versions"]
     return {"torch": versions["torch"], "transformers": versions["transformers"],
             "aiter": versions["aiter"] or versions["amd-aiter"],
-            "torch_cuda": found["torch"]["cuda"], "torch_hip": found["torch"]["hip"]}
+            "torch_cuda": found["torch"]["cuda"], "torch_hip": found["torch"]["hip"],
+            "sites": sorted({*found["sites"], *filter(None, [found["purelib"]])})}
+
+
+class StepProbes:
+    """The environment probe of a step, run once: the answer machine_check got before the build serves the
+    step's runs after it while python and the variables are the same (the checkout a build puts on PYTHONPATH
+    aside: it holds vLLM, never a distribution probed) and no site directory changed (an install into the
+    environment, as a build allowed to install into --python does, adds and removes entries there). One
+    answer kept per checkout; inside a container (an image's environment) every call probes."""
+
+    def __init__(self) -> None:
+        self._held: dict[Path, tuple[tuple, tuple, dict]] = {}
+
+    def versions(self, python: str, env: Mapping[str, str], container: ContainerLauncher | None,
+                 checkout: Path) -> dict | str:
+        """probe_environment's answer for the step in checkout, probed only when the held one no longer holds."""
+        if container is not None:
+            return probe_environment(python, env, container, checkout)
+        key = _probe_key(python, env, checkout)
+        held = self._held.get(checkout)
+        if held is not None and held[0] == key and held[1] == _stamps(held[2]["sites"]):
+            return held[2]
+        found = probe_environment(python, env, None, checkout)
+        if isinstance(found, dict):
+            self._held[checkout] = (key, _stamps(found["sites"]), found)
+        return found
+
+
+def _probe_key(python: str, env: Mapping[str, str], checkout: Path) -> tuple:
+    """What the probe's answer depends on besides the site directories, the checkout on PYTHONPATH left out."""
+    paths = tuple(path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and Path(path) != checkout)
+    return python, paths, tuple(sorted((name, value) for name, value in env.items() if name != "PYTHONPATH"))
+
+
+def _stamps(sites: list[str]) -> tuple:
+    """Each site directory's modification time (None: gone): what an install into it changes."""
+    def stamp(site: str) -> int | None:
+        try:
+            return os.stat(site).st_mtime_ns
+        except OSError:
+            return None
+    return tuple((site, stamp(site)) for site in sites)
 
 
 def checkout_pins(checkout: Path, platform: str) -> dict[str, tuple[str, str]]:

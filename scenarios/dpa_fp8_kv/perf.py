@@ -2,7 +2,9 @@
 
 The child measures decode throughput and time to first token several times inside one engine start, after
 a warm-up; the run reports the median of each (one sample per run for `bisector run --metric`), and every
-measurement in its details.
+measurement in its details with how its decode was measured (`method`: "engine-steps", the median of the
+timed engine steps, their median, interquartile range and mean in ms; or "two-generates" on an engine
+without step()).
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import statistics
 from scenarios.dpa_fp8_kv.child import PERF_MARKER
 
 METRICS = ("decode_tok_s", "ttft_ms")
+STEP_FIGURES = ("steps", "step_ms_median", "step_ms_iqr", "step_ms_mean")  # engine-steps: the timed steps
 
 
-def measurements(output: str) -> list[dict[str, float]]:
+def measurements(output: str) -> list[dict]:
     """The child's measurements, in the order printed (lines that do not parse are left out)."""
     found = []
     for line in output.splitlines():
@@ -26,8 +29,11 @@ def measurements(output: str) -> list[dict[str, float]]:
         except ValueError:
             continue
         if isinstance(record, dict):
-            measured = {name: float(record[name]) for name in METRICS if isinstance(record.get(name), (int, float))}
+            measured: dict = {name: float(record[name]) for name in METRICS if _number(record.get(name))}
             if measured:
+                measured |= {name: record[name] for name in STEP_FIGURES if _number(record.get(name))}
+                if isinstance(record.get("method"), str):
+                    measured["method"] = record["method"]
                 found.append(measured)
     return found
 
@@ -40,4 +46,10 @@ def metrics(output: str) -> tuple[dict[str, float], dict]:
         return {}, {}
     medians = {name: statistics.median(values) for name in METRICS
                if (values := [record[name] for record in found if name in record])}
-    return medians, {"perf": {"measurements": found, **{name: round(value, 3) for name, value in medians.items()}}}
+    methods = sorted({record["method"] for record in found if "method" in record})
+    return medians, {"perf": {**({"method": ", ".join(methods)} if methods else {}), "measurements": found,
+                              **{name: round(value, 3) for name, value in medians.items()}}}
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

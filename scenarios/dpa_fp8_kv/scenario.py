@@ -22,11 +22,11 @@ from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child, numerics, perf
 from scenarios.dpa_fp8_kv.classify import classify, combine, compile_details, details, matched_lines, skip_cause
 from scenarios.dpa_fp8_kv.environment import (
+    StepProbes,
     aiter_against_pin,
     aiter_switches,
     checkout_pins,
     pin_violations,
-    probe_environment,
 )
 from scenarios.dpa_fp8_kv.gpu import GpuProbe, probe_nvidia_gpus, probe_rocm_gpus
 from scenarios.dpa_fp8_kv.launch import run_ranks
@@ -68,6 +68,7 @@ class DpaFp8KvScenario(BaseScenario):
     def __init__(self, options=None):
         super().__init__(options)
         self.settings = parse_options(self.options)
+        self.probes = StepProbes()  # machine_check's probe serves the step's runs
 
     @property
     def gpus_per_run(self) -> int:
@@ -101,7 +102,7 @@ class DpaFp8KvScenario(BaseScenario):
         """What the step runs on, or why this machine cannot run it."""
         container = ctx.container  # --image: every process runs inside the commit's image
         env = dict(ctx.env) if container else {**os.environ, **ctx.env}
-        versions = probe_environment(ctx.python, env, container, ctx.checkout)
+        versions = self.probes.versions(ctx.python, env, container, ctx.checkout)
         if isinstance(versions, str):
             return versions
         platform, probe = self.resolve_platform(versions)

@@ -2,7 +2,8 @@
 # Issue 35 on the H200: a performance hunt on real vLLM 0.24.0. A history of eight Python-only commits
 # (bench/gpu_fault_history.py --variant perf) plants a decode slowdown at p5: the sampler sleeps a pause per
 # step, sized here to about 6 % of the measured decode step. `dpa-fp8-kv-graph-capture --option check=perf`
-# measures decode tok/s (full CUDA graphs, after a warm-up) and time to first token inside each engine start;
+# measures decode tok/s (full CUDA graphs, after a warm-up; the batch over the median timed engine step) and
+# time to first token inside each engine start; `steps` prints each repeat's method, median step and its IQR;
 # `bisector run --metric decode_tok_s --higher-is-better` must name p5.
 #
 # Phases, one device call each (a call is capped at 10 minutes; the machine must stay warm between them):
@@ -21,6 +22,11 @@ GPU=(--option platform=cuda --option max_num_seqs=64 --option check=perf --optio
      --option perf_tokens=64 --option perf_batch=32)
 BUILD=(--build auto --wheels /tmp/wheels --allow-install-into-python)
 median() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['details']['perf'][sys.argv[2]])" "$@"; }
+steps() { python3 -c "
+import json, sys
+for m in json.load(open(sys.argv[1]))['details']['perf']['measurements']:
+    print(' ', m.get('method'), 'median step', m.get('step_ms_median'), 'ms, IQR', m.get('step_ms_iqr'), 'ms, mean',
+          m.get('step_ms_mean'), 'ms over', m.get('steps'), 'steps:', round(m.get('decode_tok_s', 0)), 'tok/s')" "$@"; }
 
 case "${1:-prepare}" in
 prepare)
@@ -34,6 +40,7 @@ prepare)
     --state-dir /tmp/pstate --json $OUT/perf-base.json > $OUT/perf-base.out 2>&1
   echo "base rc=$? wall=$(( $(date +%s) - t ))s"; tail -3 $OUT/perf-base.out
   TOK_S=$(median $OUT/perf-base.json decode_tok_s) || exit 1
+  steps $OUT/perf-base.json
   # a decode step makes perf_batch (32) tokens: its time is 32 / tok/s; the pause is 6 % of it
   PAUSE=$(python3 -c "print(max(20, round(0.06 * 32 / $TOK_S * 1e6)))")
   echo "v0.24.0 decode $TOK_S tok/s, ttft $(median $OUT/perf-base.json ttft_ms) ms: planted pause ${PAUSE} us"
@@ -49,6 +56,7 @@ prepare)
   $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/perf-history --ref $P5 "${GPU[@]}" "${BUILD[@]}" \
     --state-dir /tmp/pstate --json $OUT/perf-p5.json > $OUT/perf-p5.out 2>&1
   echo "p5 rc=$? wall=$(( $(date +%s) - t ))s: decode $(median $OUT/perf-p5.json decode_tok_s) tok/s"
+  steps $OUT/perf-p5.json
   ;;
 hunt)
   t=$(date +%s)
