@@ -245,6 +245,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     command_line=tuple(cfg.command_line), repo=str(repo.root), globs=tuple(cfg.branches),
                     branches=tuple(entries), checks=tuple(checks),
                     executions=sum(ctx.executions for _, ctx in contexts if ctx), resumed_from=run.resumed_from)
+                result = dataclasses.replace(result, names=repo.names(result.shown()))
                 run.result = result.to_json()
         finally:
             GROUPS.stop()

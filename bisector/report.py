@@ -29,6 +29,7 @@ from bisector.results import (
 LOG_TAIL_CHARS = 6000
 TEXT_FILES = 20      # files a culprit's text report lists besides those the scenario implicates
 MARKDOWN_FILES = 30  # ... its Markdown and HTML reports (in a collapsed list); the rest are counted
+SKIPPED_SHOWN = 20   # commits skipped by --skip every format but JSON lists (JSON lists them all); the rest counted
 ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 # what XML 1.0 cannot hold (HTML neither): all but #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] | [#x10000-]
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -95,21 +96,32 @@ def _more(files: Sequence[str], shown: int) -> str:
     return f" (+{len(files) - shown} more)" if len(files) > shown else ""
 
 
+def skipped_line(result: BisectResult) -> str | None:
+    """The commits --skip/--skip-file kept out of the search, counted and named, the same in every format:
+    `skipped by --skip: 3 commits: 1a2b3c4d5e6f (v1.1~3), ...` (None when the user skipped none)."""
+    skipped = result.skipped_by_user
+    if not skipped:
+        return None
+    return (f"skipped by --skip: {len(skipped)} {'commit' if len(skipped) == 1 else 'commits'}: "
+            + ", ".join(result.named(sha) for sha in skipped[:SKIPPED_SHOWN]) + _more(skipped, SKIPPED_SHOWN))
+
+
 def _command_line(result: Result) -> str | None:
     """How the run was asked for, as one shell-quoted line (None for records that predate it)."""
     return shlex.join(result.command_line) if result.command_line else None
 
 
 @published
-def run_line(row: Mapping) -> str:
-    """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer."""
+def run_line(row: Mapping, names: Mapping[str, str] | None = None) -> str:
+    """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer.
+    names (sha -> tag or branch) name the commits of a run with no result yet (its result's names otherwise)."""
     run = StoredRun.from_row(row)
     params, result = run.params, run.result
+    names = result.names if result else names or {}
     if run.kind == "backport":
-        span = f"fix {(params.fix or '')[:12]} on {' '.join(params.globs)}"
+        span = f"fix {named(params.fix or '', names)} on {' '.join(params.globs)}"
         answer = _backport_summary(result) if isinstance(result, BackportResult) else "-"
     else:
-        names = result.names if isinstance(result, BisectResult) else {}
         span = f"{_short_ends(params.good, names)}..{_short_ends(params.bad, names)}"
         answer = _run_answer(result) if isinstance(result, BisectResult) else "-"
         if params.parent_run is not None:
@@ -262,8 +274,9 @@ def _level_text(result: BisectResult) -> str:
         lines.append(f"{_no_answer(result)}: {_inconclusive(result)}")
         lines.extend(f"  {result.named(sha, 40)}" for sha in result.candidates)
     lines += _search_notes(result)
-    if result.skipped_by_user:
-        lines.append(f"skipped by --skip: {len(result.skipped_by_user)} commits")
+    skipped = skipped_line(result)
+    if skipped:
+        lines.append(skipped)
     lines += [f"warning: {warning}" for warning in result.warnings]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
@@ -324,7 +337,8 @@ def _markdown_level(result: BisectResult, pr_url_template: str | None) -> list[s
         out.append(f"**{_no_answer(result).capitalize()}:** {said}")
         if result.candidates:
             out += ["", *(f"- {md_code(result.named(sha, 40))}" for sha in result.candidates)]
-    notes = _search_notes(result) + [f"warning: {w}" for w in result.warnings]
+    skipped = skipped_line(result)
+    notes = _search_notes(result) + ([skipped] if skipped else []) + [f"warning: {w}" for w in result.warnings]
     if notes:
         out += ["", *(f"- {md_code(note.strip())}" for note in notes)]
     if _command_line(result):
@@ -394,6 +408,7 @@ def _junit_suite(result: BisectResult) -> ET.Element:
                         ("good", " ".join(result.good)), ("bad", " ".join(result.bad)),
                         (result.culprit_label.replace(" ", "_"), culprit.sha if culprit else ""),
                         ("candidates", " ".join(result.candidates)),
+                        *((("skipped_by_user", " ".join(result.skipped_by_user)),) if result.skipped_by_user else ()),
                         ("command", _command_line(result) or ""),
                         *((name, "" if count is None else str(count)) for name, count in result.counts.items()),
                         *((("level", result.level.said()),) if result.level else ()),
@@ -401,12 +416,16 @@ def _junit_suite(result: BisectResult) -> ET.Element:
         ET.SubElement(props, "property", name=name, value=value)
     classname = "bisector." + result.scenario.split("/")[0]
     answer = ET.SubElement(suite, "testcase", classname=classname, name="answer", time="0.000")
+    skipped = skipped_line(result)
     if culprit:
         ET.SubElement(answer, "system-out").text = \
-            f"{result.culprit_label}: {result.named(culprit.sha, 40)} {culprit.subject}"
+            f"{result.culprit_label}: {result.named(culprit.sha, 40)} {culprit.subject}" + \
+            (f"\n{skipped}" if skipped else "")
     else:
         ET.SubElement(answer, "failure", type=result.outcome, message=_inconclusive(result)).text = \
             "\n".join(result.named(sha, 40) for sha in result.candidates)
+        if skipped:
+            ET.SubElement(answer, "system-out").text = skipped
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
                              name=f"step {n}: {result.named(step.sha)} ({step.role})",
@@ -446,6 +465,7 @@ function show(id){document.querySelectorAll('.detail').forEach(d=>d.hidden=d.id!
 document.querySelectorAll('[data-target]').forEach(e=>e.classList.toggle('sel',e.dataset.target===id));}
 document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click',()=>show(e.dataset.target)));
 """
+USER_SKIP = "background:repeating-linear-gradient(45deg,#d5d9de 0 3px,#fff 3px 6px)"  # a commit --skip kept out
 # Every verdict the tool produces: step verdicts, a performance hunt's (perf_report.step_verdict), then
 # backport verdicts (bisector.results.VERDICTS).
 _TONES = {"good": "good", "bad": "bad", "skip": "skip", "like good": "good", "like bad": "bad", "undecided": "skip",
@@ -504,10 +524,14 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
     culprit = result.culprit
     culprit_sha = culprit.sha if culprit else None
     candidates = set(result.candidates) if not culprit else set()
+    skipped, skipped_by_user = skipped_line(result), set(result.skipped_by_user)
     cells = []
     for sha in order:
         classes = ["c"]
         title = result.named(sha)
+        if sha in skipped_by_user:
+            classes.append("user-skip")
+            title += " skipped by --skip"
         if sha in by_sha:
             verdict = by_sha[sha][-1].verdict
             classes += ["tested", verdict]
@@ -518,7 +542,8 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
         if sha in candidates:
             classes.append("candidate")
         target = f' data-target="{prefix}d-{sha}"' if sha in by_sha else ""
-        cells.append(f'<button class="{" ".join(classes)}" title="{e(title)}"{target}></button>')
+        style = f' style="{USER_SKIP}"' if sha in skipped_by_user else ""
+        cells.append(f'<button class="{" ".join(classes)}" title="{e(title)}"{target}{style}></button>')
     if culprit:
         pr = f" · PR #{culprit.pr}" if culprit.pr else ""
         name = f" ({e(result.names[culprit.sha])})" if culprit.sha in result.names else ""
@@ -560,12 +585,14 @@ def _html_level(result: BisectResult, prefix: str) -> tuple[str, str]:
             f'{e(result.scenario)}</code> · {e(counts_line(result))} · '
             f'{result.executions} executions · {result.rounds} rounds'
             + (f'<br>command: <code>{e(command)}</code>' if command else "")
+            + (f"<br>{e(skipped)}" if skipped else "")
             + "".join(f"<br>warning: {e(w)}" for w in result.warnings)
             + f'</div>{headline}'
             f'<div class="card"><div class="legend"><span><i style="background:#2e7d32"></i>good</span>'
             f'<span><i style="background:#c62828"></i>bad</span><span><i style="background:#f9a825">'
             f'</i>skip</span><span><i style="background:#d5d9de"></i>not tested</span>'
-            f'<span>▼ {e(label)}</span><span>click a tested commit for its log</span></div>'
+            + (f'<span><i style="{USER_SKIP}"></i>skipped by --skip</span>' if skipped else "")
+            + f'<span>▼ {e(label)}</span><span>click a tested commit for its log</span></div>'
             f'<div class="timeline">{"".join(cells)}</div><div class="axis"><span>'
             f'<code>{e(result.named(order[0]))}</code> (oldest)</span><span>(newest) '
             f'<code>{e(result.named(order[-1]))}'
@@ -585,9 +612,9 @@ def _html_files(implicated: Sequence[str], rest: Sequence[str]) -> str:
     return out + (f"<details><summary>{len(rest)} other files</summary>{listed}</details>" if rest else "")
 
 
-def _equivalent(entry: BranchEntry) -> str:
+def _equivalent(result: BackportResult, entry: BranchEntry) -> str:
     """The commit on the branch that already carries the fix (already-picked), linked by patch id."""
-    return f"<code>{html.escape(entry.equivalent[:12])}</code>" if entry.equivalent else "—"
+    return f"<code>{html.escape(result.named(entry.equivalent))}</code>" if entry.equivalent else "—"
 
 
 @published
@@ -599,7 +626,7 @@ def backport_html(result: BackportResult) -> str:
     tables, details = [], []
     if len(values) > 1:
         head = "".join(f"<th>{e(value)}</th>" for value in values)
-        rows = [f"<tr><td><b>{e(branch)}</b></td><td><code>{e(_short(tip))}</code></td><td>{e(pin or '—')}</td>"
+        rows = [f"<tr><td><b>{e(branch)}</b></td><td><code>{e(tip)}</code></td><td>{e(pin or '—')}</td>"
                 + "".join(f"<td>{_badge(verdict)}</td>" for verdict in verdicts) + "</tr>"
                 for branch, tip, pin, verdicts in _backport_matrix(result)]
         tables.append(f'<div class="card"><table><tr><th>branch</th><th>tip</th><th>AITER</th>{head}</tr>'
@@ -610,26 +637,27 @@ def backport_html(result: BackportResult) -> str:
         for entry in _entries_at(result, value):
             target, n = f"b-{n}", n + 1
             rows.append(f'<tr class="pick" data-target="{target}"><td><b>{e(entry.branch)}</b></td>'
-                        f'<td><code>{e(_short(entry.tip))}</code></td><td>{e(entry.pin or "—")}</td>'
+                        f'<td><code>{e(_tip(result, entry))}</code></td><td>{e(entry.pin or "—")}</td>'
                         f'<td><code>{e(_short(entry.pick))}</code></td>'
                         f'<td>{_badge(entry.before)}</td><td>{_badge(entry.after)}</td>'
                         f'<td>{_badge(entry.verdict)}</td>'
-                        f'<td>{_equivalent(entry)}</td>'
+                        f'<td>{_equivalent(result, entry)}</td>'
                         f'<td>{len(entry.conflicts)}</td><td>{e(_detail(entry))}</td></tr>')
             listed = "".join(f"<li><code>{e(line)}</code></li>" for line in _backport_conflicts(entry)) \
                 or "<li>none</li>"
+            picked = f'<p>picked: <code>{e(result.named(entry.picked, 40))}</code></p>' if entry.picked else ""
             details.append(f'<div class="card detail" id="{target}" hidden><b>{e(entry.branch)}</b> '
-                           f'at <code>{e(entry.tip)}</code><p>conflicts:</p>'
+                           f'at <code>{e(_tip(result, entry, 40))}</code>{picked}<p>conflicts:</p>'
                            f"<ul>{listed}</ul></div>")
         heading = f"<h2>at {e(value)}</h2>" if value else ""
         tables.append(f'<div class="card">{heading}<table><tr><th>branch</th><th>tip</th><th>AITER</th>'
                       f'<th>pick</th><th>before</th><th>after</th><th>verdict</th><th>equivalent</th>'
                       f'<th>conflicts</th><th>reason</th></tr>{"".join(rows)}</table></div>')
-    title = f"bisector backport of {result.fix[:12]}"
+    title = f"bisector backport of {result.named(result.fix)}"
     command = _command_line(result)
     problems = "".join(f'<div class="card"><span class="v bad">!</span> {e(problem)}</div>'
                        for problem in result.problems)
-    body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(result.fix)}</code> · "
+    body = (f"<h1>{e(title)}</h1><div class=\"meta\">fix <code>{e(result.named(result.fix, 40))}</code> · "
             f"{len(_branch_names(result))} branches"
             + (f"<br>command: <code>{e(command)}</code>" if command else "") + "</div>"
             f'{problems}{"".join(tables)}{"".join(details)}')
@@ -648,15 +676,27 @@ def _branch_names(result: BackportResult) -> list[str]:
     return list(dict.fromkeys(entry.branch for entry in result.branches))
 
 
+def _tip(result: BackportResult, entry: BranchEntry, width: int = 12) -> str:
+    """The branch's tip, with the tag naming it, or the branch that does when it is not this one."""
+    name = result.names.get(entry.tip)
+    return f"{entry.tip[:width]} ({name})" if name and name != entry.branch else entry.tip[:width]
+
+
+def _fix_names(result: BackportResult) -> list[str]:
+    """The tag or branch naming the fix and the ref it was asked as, each once (`v0.25.0`, `the-fix`)."""
+    return list(dict.fromkeys(name for name in (result.names.get(result.fix), result.fix_ref) if name))
+
+
 def _backport_matrix(result: BackportResult) -> list[tuple[str, str, str | None, list[str]]]:
-    """(branch, tip, AITER pin, its verdict at each --option value) per branch."""
+    """(branch, its tip as reports show it, AITER pin, its verdict at each --option value) per branch."""
     by_branch: dict[str, list[BranchEntry]] = {}
     for entry in result.branches:
         by_branch.setdefault(entry.branch, []).append(entry)
     matrix = []
     for branch, entries in by_branch.items():
         at = {entry.options: entry.verdict for entry in entries}
-        matrix.append((branch, entries[0].tip, entries[0].pin, [at.get(value, "-") for value in result.values]))
+        matrix.append((branch, _tip(result, entries[0]), entries[0].pin,
+                       [at.get(value, "-") for value in result.values]))
     return matrix
 
 
@@ -669,8 +709,8 @@ def _detail(entry: BranchEntry) -> str:
     return detail
 
 
-def _backport_rows(entries: Sequence[BranchEntry]) -> list[tuple[str, ...]]:
-    return [(entry.branch, entry.tip[:12], entry.pin or "-", entry.pick, entry.before or "-",
+def _backport_rows(result: BackportResult, entries: Sequence[BranchEntry]) -> list[tuple[str, ...]]:
+    return [(entry.branch, _tip(result, entry), entry.pin or "-", entry.pick, entry.before or "-",
              entry.after or "-", entry.verdict, _detail(entry)) for entry in entries]
 
 
@@ -700,7 +740,7 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 
 @published
 def backport_text(result: BackportResult) -> str:
-    lines = [f"fix {result.fix[:12]} ({result.fix_ref}): {result.fix_subject}",
+    lines = [f"fix {result.fix[:12]} ({', '.join(_fix_names(result))}): {result.fix_subject}",
              f"scenario: {result.scenario or 'none'}"]
     if _command_line(result):
         lines.append(f"command: {_command_line(result)}")
@@ -708,13 +748,13 @@ def backport_text(result: BackportResult) -> str:
     lines.append("")
     if len(result.values) > 1:
         lines += _aligned([("branch", "tip", "aiter", *result.values)]
-                          + [(branch, tip[:12], pin or "-", *verdicts)
+                          + [(branch, tip, pin or "-", *verdicts)
                              for branch, tip, pin, verdicts in _backport_matrix(result)])
     for value in result.values:
         if len(result.values) > 1:
             lines += ["", f"at {value}:"]
         entries = _entries_at(result, value)
-        lines += _aligned([BACKPORT_COLUMNS, *_backport_rows(entries)])
+        lines += _aligned([BACKPORT_COLUMNS, *_backport_rows(result, entries)])
         for entry in entries:
             if entry.conflicts:
                 lines.append(f"conflicts on {entry.branch}:")
@@ -726,14 +766,15 @@ def backport_text(result: BackportResult) -> str:
 @published
 def backport_markdown(result: BackportResult) -> str:
     out = ["## bisector backport", "",
-           f"Fix {md_code(result.fix[:12])} ({md_code(result.fix_ref)}): {md_code(result.fix_subject)}",
+           f"Fix {md_code(result.fix[:12])} ({', '.join(md_code(name) for name in _fix_names(result))}): "
+           f"{md_code(result.fix_subject)}",
            "", f"Scenario: {md_code(result.scenario or 'none')}", "",
            *([f"Command: {md_code(_command_line(result))}", ""] if _command_line(result) else []),
            *[f"> **{md_code(problem)}**\n" for problem in result.problems]]
     if len(result.values) > 1:
         out += ["| branch | tip | aiter | " + " | ".join(md_code(value, True) for value in result.values) + " |",
                 "|" + "---|" * (3 + len(result.values))]
-        out += ["| " + " | ".join([md_code(branch, True), md_code(tip[:12], True), md_code(pin or "-", True),
+        out += ["| " + " | ".join([md_code(branch, True), md_code(tip, True), md_code(pin or "-", True),
                                    *(f"**{verdict}**" for verdict in verdicts)]) + " |"
                 for branch, tip, pin, verdicts in _backport_matrix(result)]
         out.append("")
@@ -742,7 +783,7 @@ def backport_markdown(result: BackportResult) -> str:
             out += [f"### at {md_code(value)}", ""]
         entries = _entries_at(result, value)
         out += ["| " + " | ".join(BACKPORT_COLUMNS) + " |", "|" + "---|" * len(BACKPORT_COLUMNS)]
-        for row in _backport_rows(entries):
+        for row in _backport_rows(result, entries):
             cells = [md_code(row[0], True), md_code(row[1], True), md_code(row[2], True), *row[3:6],
                      f"**{row[6]}**", md_code(row[7], True)]
             out.append("| " + " | ".join(cells) + " |")
@@ -768,7 +809,7 @@ def backport_junit(result: BackportResult) -> str:
     entries = result.branches
     failures = sum(entry.verdict in FAILING for entry in entries) + len(result.problems)
     errors = sum(entry.verdict == "untestable" for entry in entries)
-    suite = ET.Element("testsuite", name=f"bisector backport {result.fix[:12]}",
+    suite = ET.Element("testsuite", name=f"bisector backport {result.named(result.fix)}",
                        tests=str(len(entries) + len(result.problems)), failures=str(failures), errors=str(errors),
                        skipped=str(sum(entry.verdict == "not-exercised" for entry in entries)))
     for check in result.checks:
@@ -786,7 +827,8 @@ def backport_junit(result: BackportResult) -> str:
             ET.SubElement(case, "error", type="untestable", message=entry.reason).text = body
         elif entry.verdict == "not-exercised":
             ET.SubElement(case, "skipped", message=entry.reason)
-        ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {entry.tip}" + \
+        ET.SubElement(case, "system-out").text = f"verdict: {entry.verdict}\ntip: {_tip(result, entry, 40)}" + \
+            (f"\npicked: {result.named(entry.picked, 40)}" if entry.picked else "") + \
             (f"\naiter: {entry.pin}" if entry.pin else "") + \
             (f"\nfollow-pins: {entry.pin_level.said()}" if entry.pin_level else "")
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"

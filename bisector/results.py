@@ -399,13 +399,14 @@ class BisectResult:
         return OUTCOMES[self.outcome]
 
     def shown(self) -> tuple[str, ...]:
-        """The commits the reports name: the ends, the answer, the candidates, every step, the merge bases."""
+        """The commits the reports name: the ends, the answer, the candidates, every step, the merge bases,
+        the commits skipped by --skip."""
         noted = [*((self.prefilter.culprit,) if self.prefilter and self.prefilter.culprit else ()),
                  *((self.seeded.origin, *(self.seeded.pair or ())) if self.seeded else ()),
                  *((self.flaky.best_guess, *self.flaky.evidence) if self.flaky else ())]
         return tuple(dict.fromkeys([*self.good, *self.bad, *((self.culprit.sha,) if self.culprit else ()),
                                     *self.candidates, *(step.sha for step in self.steps),
-                                    *(base.sha for base in self.merge_bases), *noted]))
+                                    *(base.sha for base in self.merge_bases), *noted, *self.skipped_by_user]))
 
     def with_names(self, names: Mapping[str, str]) -> BisectResult:
         """This result keeping, of names (sha -> tag or branch), those of the commits it shows."""
@@ -689,6 +690,16 @@ class BackportResult:
     executions: int
     resumed_from: int | None = None
     checks: tuple[FixCheck, ...] = ()  # the fix checked at each --option value (none without a scenario)
+    names: Mapping[str, str] = field(default_factory=dict)  # sha -> the tag or branch naming it (refs.names)
+
+    def shown(self) -> tuple[str, ...]:
+        """The commits the reports name: the fix, and each branch's tip, pick and equivalent commit."""
+        return tuple(dict.fromkeys([self.fix, *(sha for entry in self.branches
+                                                for sha in (entry.tip, entry.picked, entry.equivalent) if sha)]))
+
+    def named(self, sha: str, width: int = 12) -> str:
+        """sha with the tag or branch that names it (results.named)."""
+        return named(sha, self.names, width)
 
     @property
     def values(self) -> tuple[str, ...]:
@@ -719,7 +730,7 @@ class BackportResult:
                 "globs": list(self.globs), "branches": [entry.to_json() for entry in self.branches],
                 "executions": self.executions, "ok": self.ok, "resumed_from": self.resumed_from,
                 "values": list(self.values), "checks": [check.to_json() for check in self.checks],
-                "problems": list(self.problems)}
+                "problems": list(self.problems), **({"names": dict(self.names)} if self.names else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> BackportResult:
@@ -729,7 +740,8 @@ class BackportResult:
                    command_line=tuple(data.get("command_line") or ()), repo=data.get("repo"),
                    globs=tuple(data["globs"]), branches=tuple(BranchEntry.from_json(b) for b in data["branches"]),
                    executions=data["executions"], resumed_from=data.get("resumed_from"),
-                   checks=tuple(FixCheck.from_json(check) for check in data.get("checks", ())))
+                   checks=tuple(FixCheck.from_json(check) for check in data.get("checks", ())),
+                   names=dict(data.get("names", {})))
 
 
 Result = BisectResult | BackportResult

@@ -86,7 +86,7 @@ def history(tmp_path_factory, repo_builder):
 
 def bisect(cli, history, tmp_path, name, *options):
     """One run on history recording each step's GPU environment: (its JSON result, the environments seen,
-    the commits handed to the slots in order, as progress says "testing SHA (ROLE)")."""
+    the commits handed to the slots in order, as progress says "testing SHA (NAME), ROLE …")."""
     repo, shas = history
     seen, result = tmp_path / f"{name}.seen", tmp_path / f"{name}.json"
     proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
@@ -99,7 +99,7 @@ def bisect(cli, history, tmp_path, name, *options):
 
 def role_of(words: list[str]) -> str:
     """The step's role in a progress line's words after "testing": the sha, maybe its name, then the role."""
-    return next(word for word in words[1:] if word in ("(endpoint)", "(probe)", "(seed)", "(prefilter)"))
+    return next(word for word in words[1:] if word in ("endpoint", "probe", "seed", "prefilter"))
 
 
 def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path):
@@ -114,8 +114,8 @@ def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path)
     assert shared["rounds"] == separate["rounds"] < one["rounds"]
     assert asked == asked_separate
     roles = [role_of(words) for words in asked]
-    assert roles[:6] == ["(endpoint)"] * 2 + ["(probe)"] * 4
-    assert [role_of(words) for words in asked_one].count("(probe)") == one["rounds"]  # one a round
+    assert roles[:6] == ["endpoint"] * 2 + ["probe"] * 4
+    assert [role_of(words) for words in asked_one].count("probe") == one["rounds"]  # one a round
 
 
 def test_the_first_probe_round_runs_beside_the_endpoints(cli, history, tmp_path):

@@ -4,8 +4,11 @@ the same commit counts in every format (item 7). Real repositories, the real CLI
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -45,7 +48,8 @@ def test_every_format_runs_plan_and_progress_name_the_commits(tagged, tmp_path, 
                "--", *state_is_good)
     assert proc.returncode == 0, proc.stderr
     assert f"{shas[0][:12]} (v1.0) good" in proc.stderr and f"{shas[7][:12]} (main) bad" in proc.stderr
-    assert f"testing {shas[0][:12]} (v1.0) (endpoint)" in proc.stderr
+    assert f"  testing {shas[0][:12]} (v1.0), endpoint …" in proc.stderr.splitlines()
+    assert f"  testing {shas[3][:12]} (v1.1~3), probe …" in proc.stderr.splitlines()
     assert f"first bad commit: {shas[4]} (v1.1~2)" in proc.stdout
     plan = cli("run", "--repo", str(repo.path), "--good", "v1.0", "--bad", "main", "--state-dir", str(state),
                "--plan", "--", *state_is_good)
@@ -169,3 +173,94 @@ def test_each_run_of_a_command_numbers_its_steps_from_one_as_its_report_does(tmp
     assert result["first_bad"]["sha"] == planted
     assert len(re.findall(r"^step \d+: ", main, re.M)) == len(result["steps"]) == result["counts"]["steps"]
     assert len(re.findall(r"^step \d+: ", cheap, re.M)) == len(result["prefilter"]["steps"])
+
+
+def test_every_format_counts_and_names_the_commits_the_user_skipped(tagged, tmp_path, cli, state_is_good):
+    repo, shas = tagged
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", "v1.0", "--bad", "main", "--state-dir", str(state),
+               "--skip", shas[5], "--skip", shas[1], "--", *state_is_good)
+    assert proc.returncode == 0, proc.stderr
+    said = f"skipped by --skip: 2 commits: {shas[1][:12]} (v1.1~5), {shas[5][:12]} (v1.1~1)"
+    assert said in proc.stdout.splitlines()
+
+    shutil.rmtree(repo.path)  # the names come from the stored result, not from the repository
+    reports = {fmt: cli("report", "1", "--state-dir", str(state), "--format", fmt).stdout for fmt in REPORT_FORMATS}
+    assert said in reports["text"].splitlines()
+    assert f"- `{said}`" in reports["markdown"].splitlines()
+    assert f"<br>{said}<br>" in reports["html"] or f"<br>{said}</div>" in reports["html"]
+    assert reports["html"].count("c user-skip") == 2
+    junit = ET.fromstring(reports["junit"])
+    answer = next(case for case in junit.iter("testcase") if case.get("name") == "answer")
+    assert said in (answer.findtext("system-out") or "").splitlines()
+    props = {prop.get("name"): prop.get("value") for prop in junit.iter("property")}
+    assert props["skipped_by_user"] == f"{shas[1]} {shas[5]}"
+    record = json.loads(reports["json"])
+    assert record["skipped_by_user"] == [shas[1], shas[5]]
+    assert record["names"][shas[1]] == "v1.1~5" and record["names"][shas[5]] == "v1.1~1"
+
+
+@pytest.fixture
+def releases(make_repo):
+    """main: base (v1.0), then the fix (tagged v1.1); branch rel/tagged from v1.0 with a commit tagged v1.0.1,
+    branch rel/plain from v1.0 with an untagged commit. Returns (repo, base, fix, {branch: tip})."""
+    repo = make_repo()
+    base = repo.commit("base", {"lib.py": "value = 1\n"})
+    repo.git("tag", "v1.0")
+    tips = {}
+    for branch, tag in (("rel/tagged", "v1.0.1"), ("rel/plain", None)):
+        repo.git("checkout", "-q", "-b", branch, base)
+        tips[branch] = repo.commit(f"release note on {branch}", {f"{branch.replace('/', '-')}.txt": "note\n"})
+        if tag:
+            repo.git("tag", tag)
+    repo.git("checkout", "-q", "main")
+    fix = repo.commit("Fix value (#7)", {"lib.py": "value = 2\n"})
+    repo.git("tag", "-a", "v1.1", "-m", "release 1.1")
+    return repo, base, fix, tips
+
+
+def test_backport_reports_name_the_fix_and_the_tips_from_the_stored_result(releases, tmp_path, cli):
+    repo, _, fix, tips = releases
+    state = tmp_path / "state"
+    proc = cli("backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel/*", "--state-dir", str(state))
+    assert proc.returncode == 1, proc.stderr  # applies, unverified: no scenario
+    assert f"fix {fix[:12]} (v1.1, {fix}): Fix value (#7)" in proc.stdout
+
+    shutil.rmtree(repo.path)  # the names come from the stored result, not from the repository
+    reports = {fmt: cli("report", "1", "--state-dir", str(state), "--format", fmt).stdout for fmt in REPORT_FORMATS}
+    rows = {line.split()[0]: line for line in reports["text"].splitlines() if line.startswith("rel/")}
+    assert rows["rel/tagged"].split()[1:3] == [tips["rel/tagged"][:12], "(v1.0.1)"]
+    assert rows["rel/plain"].split()[1:3] == [tips["rel/plain"][:12], "-"]  # its own branch names it: said once
+    assert f"Fix `{fix[:12]}` (`v1.1`, `{fix}`)" in reports["markdown"]
+    assert f"| `rel/tagged` | `{tips['rel/tagged'][:12]} (v1.0.1)` |" in reports["markdown"]
+    assert f"<h1>bisector backport of {fix[:12]} (v1.1)</h1>" in reports["html"]
+    assert f"<td><code>{tips['rel/tagged'][:12]} (v1.0.1)</code></td>" in reports["html"]
+    junit = ET.fromstring(reports["junit"])
+    assert junit.get("name") == f"bisector backport {fix[:12]} (v1.1)"
+    outs = {case.get("name"): case.findtext("system-out") or "" for case in junit.iter("testcase")}
+    assert f"tip: {tips['rel/tagged']} (v1.0.1)" in outs["rel/tagged"].splitlines()
+    record = json.loads(reports["json"])
+    picked = {entry["branch"]: entry["picked"] for entry in record["branches"]}
+    assert all(picked.values()) and f"picked: {picked['rel/plain']}" in outs["rel/plain"].splitlines()
+    assert record["names"] == {fix: "v1.1", tips["rel/tagged"]: "v1.0.1", tips["rel/plain"]: "rel/plain"}
+
+
+def test_runs_names_the_ends_of_a_run_still_going(tagged, tmp_path, git_env, project_root, wait_for):
+    """A run with no result yet: `runs` names its ends from the repository, as a finished run's result does."""
+    repo, shas = tagged
+    state, started, release = tmp_path / "state", tmp_path / "started", tmp_path / "release"
+    env = {**os.environ, **git_env, "PYTHONPATH": str(project_root)}
+    hold = f"touch '{started}'; while [ ! -e '{release}' ]; do sleep 0.05; done; grep -q good state"
+    going = subprocess.Popen([sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", "v1.0",
+                              "--bad", "main", "--state-dir", str(state), "--", "sh", "-c", hold],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(started.exists)
+        runs = subprocess.run([sys.executable, "-m", "bisector.cli", "runs", "--repo", str(repo.path),
+                               "--state-dir", str(state)], env=env, capture_output=True, text=True, timeout=120)
+        assert runs.returncode == 0, runs.stderr
+        [line] = runs.stdout.splitlines()
+        assert " running " in line and f"  {shas[0][:12]} (v1.0)..{shas[7][:12]} (main)  -  $ " in line
+    finally:
+        release.touch()
+        assert going.wait(timeout=120) == 0

@@ -103,6 +103,7 @@ def test_scenario_run_builds_a_named_scenario_by_default_and_wheels_ask_for_a_bu
 def test_scenario_calibrate_builds_and_shows_each_step_as_it_lands(make_repo, tmp_path, cli, plugin_env):
     repo = make_repo()
     shas = buildable_tree(repo)
+    repo.git("tag", "v0.1", shas[0])
     wheels = wheels_for(shas, tmp_path / "wheels")
     proc = cli("scenario", "calibrate", "needs-built", "--repo", str(repo.path), "--good", shas[0], "--bad",
                shas[-1], "--runs", "2", "--wheels", str(wheels), "--python", sys.executable,
@@ -111,7 +112,7 @@ def test_scenario_calibrate_builds_and_shows_each_step_as_it_lands(make_repo, tm
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["good"]["runs"] == result["bad"]["runs"] == 2 and result["bad"]["bad"] == 0  # built: good
     lines = proc.stderr.splitlines()
-    assert lines[0] == f"calibrating: 2 runs of each end, bad {shas[-1][:12]} and good {shas[0][:12]}"
+    assert lines[0] == f"calibrating: 2 runs of each end, bad {shas[-1][:12]} (main) and good {shas[0][:12]} (v0.1)"
     landed = [line for line in lines if line.startswith("step ")]
     assert len(landed) == 4 and all(" good (built) [build " in line for line in landed), lines
     assert " [build precompiled: " in landed[0]  # then reused: the same native inputs

@@ -83,8 +83,16 @@ class ProgressHandler(Handler):
 
     def calibrating(self, good: str, bad: str, runs: int, logs: Path) -> None:
         self.start, self.logs = time.monotonic(), logs
-        console.print(f"calibrating: {counted(runs, 'run')} of each end, bad {bad[:12]} and good {good[:12]}")
+        console.print(f"calibrating: {counted(runs, 'run')} of each end, bad {self._named(bad)} and good "
+                      f"{self._named(good)}")
         self._begin()
+
+    def judging(self, sha: str, logs: Path) -> None:
+        """`scenario run`: its one commit, heard from while it runs as a step is."""
+        self.start, self.logs = time.monotonic(), logs
+        console.print(f"judging {self._named(sha)} …")
+        self._begin()
+        self.running[sha] = time.monotonic()
 
     def _begin(self) -> None:
         """The notes and the heartbeat, once per command (--prefilter and --follow-pins levels start several runs)."""
@@ -96,7 +104,7 @@ class ProgressHandler(Handler):
 
     def testing(self, sha: str, role: str) -> None:
         self.running[sha] = time.monotonic()
-        console.print(f"  testing {self._named(sha)} ({role}) …", style="dim")
+        console.print(f"  testing {self._named(sha)}, {role} …", style="dim")
 
     def tested(self, step: Step, left: int, steps_left: int) -> None:
         self.running.pop(step.sha, None)

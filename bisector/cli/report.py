@@ -15,6 +15,7 @@ from bisector.cli.options import (
 )
 from bisector.cli.state import open_record, repo_root
 from bisector.errors import (
+    GitError,
     UsageError,
 )
 from bisector.formats import FORMATS
@@ -78,7 +79,26 @@ def runs_command(repo, all_repos, state_dir):
     finally:
         store.close()
     root = None if all_repos else repo_root(repo)
-    for row in rows:
-        line = report.run_line(row)
-        if root is None or StoredRun.from_row(row).params.repo == root:
-            click.echo(line)
+    listed = [row for row in rows if root is None or StoredRun.from_row(row).params.repo == root]
+    names = _names_of_unfinished([StoredRun.from_row(row) for row in listed])
+    for row in listed:
+        click.echo(report.run_line(row, names))
+
+
+def _names_of_unfinished(runs: list[StoredRun]) -> dict[str, str]:
+    """sha -> the tag or branch naming it, for the ends (or fix) of runs with no result yet (a finished run's
+    result keeps its own names), read from their repositories, those still there."""
+    from bisector.refs import GitRepo
+
+    wanted: dict[str, list[str]] = {}
+    for run in runs:
+        params = run.params
+        if run.record is None and params.repo:
+            wanted.setdefault(params.repo, []).extend([*params.good, *params.bad, *filter(None, [params.fix])])
+    names: dict[str, str] = {}
+    for path, shas in wanted.items():
+        try:
+            names.update(GitRepo(path).names(shas))
+        except GitError:
+            continue  # the repository is gone: its runs are listed by sha
+    return names

@@ -73,8 +73,9 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
                  allow_install_into_python, cache_size, log_limit, env_mode, env_cache_size, world, reuse_verdicts,
                  command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
+    from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
-    from bisector.engine.run import judge_one
+    from bisector.engine.run import JudgeOne, judge_one
     from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
@@ -89,7 +90,8 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
                       envs=EnvSettings(env_mode, python, env_cache_size),
                       world=WorldSettings.from_options(world, scenario, env_mode, rocm_arch))
-    outcome = judge_one(Path(repo), ref, judge, state_dir, parse_log_limit(log_limit), reuse_verdicts).to_json()
+    outcome = judge_one(Path(repo), ref, judge, state_dir, JudgeOne(parse_log_limit(log_limit), reuse_verdicts),
+                        ProgressHandler()).to_json()
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")

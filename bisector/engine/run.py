@@ -304,14 +304,25 @@ def single_commit_context(repo: GitRepo, state_dir: Path | None, spec: JudgeSpec
             executor.shutdown()
 
 
+@dataclasses.dataclass(frozen=True)
+class JudgeOne:
+    """How `scenario run` keeps its one commit's judgement: the log cap, and whether a command's stored
+    verdicts serve it (--reuse-verdicts)."""
+
+    log_limit: int = DEFAULT_LOG_LIMIT
+    reuse_verdicts: bool = False
+
+
 def judge_one(repo_path: Path, ref: str, spec: JudgeSpec, state_dir: Path | None = None,
-              log_limit: int = DEFAULT_LOG_LIMIT, reuse_verdicts: bool = False) -> JudgedCommit:
+              asked: JudgeOne = JudgeOne(), handler: Handler | None = None) -> JudgedCommit:
     """Judge a single commit (through the verdict cache; a command's stored verdicts only with
-    reuse_verdicts); returns the outcome."""
+    asked.reuse_verdicts), told to handler; returns the outcome."""
     repo = GitRepo(repo_path)
     sha = repo.resolve(ref)
-    with single_commit_context(repo, state_dir, keyed_on_environment(spec), log_limit,
-                               CacheUse(reuse_verdicts=reuse_verdicts)) as (ctx, _):
+    with single_commit_context(repo, state_dir, keyed_on_environment(spec), asked.log_limit,
+                               CacheUse(reuse_verdicts=asked.reuse_verdicts), handler) as (ctx, logs):
+        ctx.handler.named(repo.names([sha]))
+        ctx.handler.judging(sha, logs)
         execution, cached = ctx.verdict(sha)
     return JudgedCommit(sha=sha, verdict=execution.verdict, reason=execution.reason, log=execution.log_path,
                         seconds=round(execution.seconds, 3), cached=cached, scenario=ctx.judge.key,
@@ -328,6 +339,7 @@ def calibrate(repo_path: Path, ends: tuple[str, str], spec: JudgeSpec, runs: int
         raise UsageError(f"good and bad are the same commit ({bad_sha[:12]})")
     policy = CalibratePolicy(good_sha, bad_sha, runs)
     with single_commit_context(repo, state_dir, keyed_on_environment(spec), handler=handler) as (ctx, logs):
+        ctx.handler.named(repo.names([good_sha, bad_sha]))
         ctx.handler.calibrating(good_sha, bad_sha, runs, logs)
         ctx.drive(policy)
     learned = spec.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
