@@ -123,13 +123,13 @@ def test_the_first_probe_round_runs_beside_the_endpoints(cli, history, tmp_path)
     follows it; --no-verify-endpoints gives the slots to probes from the start, as before."""
     repo, shas = history
     result, _, asked = bisect(cli, history, tmp_path, "beside", "--gpus", "0:4")
-    assert [role_of(words) for words in asked[:6]] == ["(endpoint)"] * 2 + ["(probe)"] * 4  # launched at once
+    assert [role_of(words) for words in asked[:6]] == ["endpoint"] * 2 + ["probe"] * 4  # launched at once
     first = [step["role"] for step in result["steps"] if step["round"] == 0]  # landed (moot probes are cancelled)
     assert first.count("endpoint") == 2 and first.count("probe") >= 1
     assert result["culprit"]["sha"] == shas[11] and result["rounds"] == 1
     unverified, _, asked = bisect(cli, history, tmp_path, "unverified", "--gpus", "0:4", "--no-verify-endpoints")
     assert unverified["culprit"]["sha"] == shas[11]
-    assert "(endpoint)" not in {role_of(words) for words in asked}
+    assert "endpoint" not in {role_of(words) for words in asked}
     assert {step["round"] for step in unverified["steps"]} == set(range(1, unverified["rounds"] + 1))
 
 
