@@ -118,6 +118,17 @@ def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path)
     assert [role_of(words) for words in asked_one].count("probe") == one["rounds"]  # one a round
 
 
+def test_the_run_record_says_the_slots_used_beside_the_jobs_asked(cli, history, tmp_path):
+    """--gpus 0:4 without --jobs runs 4 steps at once: the stored run says slots 4 (jobs stays as given)."""
+    bisect(cli, history, tmp_path, "recorded", "--gpus", "0:4")
+    bisect(cli, history, tmp_path, "kept", "--gpus", "0:4", "--jobs", "2")
+    for name, slots in (("recorded", 4), ("kept", 2)):
+        with sqlite3.connect(tmp_path / f"{name}-state" / "bisector.sqlite") as db:
+            (params,), = db.execute("SELECT params FROM runs").fetchall()
+        assert {key: json.loads(params)[key] for key in ("jobs", "slots")} == \
+            {"jobs": 1 if name == "recorded" else 2, "slots": slots}
+
+
 def test_the_first_probe_round_runs_beside_the_endpoints(cli, history, tmp_path):
     """4 slots, 2 endpoints: the endpoint round tests the first round's 4 probes too, so one round fewer
     follows it; --no-verify-endpoints gives the slots to probes from the start, as before."""
