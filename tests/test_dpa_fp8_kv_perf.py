@@ -90,7 +90,8 @@ def test_one_slow_step_in_ten_leaves_the_median_step_figure_where_it_was(tmp_pat
 def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811
     old = measured(tmp_path, nvidia_root, "0.002", "old", step_api=False)
     assert old.verdict is Verdict.GOOD, old.reason
-    assert 0 < old.metrics["decode_tok_s"] <= 2000 * 1.02
+    # a difference of two wall times: load on either generate moves it either way, so only its sign is certain
+    assert old.metrics["decode_tok_s"] > 0
     assert {m["method"] for m in old.details["perf"]["measurements"]} == {"two-generates"}
     assert old.details["perf"]["method"] == "two-generates"
 
