@@ -6,7 +6,12 @@ built into a wheel and installed into a layer for real (bisector.aiter, as `--ai
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -29,12 +34,20 @@ NAME = "dpa-fp8-kv-graph-capture"
 SETUP = "from setuptools import setup\nsetup(name='amd-aiter', version=open('VERSION').read().strip(), " \
         "packages=['aiter'])\n"
 # The fake vLLM's engine: graph capture "faults" (the recorded ROCm fault, then SIGABRT) when the AITER it
-# imports says so, or when this vLLM commit itself is broken (SELF_FAULT).
+# imports says so, or when this vLLM commit itself is broken. With $BLOCK_HELD set, the third run of a held vLLM
+# (a step inside AITER) says so there and waits until killed.
 ENGINE = '''
-    import os, sys
+    import os, sys, time
 
     def capture(self_fault):
         import aiter
+        block = os.environ.get("BLOCK_HELD")
+        if block and "/src/vllm-" in __file__:
+            count = len(os.listdir(block)) + 1
+            open(os.path.join(block, "held-%d" % count), "w").close()
+            if count == 3:
+                open(os.path.join(block, "blocked"), "w").close()
+                time.sleep(600)
         if self_fault or aiter.GRAPH_CAPTURE_FAULTS:
             print({fault!r}, file=sys.stderr, flush=True)
             os.abort()
@@ -92,6 +105,26 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
         return [vllm.path, *shas]
 
     return a, vllm_history
+
+
+# The hunt in a process of its own (to be killed), with the fake / of the world fixture: argv REPO GOOD BAD STATE ROOT.
+RUNNER = f"""
+import json, sys
+from pathlib import Path
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
+from bisector.world import WorldSettings
+from scenarios import create
+from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
+
+repo, good, bad, state, root = sys.argv[1:]
+DpaFp8KvScenario.system_root = Path(root)
+result = run_bisection(RunConfig(repo=Path(repo), good=good, bad=bad, state_dir=Path(state), follow_pins=True,
+                                 scenario=create({NAME!r}, {{"max_num_seqs": "4"}}),
+                                 world=WorldSettings(aiter="pinned")))
+print(json.dumps(result.to_json(published=True)))
+sys.exit(result.exit_code)
+"""
 
 
 def hunt(vllm: list, tmp_path: Path, world: WorldSettings | None = None):
@@ -154,3 +187,34 @@ def test_with_image_the_level_says_what_it_lacks(tmp_path, make_repo):
     opened = level.open(GitRepo(aiter.path), tmp_path / "state")
     with opened.enter(StepAt(sha, aiter.path, tmp_path / "logs"), None, "python3") as place:
         assert not place.ok and place.reason == LEVEL_IMAGE_SKIP
+
+
+def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path):
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    block = tmp_path / "block"
+    block.mkdir()
+    state = tmp_path / "state"
+    project = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-c", RUNNER, str(repo), v[0], v[-1], str(state), str(DpaFp8KvScenario.system_root)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), os.environ["PYTHONPATH"]])}
+    killed = subprocess.Popen(argv, env={**env, "BLOCK_HELD": str(block)}, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (block / "blocked").exists():  # the third step inside AITER has begun, and waits
+        assert killed.poll() is None, killed.communicate()
+        assert time.monotonic() < deadline, "the second level never reached its third step"
+        time.sleep(0.1)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    with Store(state / "bisector.sqlite") as store:
+        before = {row["id"]: row for row in store.runs()}
+    [second_level] = [row for row in before.values() if json.loads(row["params"]).get("parent_run")]
+    assert second_level["status"] == "running"
+
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    first, inside = json.loads(again.stdout)["levels"]
+    assert first["executions"] == 0  # every verdict of the first level from the cache
+    assert inside["resumed_from"] == second_level["id"] and inside["culprit"]["sha"] == a[3]
+    assert len([step for step in inside["steps"] if step["cached"]]) == 2  # the ends; the killed step ran again
