@@ -21,11 +21,13 @@ from test_dpa_fp8_kv_scenario import FAKE_TORCH, FAKE_VLLM
 from bisector import report
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
+from bisector.errors import ScenarioError
 from bisector.images import ImageSettings
 from bisector.refs import GitRepo
 from bisector.store import Store
 from bisector.world import LEVEL_IMAGE_SKIP, StepAt, WorldSettings
 from scenarios import create
+from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -114,7 +116,9 @@ from pathlib import Path
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
 from bisector.world import WorldSettings
+from bisector.errors import ScenarioError
 from scenarios import create
+from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
 
 repo, good, bad, state, root = sys.argv[1:]
@@ -218,3 +222,18 @@ def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path):
     assert first["executions"] == 0  # every verdict of the first level from the cache
     assert inside["resumed_from"] == second_level["id"] and inside["culprit"]["sha"] == a[3]
     assert len([step for step in inside["steps"] if step["cached"]]) == 2  # the ends; the killed step ran again
+
+
+def test_held_vllm_options_are_checked_and_a_missing_held_commit_is_a_skip(tmp_path, make_repo):
+    with pytest.raises(ScenarioError, match="options vllm_repo and vllm_ref go together"):
+        create(NAME, {"vllm_repo": str(tmp_path)})
+    with pytest.raises(ScenarioError, match="option vllm_ref='--all': a ref cannot start with '-'"):
+        create(NAME, {"vllm_repo": str(tmp_path), "vllm_ref": "--all"})
+    vllm = make_repo("vllm")
+    vllm.commit("vLLM", {"vllm/__init__.py": ""})
+    held = create(NAME, {}).follow_up("aiter").hold(str(vllm.path), "f" * 40)
+    ctx = StepContext(checkout=tmp_path, log_path=tmp_path / "logs/step.log", python=sys.executable)
+    outcome = held.run(ctx)
+    assert outcome.verdict is Verdict.SKIP and outcome.reason == f"held vLLM: vLLM ref {'f' * 40} not found in " \
+                                                                  f"{vllm.path}"
+    assert held.machine_check(ctx) == outcome.reason
