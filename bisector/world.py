@@ -5,13 +5,16 @@ not here, proven to hold the commit, then every process of the scenario runs ins
 container flags. A commit without an image is skipped (`--image-fallback build`: built and run here).
 On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
 its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
-what is there. Settings are opened per run (`WorldSettings.open`); the opened World also says what a step
+what is there. In a level inside AITER (`run --follow-pins`, WorldSettings.for_level) the repository bisected
+is AITER itself and each step installs its own commit that way, the scenario holding vLLM. Settings are
+opened per run (`WorldSettings.open`); the opened World also says what a step
 costs (the search prefers imaged commits as it prefers cheap builds), which commits cannot be tested at
 all, and what the verdict cache key adds (the image digest).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import threading
@@ -63,6 +66,8 @@ UNTESTABLE_COST = 2.0
 # Rough figures for --plan's estimates.
 PULL_BYTES_PER_SECOND = 100e6
 AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
+LEVEL_IMAGE_SKIP = ("--image inside AITER: layering an AITER commit over the held vLLM commit's image is not "
+                    "built yet; run the level on bare metal (without --image, AITER installed per commit)")
 BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
                    "reuse": "stored artifacts copied, seconds", "none": "no build",
                    "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
@@ -76,6 +81,7 @@ class WorldSettings:
     image: ImageSettings | None = None
     aiter: str = "any"  # pinned | installed | any
     aiter_settings: AiterSettings = field(default_factory=AiterSettings)
+    aiter_at_step: bool = False  # a level inside AITER: each step installs the AITER commit it checks out
 
     @property
     def settings(self) -> "WorldSettings":
@@ -151,6 +157,15 @@ class WorldSettings:
     def open(self, repo: GitRepo, state_dir: Path) -> "World":
         return World(self, repo, Path(state_dir))
 
+    def for_level(self, held: Scenario) -> "WorldSettings":
+        """The world of a level inside AITER judged by held: a scenario whose verdict depends on AITER gets
+        each step's AITER commit installed as `--aiter pinned` installs a pin (same arch, cache and prebuild;
+        from the level's repository), with --image each step skips (LEVEL_IMAGE_SKIP); any other scenario
+        (one that reads the checkout's AITER source itself) the first level's world."""
+        if not held.aiter_sensitive:
+            return self
+        return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True)
+
 
 @dataclass
 class Place:
@@ -198,7 +213,7 @@ class World:
         self.index: ImageIndex | None = None
         self.aiter: AiterInstalls | None = None
         self.planned_aiter: set[str] = set()  # --plan: AITER build keys an earlier planned step builds
-        if settings.image:
+        if settings.image and not settings.aiter_at_step:
             runtime = Runtime.find(settings.image.runtime)
             self.index = ImageIndex(runtime, state_dir / "bisector.sqlite", settings.image)
         if settings.aiter == "pinned":
@@ -276,17 +291,21 @@ class World:
             return PlannedWorld(f"{self.index.missing_reason(sha)}: skip", (), "none: skipped")
         if self.settings.aiter == "any":
             return PlannedWorld("", (), BUILD_ESTIMATES.get(build, build), BUILD_MINUTES.get(build, (0, 0)))
-        pin = pins_at(self.repo.root, sha).get("aiter")
-        if pin is None:
-            return PlannedWorld("no AITER pin (docker/Dockerfile.rocm_base): skip", (), "none: skipped")
-        if self.settings.aiter == "installed":
-            return PlannedWorld(_planned_installed(pin.ref, python), (), BUILD_ESTIMATES.get(build, build),
-                                BUILD_MINUTES.get(build, (0, 0)))
+        if self.settings.aiter_at_step:
+            ref, repo = sha, str(self.repo.root)
+        else:
+            pin = pins_at(self.repo.root, sha).get("aiter")
+            if pin is None:
+                return PlannedWorld("no AITER pin (docker/Dockerfile.rocm_base): skip", (), "none: skipped")
+            if self.settings.aiter == "installed":
+                return PlannedWorld(_planned_installed(pin.ref, python), (), BUILD_ESTIMATES.get(build, build),
+                                    BUILD_MINUTES.get(build, (0, 0)))
+            ref, repo = pin.ref, pin.repo or DEFAULT_AITER_REPO
         assert self.aiter is not None
         try:
-            planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, python)
+            planned = self.aiter.plan(ref, repo, python)
         except AiterUnavailable as exc:
-            return PlannedWorld(f"AITER {pin.ref}: {exc}: skip", (), "none: skipped")
+            return PlannedWorld(f"AITER {ref}: {exc}: skip", (), "none: skipped")
         failed = self.aiter.failure(planned)
         stored = (self.state_dir / "aiter" / "builds" / planned.key / "dist").is_dir()
         earlier = planned.key in self.planned_aiter
@@ -306,7 +325,9 @@ class World:
     @contextlib.contextmanager
     def enter(self, step: StepAt, environment: Environment, python: str) -> Iterator[Place]:
         """The step's world, held while its scenario runs (python: the judge's --python)."""
-        if self.index is not None:
+        if self.settings.aiter_at_step and self.settings.image:
+            yield Place(False, LEVEL_IMAGE_SKIP)
+        elif self.index is not None:
             with self._image(step) as place:
                 yield place
         elif self.settings.aiter == "pinned":
@@ -337,17 +358,22 @@ class World:
 
     @contextlib.contextmanager
     def _pinned(self, step: StepAt, environment: Environment, python: str) -> Iterator[Place]:
-        pin = pins_in_tree(step.worktree).get("aiter")
-        if pin is None:
-            yield Place(False, "the commit pins no AITER (no ARG AITER_BRANCH in docker/Dockerfile.rocm_base): "
-                               "--aiter pinned has nothing to install")
-            return
+        """The commit's pinned AITER installed into a layer (in a level inside AITER: the commit itself)."""
+        if self.settings.aiter_at_step:
+            ref, repo = step.sha, str(self.repo.root)
+        else:
+            pin = pins_in_tree(step.worktree).get("aiter")
+            if pin is None:
+                yield Place(False, "the commit pins no AITER (no ARG AITER_BRANCH in docker/Dockerfile.rocm_base): "
+                                   "--aiter pinned has nothing to install")
+                return
+            ref, repo = pin.ref, pin.repo or DEFAULT_AITER_REPO
         assert self.aiter is not None
         base = environment.python or python
         try:
-            planned = self.aiter.plan(pin.ref, pin.repo or DEFAULT_AITER_REPO, base)
+            planned = self.aiter.plan(ref, repo, base)
         except AiterUnavailable as exc:
-            yield Place(False, f"AITER {pin.ref}: {exc}", details={"aiter": {"pinned": pin.ref}})
+            yield Place(False, f"AITER {ref}: {exc}", details={"aiter": {"pinned": ref}})
             return
         with self.aiter.installed(planned, base, step.logs, step.sha[:12]) as layer:
             if not layer.ok:

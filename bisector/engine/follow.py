@@ -248,10 +248,12 @@ def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, ha
 def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: LevelPlan, level: PinLevel,
                   state_dir: Path) -> RunConfig:
     """The first level's settings for a level inside the dependency: its repository and ends, the held
-    scenario, no build (the scenario installs what it needs), verified ends, the same record."""
+    scenario, no build (the scenario installs what it needs), the world for_level (AITER per commit where the
+    held scenario's verdict depends on it), verified ends, the same record."""
     olds, new = (plan.olds[0] if len(plan.olds) == 1 else plan.olds), plan.new
     good, bad = (new, olds) if cfg.find_fix else (olds, new)
     return dataclasses.replace(
         cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), state_dir=state_dir,
         verify_endpoints=True, executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None,
-        envs=EnvSettings(python=cfg.python), follow_pins=False, level=level, chain=plan.chain)
+        envs=EnvSettings(python=cfg.python), world=cfg.world.for_level(held), follow_pins=False, level=level,
+        chain=plan.chain)

@@ -37,6 +37,10 @@ OPTION_DEFAULTS = {
     "perf_repeats": "5",  # check=perf: measurements inside one engine start (the run reports their medians)
     "perf_tokens": "64",  # check=perf: decode steps timed per measurement
     "perf_batch": "32",  # check=perf: sequences decoded together
+    # A level inside AITER (run --follow-pins): vLLM held at this commit of this repository, the repository
+    # bisected being AITER (each step's AITER commit installed by the world, bisector.world.for_level).
+    "vllm_repo": "",
+    "vllm_ref": "",
 }
 PLATFORMS = ("auto", "rocm", "cuda")
 DEFAULT_BACKENDS = {"rocm": "ROCM_AITER_MLA", "cuda": "TRITON_MLA"}

@@ -9,15 +9,18 @@ import socket
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from bisector.builds.native import installed_rocm_version
 from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, first_start, in_use, size_cap, touch
+from bisector.errors import ScenarioError
 from bisector.gpus import GPU_VARIABLES, gpu_share
+from bisector.pins import pins_in_tree
 from bisector.probe_env import python_environment
 from bisector.process import ProcessResult
-from bisector.seams import FollowUp
+from bisector.seams import FollowUp, Scenario
 from bisector.signatures import failure_signature
+from scenarios.aiter_mla_probe.sources import SourceUnavailable, held_vllm
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict
 from scenarios.dpa_fp8_kv import child, numerics, perf
 from scenarios.dpa_fp8_kv.classify import classify, combine, compile_details, details, matched_lines, skip_cause
@@ -33,6 +36,8 @@ from scenarios.dpa_fp8_kv.launch import run_ranks
 from scenarios.dpa_fp8_kv.model import ModelError, prepare_model
 from scenarios.dpa_fp8_kv.options import OPTION_DEFAULTS, Options, parse_options, warm_key
 from scenarios.dpa_fp8_kv.plan import CUDA_ENV, Launch, build_plan, step_devices
+
+HELD_OPTIONS = ("vllm_repo", "vllm_ref")  # what a level inside AITER sets (follow_up): vLLM held at one commit
 
 
 class _Fit(NamedTuple):
@@ -68,6 +73,11 @@ class DpaFp8KvScenario(BaseScenario):
     def __init__(self, options=None):
         super().__init__(options)
         self.settings = parse_options(self.options)
+        if bool(self.options["vllm_repo"]) != bool(self.options["vllm_ref"]):
+            raise ScenarioError("options vllm_repo and vllm_ref go together: they hold vLLM at one commit "
+                                "while the repository bisected is AITER")
+        if self.options["vllm_ref"].startswith("-"):
+            raise ScenarioError(f"option vllm_ref={self.options['vllm_ref']!r}: a ref cannot start with '-'")
         self.probes = StepProbes()  # machine_check's probe serves the step's runs
 
     @property
@@ -95,7 +105,10 @@ class DpaFp8KvScenario(BaseScenario):
     def machine_check(self, ctx: StepContext) -> str | None:
         """Before the build: a usable GPU, a torch of its platform's flavour meeting the checkout's pins, the
         GPUs this step needs (what `run` checks first, so nothing is built for a step that would skip)."""
-        fit = self._fit(ctx)
+        held = self._held(ctx)
+        if isinstance(held, str):
+            return held
+        fit = self._fit(held)
         return fit if isinstance(fit, str) else None
 
     def _fit(self, ctx: StepContext) -> _Fit | str:
@@ -124,6 +137,10 @@ class DpaFp8KvScenario(BaseScenario):
         return _Fit(env, versions, platform, probe, devices)
 
     def run(self, ctx: StepContext) -> Outcome:
+        held = self._held(ctx)
+        if isinstance(held, str):
+            return self._unrun(ctx, held, "machine")
+        ctx = held
         fit = self._fit(ctx)
         if isinstance(fit, str):
             return self._unrun(ctx, fit, "machine")
@@ -194,7 +211,7 @@ class DpaFp8KvScenario(BaseScenario):
         found = {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
                  "heads_per_rank": settings.heads_per_rank, "torch": versions["torch"],
                  **({"gpu_share": share} if share < 1 else {}),
-                 **({"aiter": aiter_against_pin(ctx.checkout, versions.get("aiter"))} if platform == "rocm" else {}),
+                 **(self._aiter_details(ctx.checkout, versions.get("aiter")) if platform == "rocm" else {}),
                  "seconds": round(tested[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                  **details(tested[0].output, (backend,)), "check": settings.check, "model": model.as_details(),
                  "compile": {"cache": str(root / "compile") if settings.compile_cache else "off",
@@ -225,16 +242,34 @@ class DpaFp8KvScenario(BaseScenario):
                                            if "numerics" in details])
 
     def follow_up(self, dependency: str) -> FollowUp | None:
-        """Inside AITER this scenario would run the held vLLM commit, built once, against each AITER commit
-        installed into its environment: the per-commit AITER install with an explicit ref (`--aiter pinned`
-        of the own-world work). Until that exists there is no `hold`, and the answer prints the CPU probe's
-        continuation to run by hand (none of this scenario's options apply to the probe)."""
+        """Inside AITER this scenario runs the held vLLM commit (vllm_repo/vllm_ref) with the same options
+        against each AITER commit, which the level's world installs per commit (WorldSettings.for_level). The
+        continuation printed for running by hand stays the CPU probe's (none of these options apply to it)."""
         if dependency != "aiter":
             return None
-        return FollowUp(missing=(
-            f"scenario {self.name} judges an AITER commit only with that commit installed into the held vLLM "
-            f"commit's environment (a per-commit AITER install at an explicit ref, `--aiter pinned`), which "
-            f"this version lacks"))
+        kept = {key: value for key, value in self.options.items() if key not in HELD_OPTIONS}
+        return FollowUp(hold=lambda repo, commit: cast(
+            Scenario, DpaFp8KvScenario({**kept, "vllm_repo": repo, "vllm_ref": commit})))
+
+    def _aiter_details(self, checkout: Path, installed: str | None) -> dict:
+        """The AITER installed beside the checkout's pin; in a level inside AITER (the world's "aiter" says
+        which commit it installed) the held vLLM commit's pin beside it, which differs by design."""
+        if not self.options["vllm_ref"]:
+            return {"aiter": aiter_against_pin(checkout, installed)}
+        pin = pins_in_tree(checkout).get("aiter")
+        return {"held_vllm": {"repo": self.options["vllm_repo"], "ref": self.options["vllm_ref"],
+                              "pins_aiter": pin.ref if pin else None, "aiter_installed": installed}}
+
+    def _held(self, ctx: StepContext) -> StepContext | str:
+        """The step as it runs: in a level inside AITER (vllm_ref given) the checkout is the AITER commit (the
+        world installed it), and vLLM is the held commit's sources; else ctx itself. A string: why not."""
+        if not self.options["vllm_ref"]:
+            return ctx
+        try:
+            tree = held_vllm(self.options["vllm_repo"], self.options["vllm_ref"])
+        except SourceUnavailable as exc:
+            return f"held vLLM: {exc}"
+        return dataclasses.replace(ctx, checkout=tree)
 
     def classify_log(self, output: str, returncode: int | None) -> Outcome:
         """The verdict this scenario gives a saved child output (returncode -N: killed by signal N).

@@ -1,0 +1,239 @@
+"""`run --follow-pins` with dpa-fp8-kv-graph-capture: the GPU scenario's second level. A vLLM-shaped history
+(the fake vLLM package of test_dpa_fp8_kv_scenario) moves its AITER pin between two tags of a stand-in AITER
+package whose graph capture "faults" from a known commit on; the fake vLLM reads that flag from the AITER it
+imports. Both levels run the real child against a fake /dev, /sys tree and a fake ROCm torch, each AITER commit
+built into a wheel and installed into a layer for real (bisector.aiter, as `--aiter pinned` does)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
+from test_dpa_fp8_kv_scenario import FAKE_TORCH, FAKE_VLLM
+
+from bisector import report
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
+from bisector.errors import ScenarioError
+from bisector.images import ImageSettings
+from bisector.refs import GitRepo
+from bisector.store import Store
+from bisector.world import LEVEL_IMAGE_SKIP, StepAt, WorldSettings
+from scenarios import create
+from scenarios.base import StepContext, Verdict
+from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NAME = "dpa-fp8-kv-graph-capture"
+SETUP = "from setuptools import setup\nsetup(name='amd-aiter', version=open('VERSION').read().strip(), " \
+        "packages=['aiter'])\n"
+# The fake vLLM's engine: graph capture "faults" (the recorded ROCm fault, then SIGABRT) when the AITER it
+# imports says so, or when this vLLM commit itself is broken. With $BLOCK_HELD set, the third run of a held vLLM
+# (a step inside AITER) says so there and waits until killed.
+ENGINE = '''
+    import os, sys, time
+
+    def capture(self_fault):
+        import aiter
+        block = os.environ.get("BLOCK_HELD")
+        if block and "/src/vllm-" in __file__:
+            count = len(os.listdir(block)) + 1
+            open(os.path.join(block, "held-%d" % count), "w").close()
+            if count == 3:
+                open(os.path.join(block, "blocked"), "w").close()
+                time.sleep(600)
+        if self_fault or aiter.GRAPH_CAPTURE_FAULTS:
+            print({fault!r}, file=sys.stderr, flush=True)
+            os.abort()
+'''.format(fault=ROCM_SELECTED + "\n" + FAULT)
+
+
+def fake_vllm(self_fault: bool) -> dict[str, str]:
+    files = {name: textwrap.dedent(text) for name, text in FAKE_VLLM.items()}
+    files["vllm/engine/capture.py"] = textwrap.dedent(ENGINE)
+    files["vllm/__init__.py"] = files["vllm/__init__.py"].replace(
+        'print("INFO Using AITER MLA backend.", flush=True)',
+        f'print("INFO Using AITER MLA backend.", flush=True)\n'
+        f'        from vllm.engine.capture import capture\n        capture({self_fault})')
+    return files
+
+
+@pytest.fixture
+def world(make_repo, tmp_path, monkeypatch, wheel_build):
+    """AITER a1 (v0.1.12) .. a4 (v0.1.13), graph capture faulting from a3 on; vLLM v0..v3 moving the pin at
+    v2 (which also breaks vLLM itself when the test asks); a fake / with two gfx942 GPUs; a fake ROCm torch."""
+    aiter = make_repo("aiter")
+    a = {}
+    for n in range(1, 5):
+        files = {"aiter/__init__.py": f"GRAPH_CAPTURE_FAULTS = {n >= 3}\nCOMMIT = {n}\n"}
+        if n == 1:
+            files |= {"setup.py": SETUP, "VERSION": "0.1.12\n", "requirements.txt": ""}
+        if n == 4:
+            files["VERSION"] = "0.1.13\n"
+        a[n] = aiter.commit(f"AITER a{n}", files)
+        if n in (1, 4):
+            aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev/kfd").write_text("")
+    for node, simds in enumerate((0, 304, 304)):
+        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
+        directory.mkdir(parents=True)
+        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
+    monkeypatch.setattr(DpaFp8KvScenario, "system_root", root)
+    site = tmp_path / "site"
+    for name, text in FAKE_TORCH.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "vllm-record.json"))
+
+    def vllm_history(broken_at_bump: bool) -> list[str]:
+        vllm = make_repo("vllm")
+        shas = []
+        for i in range(4):
+            pin = "v0.1.12" if i < 2 else "v0.1.13"
+            shas.append(vllm.commit(f"vLLM change {i}", {
+                "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{pin}"\nARG AITER_REPO="{aiter.path}"\n',
+                **fake_vllm(broken_at_bump and i >= 2), "n": f"{i}\n"}))
+        return [vllm.path, *shas]
+
+    return a, vllm_history
+
+
+# The hunt in a process of its own (to be killed), with the fake / of the world fixture: argv REPO GOOD BAD STATE ROOT.
+RUNNER = f"""
+import json, sys
+from pathlib import Path
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
+from bisector.world import WorldSettings
+from bisector.errors import ScenarioError
+from scenarios import create
+from scenarios.base import StepContext, Verdict
+from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
+
+repo, good, bad, state, root = sys.argv[1:]
+DpaFp8KvScenario.system_root = Path(root)
+result = run_bisection(RunConfig(repo=Path(repo), good=good, bad=bad, state_dir=Path(state), follow_pins=True,
+                                 scenario=create({NAME!r}, {{"max_num_seqs": "4"}}),
+                                 world=WorldSettings(aiter="pinned")))
+print(json.dumps(result.to_json(published=True)))
+sys.exit(result.exit_code)
+"""
+
+
+def hunt(vllm: list, tmp_path: Path, world: WorldSettings | None = None):
+    repo, *v = vllm
+    return run_bisection(RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(NAME, {"max_num_seqs": "4"}),
+                                   state_dir=tmp_path / "state", follow_pins=True,
+                                   world=world or WorldSettings(aiter="pinned")))
+
+
+def test_the_second_level_installs_each_aiter_commit_under_the_held_vllm(world, tmp_path):
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    result = hunt([repo, *v], tmp_path)
+    assert result.culprit.sha == v[2], [(s.sha[:8], s.verdict, s.reason) for s in result.steps]
+    assert (result.pin_change.old, result.pin_change.new) == ("v0.1.12", "v0.1.13")
+    assert result.follow_notes == ()
+    [inside] = result.levels
+    assert inside.culprit is not None, [(s.sha[:8], s.verdict, s.reason) for s in inside.steps]
+    assert inside.culprit.sha == a[3] and inside.level.held_commit == v[2] and inside.level.how == "ancestor"
+    assert {step.sha for step in inside.steps if step.role == "endpoint"} == {a[1], a[4]}
+    for step in inside.steps:  # each step ran the held vLLM against its own AITER commit, installed in a layer
+        assert step.details["aiter"]["commit"] == step.sha and step.details["aiter"]["ref"] == step.sha
+        assert step.details["held_vllm"] == {"repo": str(repo), "ref": v[2], "pins_aiter": "v0.1.13",
+                                             "aiter_installed": "0.1.13" if step.sha == a[4] else "0.1.12"}
+        assert step.details["attention_backend"] == "ROCM_AITER_MLA"
+        assert step.verdict == ("bad" if step.sha in (a[3], a[4]) else "good"), (step.sha, step.reason)
+    bad = next(step for step in inside.steps if step.sha == a[4])
+    assert "Memory access fault by GPU" in bad.reason or "SIGABRT" in bad.reason, bad.reason
+    state = tmp_path / "state"
+    wheels = sorted(p.name for p in (state / "aiter" / "builds").glob("*/dist/*.whl"))
+    assert len(wheels) == len({step.sha for step in inside.steps})  # one wheel per AITER commit, a1/a4 reused
+    assert len(list((state / "logs").rglob("build-*-aiter-wheel.log"))) == len(wheels)
+
+    with Store(state / "bisector.sqlite") as store:
+        stored = {row["id"]: row for row in store.runs()}
+    shown = report.render(stored[result.run_id], "text")
+    assert shown.startswith(f"answer: vLLM {v[2][:12]} ") and f"inside AITER: first bad {a[3][:12]}" in shown
+    published = json.loads(report.render(stored[result.run_id], "json"))
+    assert published["levels"][1]["first_bad"]["sha"] == a[3]
+
+
+def test_a_held_vllm_that_faults_on_its_own_stops_the_level(world, tmp_path):
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=True)
+    result = hunt([repo, *v], tmp_path)
+    assert result.culprit.sha == v[2]
+    [inside] = result.levels
+    assert inside.culprit is None and inside.stopped.startswith("not explained by AITER alone: ")
+    assert f"AITER v0.1.12 ({a[1][:12]}) tests bad" in inside.stopped
+
+
+def test_with_image_the_level_says_what_it_lacks(tmp_path, make_repo):
+    aiter = make_repo("aiter")
+    sha = aiter.commit("AITER a1", {"aiter/__init__.py": ""})
+    first = WorldSettings(image=ImageSettings("registry.invalid/vllm:{sha}", "docker", "skip", "none", 0))
+    level = first.for_level(create(NAME, {}))
+    assert level.aiter_at_step and level.image is first.image
+    assert create("aiter-mla-probe", {}).aiter_sensitive is False and first.for_level(
+        create("aiter-mla-probe", {})) is first  # the probe reads AITER's source itself: its world is kept
+    opened = level.open(GitRepo(aiter.path), tmp_path / "state")
+    with opened.enter(StepAt(sha, aiter.path, tmp_path / "logs"), None, "python3") as place:
+        assert not place.ok and place.reason == LEVEL_IMAGE_SKIP
+
+
+def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path):
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    block = tmp_path / "block"
+    block.mkdir()
+    state = tmp_path / "state"
+    project = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-c", RUNNER, str(repo), v[0], v[-1], str(state), str(DpaFp8KvScenario.system_root)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), os.environ["PYTHONPATH"]])}
+    killed = subprocess.Popen(argv, env={**env, "BLOCK_HELD": str(block)}, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (block / "blocked").exists():  # the third step inside AITER has begun, and waits
+        assert killed.poll() is None, killed.communicate()
+        assert time.monotonic() < deadline, "the second level never reached its third step"
+        time.sleep(0.1)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    with Store(state / "bisector.sqlite") as store:
+        before = {row["id"]: row for row in store.runs()}
+    [second_level] = [row for row in before.values() if json.loads(row["params"]).get("parent_run")]
+    assert second_level["status"] == "running"
+
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    first, inside = json.loads(again.stdout)["levels"]
+    assert first["executions"] == 0  # every verdict of the first level from the cache
+    assert inside["resumed_from"] == second_level["id"] and inside["culprit"]["sha"] == a[3]
+    assert len([step for step in inside["steps"] if step["cached"]]) == 2  # the ends; the killed step ran again
+
+
+def test_held_vllm_options_are_checked_and_a_missing_held_commit_is_a_skip(tmp_path, make_repo):
+    with pytest.raises(ScenarioError, match="options vllm_repo and vllm_ref go together"):
+        create(NAME, {"vllm_repo": str(tmp_path)})
+    with pytest.raises(ScenarioError, match="option vllm_ref='--all': a ref cannot start with '-'"):
+        create(NAME, {"vllm_repo": str(tmp_path), "vllm_ref": "--all"})
+    vllm = make_repo("vllm")
+    vllm.commit("vLLM", {"vllm/__init__.py": ""})
+    held = create(NAME, {}).follow_up("aiter").hold(str(vllm.path), "f" * 40)
+    ctx = StepContext(checkout=tmp_path, log_path=tmp_path / "logs/step.log", python=sys.executable)
+    outcome = held.run(ctx)
+    assert outcome.verdict is Verdict.SKIP and outcome.reason == f"held vLLM: vLLM ref {'f' * 40} not found in " \
+                                                                  f"{vllm.path}"
+    assert held.machine_check(ctx) == outcome.reason
