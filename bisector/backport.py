@@ -327,6 +327,8 @@ def _branch_level(base: RunConfig, neighbour: BranchEntry, entry: BranchEntry, j
     else:
         by, (levels, notes) = None, follow_branch_pin(base, change, entry.tip, parent, run_bisection,
                                                       handler.following(entry, neighbour))
+        if levels and levels[-1].outcome == "interrupted":  # Ctrl-C or SIGTERM: the same command resumes it
+            raise KeyboardInterrupt
     culprit, answer = levels_answer(levels, notes)
     return BranchLevel(neighbour=neighbour.branch, dependency="aiter", old=neighbour.pin, new=entry.pin,
                        mode="find-fix" if base.find_fix else "regression", question=question,
