@@ -299,7 +299,7 @@ def _follow_pins(cfg: BackportConfig, result: BackportResult, state_dir: Path,
                                  state_dir=state_dir, repeat=cfg.repeat, python=cfg.python, log_limit=cfg.log_limit,
                                  no_cache=cfg.no_cache, reuse_verdicts=cfg.reuse_verdicts,
                                  command_line=cfg.command_line, world=cfg.world)
-                level = _branch_level(base, entries[before], entries[n], key, result.run_id, earlier, handler)
+                level = _branch_level(base, (entries[before], entries[n]), key, result.run_id, earlier, handler)
                 entries[n] = dataclasses.replace(entries[n], pin_level=level)
                 handler.followed(entries[n], level)
     followed = dataclasses.replace(result, branches=tuple(entries))
@@ -308,12 +308,14 @@ def _follow_pins(cfg: BackportConfig, result: BackportResult, state_dir: Path,
     return followed
 
 
-def _branch_level(base: RunConfig, neighbour: BranchEntry, entry: BranchEntry, judge_key: str, parent: int,
+def _branch_level(base: RunConfig, pair: tuple[BranchEntry, BranchEntry], judge_key: str, parent: int,
                   earlier: dict[str, BranchLevel], handler: BackportHandler) -> BranchLevel:
-    """The levels inside AITER from the neighbour's pin to entry's, entry's tip held (base.find_fix when the
-    neighbour's tip is bad), or an earlier answer to the same question: an earlier backport's, or the levels
-    of a `run --follow-pins` that held the same commit between the same pins. A level an interrupted command
-    left unfinished resumes (its run key is the same)."""
+    """The levels inside AITER from the neighbour's pin to entry's (pair: the neighbour, then entry), entry's
+    tip held (base.find_fix when the neighbour's tip is bad), or an earlier answer to the same question: an
+    earlier backport's, or the levels of a `run --follow-pins` that held the same commit between the same pins.
+    A level an interrupted command left unfinished resumes (its run key is the same); an interrupt in a level
+    ends the command (KeyboardInterrupt)."""
+    neighbour, entry = pair
     assert neighbour.pin and entry.pin
     question = hashlib.sha256(json.dumps([str(base.repo), entry.tip, "aiter", neighbour.pin, entry.pin, judge_key,
                                           base.find_fix, base.repeat]).encode()).hexdigest()
