@@ -9,7 +9,8 @@ Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `$XDG_CACHE_HOME
   Inductor each write an entry to a temporary name and rename it into place.
 - `models/<hash>/`: model dirs written once per content (`publish`), shared like the compile cache.
 - `compile/warm/<key>`: marks that an engine of that configuration started here once (`first_start`): the
-  first start compiles alone while the other slots wait for it, then they all find its compiles cached.
+  first start compiles alone while the other slots wait for it (until it has saved its compiled model, or
+  is up), then they all find its compiles cached.
 
 Steps hold a shared lock on the root while they run; trimming to the size cap (least recently used
 entry first) and `cache forget --compile` need it exclusively, so they never delete what a running step
@@ -119,15 +120,24 @@ def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
 
 WARM = "compile/warm"
 WAIT_POLL = 0.2  # seconds between tries of a waiting slot, which also checks its cancel
+# vLLM saves an engine's compiled model here last of its compiles (torch_aot_compile/<hash>/rank_<r>/model)
+AOT_MODELS = "compile/vllm/torch_compile_cache/torch_aot_compile/*/rank_*/model"
+
+
+def compiled_models(root: Path) -> set[Path]:
+    """The compiled models vLLM has saved under root (AOT_MODELS)."""
+    return set(root.glob(AOT_MODELS))
 
 
 @contextlib.contextmanager
 def first_start(root: Path, key: str, cancel: threading.Event | None = None) -> Iterator[Callable[[], None]]:
     """Hold around an engine start of configuration key: the first on this node starts alone, and steps
-    that start meanwhile (the other slots of a run) wait until it is up, so vLLM, Triton and Inductor
-    compile once and the rest find it all cached; once key is marked warm nobody waits. Yields `started`,
-    to call when the engine is up (the waiting ones go then); leaving the block, however the start ended,
-    does it too. A cancel set while waiting raises Cancelled."""
+    that start meanwhile (the other slots of a run) wait until its compiles are in the cache, so vLLM,
+    Triton and Inductor compile once and the rest find it all cached; once key is marked warm nobody waits.
+    The waiting ones go as soon as the first start saves a compiled model it did not find (vLLM does so
+    when its compile is done, before it captures CUDA graphs), else when it calls the yielded `started`
+    (the engine is up); leaving the block, however the start ended, lets them go too. A cancel set while
+    waiting raises Cancelled."""
     marker = root / WARM / key
     if marker.exists():
         yield lambda: None
@@ -137,18 +147,32 @@ def first_start(root: Path, key: str, cancel: threading.Event | None = None) -> 
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             time.sleep(WAIT_POLL)
+        released = threading.Lock()
 
         def started() -> None:
-            marker.touch()
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            with released:  # the watcher's thread or the step's
+                marker.touch()
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
         if marker.exists():  # warmed while this step waited
             started()
             yield lambda: None
             return
+        found_before, ended = compiled_models(root), threading.Event()
+
+        def watch() -> None:
+            while not ended.wait(WAIT_POLL):
+                if compiled_models(root) - found_before:  # this start's compile is published
+                    started()
+                    return
+
+        watcher = threading.Thread(target=watch, name=f"first-start-{key}", daemon=True)
+        watcher.start()
         try:
             yield started
         finally:
+            ended.set()
+            watcher.join()
             started()
 
 

@@ -153,18 +153,10 @@ def follow_answer(result: BisectResult) -> str | None:
     name = change.name.upper()
     inside = []
     for level in result.levels:
-        tags = level.level.how == "release tags" if level.level else False
         if level.stopped:  # a level stopped at its ends says so itself
             inside.append(level.stopped if level.outcome == "endpoint" else f"{_no_answer(level)}: {level.stopped}")
-        elif not level.culprit:
-            inside.append(f"inconclusive, {len(level.candidates)} candidates")
-        elif tags and level.level:
-            tagged = [sha for _, sha in level.level.tags]
-            before = level.level.tags[tagged.index(level.culprit.sha) - 1][0]
-            inside.append(f"release tags {before} → {level.level.tag_of(level.culprit.sha)}")
         else:
-            inside.append(f"{level.culprit_label.split(' commit')[0]} {level.named(level.culprit.sha)} "
-                          f"{level.culprit.subject}")
+            inside.append(level.answer_inside())
     return (f"vLLM {result.culprit.sha[:12]} ({first_level.held_label}) moved {name} {change.old} → "
             f"{change.new}; inside {name}: " + ", then ".join(inside))
 

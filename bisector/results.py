@@ -390,6 +390,17 @@ class BisectResult:
     def culprit_label(self) -> str:
         return "first good commit (the fix)" if self.find_fix else "first bad commit"
 
+    def answer_inside(self) -> str:
+        """A level's answer in a few words, for the line that follows a pin through its levels: the candidates
+        left, the release-tag pair, or the commit (named) and its subject. Not for a level that stopped."""
+        if not self.culprit:
+            return f"inconclusive, {len(self.candidates)} candidates"
+        if self.level is not None and self.level.how == "release tags":
+            tagged = [sha for _, sha in self.level.tags]
+            before = self.level.tags[tagged.index(self.culprit.sha) - 1][0]
+            return f"release tags {before} → {self.level.tag_of(self.culprit.sha)}"
+        return f"{self.culprit_label.split(' commit')[0]} {self.named(self.culprit.sha)} {self.culprit.subject}"
+
     @property
     def exit_code(self) -> int:
         """The last level's outcome's (OUTCOMES): found 0, inconclusive 1, endpoint or merge base 3, aborted 4,

@@ -118,6 +118,17 @@ def test_four_slots_on_one_gpu_test_four_commits_a_round(cli, history, tmp_path)
     assert [role_of(words) for words in asked_one].count("probe") == one["rounds"]  # one a round
 
 
+def test_the_run_record_says_the_slots_used_beside_the_jobs_asked(cli, history, tmp_path):
+    """--gpus 0:4 without --jobs runs 4 steps at once: the stored run says slots 4 (jobs stays as given)."""
+    bisect(cli, history, tmp_path, "recorded", "--gpus", "0:4")
+    bisect(cli, history, tmp_path, "kept", "--gpus", "0:4", "--jobs", "2")
+    for name, slots in (("recorded", 4), ("kept", 2)):
+        with sqlite3.connect(tmp_path / f"{name}-state" / "bisector.sqlite") as db:
+            (params,), = db.execute("SELECT params FROM runs").fetchall()
+        assert {key: json.loads(params)[key] for key in ("jobs", "slots")} == \
+            {"jobs": 1 if name == "recorded" else 2, "slots": slots}
+
+
 def test_the_first_probe_round_runs_beside_the_endpoints(cli, history, tmp_path):
     """4 slots, 2 endpoints: the endpoint round tests the first round's 4 probes too, so one round fewer
     follows it; --no-verify-endpoints gives the slots to probes from the start, as before."""
@@ -396,6 +407,58 @@ def test_a_gpu_step_waits_for_the_first_engine_start_of_its_settings(tmp_path, g
     step.join()
     assert outcomes[0].verdict is Verdict.GOOD
     assert (root / "compile/warm" / key).is_file()
+
+
+ENGINE_WITH_GATES = f"""#!{sys.executable}
+# An engine start the test holds at two points: with FAKE_GATES it says it started, waits for the file
+# "publish" there, saves a compiled model where vLLM does, waits for the file "up", then runs as the GPU
+# scenario's fake python (which prints the ready marker). The environment probe goes straight through.
+import os, sys, time
+gates = os.environ.get("FAKE_GATES")
+if gates and not sys.argv[1].endswith("probe_env.py"):
+    def wait(name):
+        while not os.path.exists(os.path.join(gates, name)):
+            time.sleep(0.05)
+    open(os.path.join(gates, "started"), "w").close()
+    wait("publish")
+    saved = os.path.join(os.environ["VLLM_CACHE_ROOT"], "torch_compile_cache", "torch_aot_compile", "h", "rank_0_0")
+    os.makedirs(saved)
+    open(os.path.join(saved, "model"), "w").close()
+    wait("up")
+os.execv(os.environ["FAKE_ENGINE"], [os.environ["FAKE_ENGINE"], *sys.argv[1:]])
+"""
+
+
+def test_the_slots_waiting_for_the_first_start_go_once_its_compile_is_saved(tmp_path, gpu_root, fake_python,
+                                                                            wait_for):
+    """The first engine start of a run lets the steps waiting for it go when vLLM has saved its compiled
+    model, not when the engine is up (graph capture and the rest of its start no longer hold them)."""
+    engine = tmp_path / "bin/engine-with-gates"
+    engine.write_text(ENGINE_WITH_GATES)
+    engine.chmod(0o755)
+    gates, outcomes = tmp_path / "gates", {}
+    gates.mkdir()
+
+    def step(name: str, **env: str) -> threading.Thread:
+        (tmp_path / name / "records").mkdir(parents=True)
+        given = {**dpa.replay(tmp_path / name / "records", r0=("ok", "exit 0")), "FAKE_ENGINE": str(fake_python),
+                 **env}
+        thread = threading.Thread(target=lambda: outcomes.update(
+            {name: dpa.run(tmp_path / name, gpu_root, engine, env=given)}))
+        thread.start()
+        return thread
+
+    first = step("first", FAKE_GATES=str(gates))
+    assert wait_for((gates / "started").exists)  # the first engine starts, compiling
+    second = step("second")
+    assert not wait_for((tmp_path / "second/records/rank0.json").exists, 1.0)  # the other slot waits
+    (gates / "publish").touch()
+    assert wait_for((tmp_path / "second/records/rank0.json").exists)  # it goes while the first is not up
+    assert "first" not in outcomes
+    (gates / "up").touch()
+    first.join()
+    second.join()
+    assert outcomes["first"].verdict is outcomes["second"].verdict is Verdict.GOOD
 
 
 def test_a_performance_hunt_on_shared_slots_is_refused_before_anything_runs(cli, history, tmp_path):

@@ -199,18 +199,7 @@ def levels_answer(levels: Sequence[BisectResult], notes: Sequence[str]) -> tuple
     words: each level's answer joined by ", then ", or why no level ran."""
     said = []
     for level in levels:
-        tags = level.level is not None and level.level.how == "release tags"
-        if level.stopped:
-            said.append(level.stopped)
-        elif not level.culprit:
-            said.append(f"inconclusive, {len(level.candidates)} candidates")
-        elif tags and level.level:
-            tagged = [sha for _, sha in level.level.tags]
-            before = level.level.tags[tagged.index(level.culprit.sha) - 1][0]
-            said.append(f"release tags {before} → {level.level.tag_of(level.culprit.sha)}")
-        else:
-            said.append(f"{level.culprit_label.split(' commit')[0]} {level.named(level.culprit.sha)} "
-                        f"{level.culprit.subject}")
+        said.append(level.stopped or level.answer_inside())
     last = levels[-1] if levels else None
     culprit = last.culprit.sha if last and last.culprit and not last.stopped else None
     return culprit, "; ".join([", then ".join(said)] * bool(said) + list(notes))

@@ -138,19 +138,20 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                                               cfg.envs, cfg.world, measures=cfg.perf.key_parts if cfg.perf else None))
         judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
         world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
+        executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
                   "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
                   "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
                   "reuse_verdicts": cfg.reuse_verdicts,
                   "first_parent": cfg.first_parent,
                   "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
+                  "slots": executor.size,  # steps at once: --jobs, or every slot --gpus ID:N names
                   "repeat": cfg.repeat, "flaky": cfg.flaky,
                   **({"perf": cfg.perf.to_json()} if cfg.perf else {}),
                   **{kind: seeds.origin if seeds and seeds.kind == kind else None
                      for kind in ("fix", "culprit", "prefilter")},
                   **({"skip": list(cfg.skip), "skipped_by_user": list(skipped)} if skipped else {}),
                   **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
-        executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         names = repo.names([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases,
                             *((seeds.origin,) if seeds else ())])
         try:
