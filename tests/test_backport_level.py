@@ -142,7 +142,10 @@ def test_a_question_run_follow_pins_answered_is_reused_naming_that_run(tmp_path)
     assert kinds == ["backport"]  # no level run of its own
     assert aiter_executions(tmp_path, world) == judged  # no AITER commit judged
     said = f"inside AITER (reused from run {first.run_id}): first good {world['a']['a4'][:12]}"
-    assert said in report.backport_text(result)
+    with Store(tmp_path / "state" / "bisector.sqlite") as store:
+        row = store.run(result.run_id)
+    for fmt in ("text", "markdown", "html", "junit"):
+        assert said in report.render(row, fmt), fmt
     assert json.loads(json.dumps(result.to_json()))["branches"][1]["pin_level"]["reused_from"] == first.run_id
 
     twice = backport(world, tmp_path, repeat=2)  # another question: each verdict of two runs
