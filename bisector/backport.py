@@ -22,7 +22,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import CacheUse, RunContext
-from bisector.engine.follow import follow_branch_pin, levels_answer
+from bisector.engine.follow import follow_branch_pin, levels_answer, scenario_follow_up
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
 from bisector.engine.run import run_bisection, run_logs
 from bisector.engine.state import open_builder, open_state
@@ -33,8 +33,17 @@ from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_eq
 from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
-from bisector.results import BackportBranch, BackportResult, BranchEntry, BranchLevel, FixCheck, PinChange
+from bisector.results import (
+    BackportBranch,
+    BackportResult,
+    BisectResult,
+    BranchEntry,
+    BranchLevel,
+    FixCheck,
+    PinChange,
+)
 from bisector.seams import BuildConfig, Scenario
+from bisector.steps import Handler
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
 from bisector.world import WorldSettings
@@ -70,10 +79,15 @@ class BackportConfig:
 
 @runtime_checkable
 class BackportHandler(Protocol):
-    """Hears of each branch as it is checked (the CLI's BackportProgress shows it)."""
+    """Hears of each branch as it is checked, and of each --follow-pins level (the CLI's BackportProgress
+    shows them)."""
 
     def checking(self, branch: str, tip: str) -> None: ...
     def checked(self, entry: BranchEntry) -> None: ...
+    def following(self, entry: BranchEntry, neighbour: BranchEntry) -> Handler:
+        """A level inside AITER begins for entry (its pin unlike neighbour's): the handler of its steps."""
+        ...
+    def followed(self, entry: BranchEntry, level: BranchLevel) -> None: ...
 
 
 class _Silent:
@@ -83,6 +97,12 @@ class _Silent:
         pass
 
     def checked(self, entry: BranchEntry) -> None:
+        pass
+
+    def following(self, entry: BranchEntry, neighbour: BranchEntry) -> Handler:
+        return Handler()
+
+    def followed(self, entry: BranchEntry, level: BranchLevel) -> None:
         pass
 
 
@@ -252,7 +272,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
             executor.shutdown()
     if cfg.follow_pins and judges:
         columns = {label: (scenario, each.key) for (label, scenario), (_, each) in zip(values, judges) if scenario}
-        return _follow_pins(cfg, result, state_dir, columns)
+        return _follow_pins(cfg, result, state_dir, columns, handler)
     return result
 
 
@@ -264,7 +284,7 @@ def pin_flips(neighbour: BranchEntry, entry: BranchEntry) -> bool:
 
 
 def _follow_pins(cfg: BackportConfig, result: BackportResult, state_dir: Path,
-                 columns: dict[str, tuple[Scenario, str]]) -> BackportResult:
+                 columns: dict[str, tuple[Scenario, str]], handler: BackportHandler) -> BackportResult:
     """Each branch whose verdict flips with its neighbour's AITER pin (the branch before it, at the same
     --option value) gets the AITER commit that changes it; the run's record is updated to say so."""
     entries = list(result.branches)
@@ -279,29 +299,76 @@ def _follow_pins(cfg: BackportConfig, result: BackportResult, state_dir: Path,
                                  state_dir=state_dir, repeat=cfg.repeat, python=cfg.python, log_limit=cfg.log_limit,
                                  no_cache=cfg.no_cache, reuse_verdicts=cfg.reuse_verdicts,
                                  command_line=cfg.command_line, world=cfg.world)
-                level = _branch_level(base, entries[before], entries[n], key, result.run_id, earlier)
+                level = _branch_level(base, (entries[before], entries[n]), key, result.run_id, earlier, handler)
                 entries[n] = dataclasses.replace(entries[n], pin_level=level)
+                handler.followed(entries[n], level)
     followed = dataclasses.replace(result, branches=tuple(entries))
     with Store(state_dir / "bisector.sqlite") as store:
         store.update_result(result.run_id, followed.to_json())
     return followed
 
 
-def _branch_level(base: RunConfig, neighbour: BranchEntry, entry: BranchEntry, judge_key: str, parent: int,
-                  earlier: dict[str, BranchLevel]) -> BranchLevel:
-    """The levels inside AITER from the neighbour's pin to entry's, entry's tip held (base.find_fix when the
-    neighbour's tip is bad), or an earlier backport's answer to the same question."""
+def _branch_level(base: RunConfig, pair: tuple[BranchEntry, BranchEntry], judge_key: str, parent: int,
+                  earlier: dict[str, BranchLevel], handler: BackportHandler) -> BranchLevel:
+    """The levels inside AITER from the neighbour's pin to entry's (pair: the neighbour, then entry), entry's
+    tip held (base.find_fix when the neighbour's tip is bad), or an earlier answer to the same question: an
+    earlier backport's, or the levels of a `run --follow-pins` that held the same commit between the same pins.
+    A level an interrupted command left unfinished resumes (its run key is the same); an interrupt in a level
+    ends the command (KeyboardInterrupt)."""
+    neighbour, entry = pair
     assert neighbour.pin and entry.pin
     question = hashlib.sha256(json.dumps([str(base.repo), entry.tip, "aiter", neighbour.pin, entry.pin, judge_key,
                                           base.find_fix, base.repeat]).encode()).hexdigest()
     if question in earlier:
         return dataclasses.replace(earlier[question], neighbour=neighbour.branch, reused=True)
     change = PinChange(name="aiter", old=neighbour.pin, new=entry.pin)
-    levels, notes = follow_branch_pin(base, change, entry.tip, parent, run_bisection)
+    answered = None if base.no_cache else _answered_levels(base, change, entry.tip)
+    if answered:
+        by, levels = answered
+        notes: list[str] = []
+    else:
+        by, (levels, notes) = None, follow_branch_pin(base, change, entry.tip, parent, run_bisection,
+                                                      handler.following(entry, neighbour))
+        if levels and levels[-1].outcome == "interrupted":  # Ctrl-C or SIGTERM: the same command resumes it
+            raise KeyboardInterrupt
     culprit, answer = levels_answer(levels, notes)
     return BranchLevel(neighbour=neighbour.branch, dependency="aiter", old=neighbour.pin, new=entry.pin,
                        mode="find-fix" if base.find_fix else "regression", question=question,
-                       runs=tuple(level.run_id for level in levels), culprit=culprit, answer=answer)
+                       runs=tuple(level.run_id for level in levels), culprit=culprit, answer=answer,
+                       reused=by is not None, reused_from=by)
+
+
+def _answered_levels(base: RunConfig, change: PinChange, held: str) -> tuple[int, list[BisectResult]] | None:
+    """The finished levels of an earlier `run --follow-pins` (or backport) asking what this level asks: inside
+    the same dependency between the same pins, the same commit held, the same mode and repeat, judged by the
+    same held scenario and options (its verdict cache key). Returns (the run they are filed under, the levels
+    in order), or None."""
+    assert base.state_dir is not None and change.old and change.new
+    follow = scenario_follow_up(base.scenario, change.name)
+    if follow is None or follow.hold is None:
+        return None
+    root = str(GitRepo(base.repo).root)
+    key = keyed_on_environment(JudgeSpec(follow.hold(root, held), NoBuild(), base.timeout, base.python, base.repeat,
+                                         envs=EnvSettings(python=base.python), world=base.world)).key
+    with Store(base.state_dir / "bisector.sqlite") as store:
+        rows = [(json.loads(row["params"]), BisectResult.from_json(json.loads(row["result"])))
+                for row in store.runs() if row["kind"] == "bisect" and row["status"] == "finished" and row["result"]
+                and json.loads(row["params"]).get("level")]
+    under = {result.level.parent_run: result for _, result in rows if result.level}
+    mode = "find-fix" if base.find_fix else "regression"
+    for params, result in reversed(rows):
+        level = result.level
+        if (level and level.number == 2 and level.dependency == change.name and level.held_repo == root
+                and level.held_commit == held and (level.old_ref, level.new_ref) == (change.old, change.new)
+                and result.mode == mode and result.scenario == key and params.get("repeat") == base.repeat):
+            chain = [result]
+            while chain[-1].run_id in under:  # the release tags' next level, filed under the one before
+                chain.append(under[chain[-1].run_id])
+            last = chain[-1]
+            if last.culprit and not last.stopped and last.level and last.level.how == "release tags":
+                continue  # its next level never finished: not an answer
+            return level.parent_run, chain
+    return None
 
 
 def _earlier_levels(store: Store) -> dict[str, BranchLevel]:
@@ -315,7 +382,8 @@ def _earlier_levels(store: Store) -> dict[str, BranchLevel]:
             level = BranchLevel.from_json(data["pin_level"]) if data.get("pin_level") else None
             if level and level.runs and all((run := store.run(number)) is not None and run["status"] == "finished"
                                             for number in level.runs):
-                found[level.question] = dataclasses.replace(level, reused=False)
+                found[level.question] = dataclasses.replace(level, reused=False,
+                                                            reused_from=level.reused_from or row["id"])
     return found
 
 

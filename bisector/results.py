@@ -607,23 +607,26 @@ class BranchLevel:
     runs: tuple[int, ...] = ()  # the level runs (bisect runs under the backport run that asked first)
     culprit: str | None = None  # the dependency commit named (the last level's answer), None: none named
     answer: str = ""           # in words: the commit named, the tag pair, or why no level answered
-    reused: bool = False       # served from an earlier backport's levels: nothing ran for it
+    reused: bool = False       # served from an earlier command's levels: nothing ran for it
+    reused_from: int | None = None  # when reused: the run (backport or run --follow-pins) whose levels answered
 
     def to_json(self) -> dict:
         return {"neighbour": self.neighbour, "dependency": self.dependency, "old": self.old, "new": self.new,
                 "mode": self.mode, "question": self.question, "runs": list(self.runs), "culprit": self.culprit,
-                "answer": self.answer, "reused": self.reused}
+                "answer": self.answer, "reused": self.reused, "reused_from": self.reused_from}
 
     @classmethod
     def from_json(cls, data: Mapping) -> BranchLevel:
         return cls(neighbour=data["neighbour"], dependency=data["dependency"], old=data["old"], new=data["new"],
                    mode=data["mode"], question=data["question"], runs=tuple(data["runs"]),
-                   culprit=data.get("culprit"), answer=data["answer"], reused=data.get("reused", False))
+                   culprit=data.get("culprit"), answer=data["answer"], reused=data.get("reused", False),
+                   reused_from=data.get("reused_from"))
 
     def said(self) -> str:
         """One clause for the branch's entry: which way the pin moved and what inside it changes the verdict."""
         name = self.dependency.upper()
-        reused = " (from an earlier run)" if self.reused else ""
+        reused = "" if not self.reused else f" (reused from run {self.reused_from})" if self.reused_from else \
+            " (from an earlier run)"
         return f"{self.neighbour} → this branch moves {name} {self.old} → {self.new}; inside {name}{reused}: " \
                f"{self.answer}"
 

@@ -86,7 +86,7 @@ def test_a_branch_that_flips_with_its_aiter_pin_names_the_aiter_commit_and_a_sec
     runs_after, executions_after = stored(tmp_path)
     assert executions_after == executions  # nothing judged again
     assert [row["kind"] for row in runs_after] == [row["kind"] for row in runs] + ["backport"]  # no new level
-    assert "inside AITER (from an earlier run): first good" in report.backport_text(again)
+    assert f"inside AITER (reused from run {result.run_id}): first good" in report.backport_text(again)
 
     fresh = backport(world, tmp_path, no_cache=True)  # --no-cache asks again
     assert not fresh.branches[1].pin_level.reused and fresh.branches[1].pin_level.culprit == world["a"]["a4"]

@@ -2,12 +2,16 @@
 `bisector.backport.BackportHandler` by shape (a Protocol), so importing it loads no engine."""
 from __future__ import annotations
 
-from bisector.cli.progress import console, escape
-from bisector.results import BranchEntry
+from bisector.cli.progress import ProgressHandler, console, escape
+from bisector.results import BranchEntry, BranchLevel
 
 
 class BackportProgress:
-    """One line per branch on stderr as its verdict lands."""
+    """One line per branch on stderr as its verdict lands; a --follow-pins level inside AITER is shown as
+    `run --follow-pins` shows one: a heading for the branch, the level's heading, then its steps."""
+
+    def __init__(self) -> None:
+        self.steps = ProgressHandler()  # one display for every level: its heartbeat starts once
 
     def checking(self, branch: str, tip: str) -> None:
         console.print(f"  checking {branch} ({tip[:12]}) …", style="dim")
@@ -17,3 +21,14 @@ class BackportProgress:
         at = f" at {entry.options}" if entry.options else ""
         console.print(f"{escape(entry.branch)}{escape(at)}: [{colour}]{entry.verdict}[/{colour}] "
                       f"({escape(entry.reason)})")
+
+    def following(self, entry: BranchEntry, neighbour: BranchEntry) -> ProgressHandler:
+        at = f" at {entry.options}" if entry.options else ""
+        console.print(escape(f"follow-pins: {entry.branch}{at} tests {entry.before}, {neighbour.branch} "
+                             f"{neighbour.before}; AITER {neighbour.pin} → {entry.pin}: bisecting inside AITER "
+                             f"({entry.tip[:12]} held)"))
+        return self.steps
+
+    def followed(self, entry: BranchEntry, level: BranchLevel) -> None:
+        at = f" at {entry.options}" if entry.options else ""
+        console.print(escape(f"{entry.branch}{at}: {level.said()}"))

@@ -179,18 +179,19 @@ def _cannot_follow(cfg: RunConfig, first: BisectResult) -> str | None:
     return None
 
 
-def follow_branch_pin(cfg: RunConfig, change: PinChange, held_commit: str, parent: int,
-                      bisect: Bisect) -> tuple[list[BisectResult], list[str]]:
+def follow_branch_pin(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, bisect: Bisect,
+                      handler: Handler | None = None) -> tuple[list[BisectResult], list[str]]:
     """`backport --follow-pins`: bisect inside the dependency from the neighbour branch's pin (change.old) to
     this branch's (change.new) with vLLM held at this branch's tip, as a level under the backport run parent;
-    cfg: the backport's settings and state dir (cfg.find_fix when the neighbour's tip is bad). Returns the
-    levels and why they ended (why none ran: the scenario cannot judge the dependency's commits, ...)."""
+    cfg: the backport's settings and state dir (cfg.find_fix when the neighbour's tip is bad); handler hears
+    each level's heading and steps. Returns the levels and why they ended (why none ran: the scenario cannot
+    judge the dependency's commits, ...)."""
     follow = scenario_follow_up(cfg.scenario, change.name)
     if follow is None or follow.hold is None:
         why = (follow.missing if follow and follow.missing else
                f"scenario {cfg.scenario.name} cannot judge {change.name.upper()} commits")
         return [], [f"no second level: {why}"]
-    return _levels(cfg, change, held_commit, parent, Handler(), bisect)
+    return _levels(cfg, change, held_commit, parent, handler or Handler(), bisect)
 
 
 def levels_answer(levels: Sequence[BisectResult], notes: Sequence[str]) -> tuple[str | None, str]:
