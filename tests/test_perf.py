@@ -208,4 +208,3 @@ def test_repeats_side_by_side_each_keep_their_own_log_and_sample(cli, make_repo,
     for log, sample in stored:  # each sample is the last value its own run printed
         printed = [line for line in Path(log).read_text().splitlines() if "tok_s=" in line]
         assert float(printed[-1].rpartition("=")[2]) == sample
-
