@@ -99,9 +99,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.seeds} seeds, {args.commits} commits, noise {args.noise:.0%}, slowdown {args.slowdown:.0%}, "
           f"outliers {args.outliers:.0%}")
-    print(f"{'strategy':<12} {'right':>6} {'wrong':>6} {'skip':>6} {'runs/hunt':>10}")
-    for name, hunt in (("adaptive", lambda bench: adaptive(bench, args.max_samples)),
-                       (f"fixed x{args.fixed_repeat}", lambda bench: fixed(bench, args.fixed_repeat))):
+    print(f"{'strategy':<12} {'right':>6} {'wrong':>6} {'skip':>6} {'runs/hunt':>10} {'vs fixed':>9}")
+    totals = []
+    for name, hunt in ((f"fixed x{args.fixed_repeat}", lambda bench: fixed(bench, args.fixed_repeat)),
+                       ("adaptive", lambda bench: adaptive(bench, args.max_samples))):
         tally = {"right": 0, "wrong": 0, "skip": 0}
         runs = 0
         for seed in range(args.seeds):
@@ -109,7 +110,9 @@ def main() -> None:
             found = hunt(bench)
             tally["skip" if found is None else "right" if found == bench.shas[bench.culprit] else "wrong"] += 1
             runs += bench.runs
-        print(f"{name:<12} {tally['right']:>6} {tally['wrong']:>6} {tally['skip']:>6} {runs / args.seeds:>10.1f}")
+        totals.append(runs)
+        print(f"{name:<12} {tally['right']:>6} {tally['wrong']:>6} {tally['skip']:>6} {runs / args.seeds:>10.1f} "
+              f"{runs / totals[0]:>9.0%}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ LOW_THRESHOLD = 0.01
 # A commit is called like one end only while its samples are plainly consistent with that end's: a p-value
 # against it above this (between LOW_THRESHOLD and this, more samples are taken).
 CONSISTENT = 0.05
+# A commit is called like one end when its samples differ from the other end's at this p-value or below:
+# LOW_THRESHOLD halved (Bonferroni), as the commit is tested against both ends and the verdict picks one.
+LIKE_THRESHOLD = LOW_THRESHOLD / 2
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
 # p-value that already says "the same".
@@ -152,16 +155,16 @@ class Likeness:
 
 
 def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> Likeness:
-    """A commit is like one end when its samples differ from the other end's (p <= LOW_THRESHOLD), are
+    """A commit is like one end when its samples differ from the other end's (p <= LIKE_THRESHOLD), are
     consistent with this one's (p > CONSISTENT), and its median lies in the third of the way between the
     ends' medians nearest this end's; otherwise not known (more samples, or a skip)."""
     versus_old, versus_new = compare(samples, old), compare(samples, new)
     median = statistics.median(samples)
     to_old, to_new = abs(median - statistics.median(old)), abs(median - statistics.median(new))
     p = f"p = {versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end"
-    if versus_new.result is Result.DIFFERENT and versus_old.p_value > CONSISTENT and to_old * 2 < to_new:
+    if versus_new.p_value <= LIKE_THRESHOLD and versus_old.p_value > CONSISTENT and to_old * 2 < to_new:
         return Likeness("old", versus_old, versus_new, f"like the old end ({p})")
-    if versus_old.result is Result.DIFFERENT and versus_new.p_value > CONSISTENT and to_new * 2 < to_old:
+    if versus_old.p_value <= LIKE_THRESHOLD and versus_new.p_value > CONSISTENT and to_new * 2 < to_old:
         return Likeness("new", versus_old, versus_new, f"like the new end ({p})")
     if versus_old.result is Result.DIFFERENT and versus_new.result is Result.DIFFERENT:
         return Likeness(None, versus_old, versus_new, f"differs from both ends ({p})")
@@ -189,8 +192,8 @@ class PerfSettings:
     parallel: int = 1          # runs of one commit side by side (free slots)
 
     ENDPOINT_START = 6         # samples of each end before they are first compared
-    PROBE_START = 4            # samples of a commit before it is first compared with the ends
-    PROBE_STEP = 2             # more samples of an undecided commit, per round
+    PROBE_START = 3            # samples of a commit before it is first compared with the ends
+    PROBE_STEP = 1             # more samples of an undecided commit, per round
 
     @property
     def key_parts(self) -> dict:
@@ -211,6 +214,6 @@ class PerfSettings:
     def plan(self, testable: int) -> tuple[int, int]:
         """Runs a hunt over `testable` commits takes: (fewest, most)."""
         probes = math.ceil(math.log2(testable + 1)) if testable else 0
-        fewest = 2 * (self.warmup + self.ENDPOINT_START) + probes * (self.warmup + self.PROBE_START + 1)
+        fewest = 2 * (self.warmup + self.ENDPOINT_START) + probes * (self.warmup + self.PROBE_START) + probes // 2
         most = 2 * (self.warmup + self.max_samples) + probes * (self.warmup + 2 * self.max_samples)
         return fewest, most

@@ -303,9 +303,11 @@ class PerfPolicy:
     """--metric: a performance hunt. Each step is one run of a commit; its samples are the metric's values
     of its runs (the first `warmup` discarded). The ends are sampled first and must differ by at least
     min_change with significance (else an EndpointError: the endpoints do not differ); then each probe is
-    sampled until it is like the old end or like the new one (bisector.perf.likeness), more runs only while
-    it is undecided, up to max_samples (then a skip: not distinguishable). Every probe round also runs one
-    end again, alternating, so the ends' samples span the hunt and drift cancels. A run that fails, skips or
+    sampled (PROBE_START runs, then PROBE_STEP more at a time) until it is like the old end or like the new
+    one (bisector.perf.likeness, against the end's pool: its own samples and those of the probes already
+    decided like it), more runs only while it is undecided, up to max_samples (then a skip: not
+    distinguishable). Every second probe and every extra batch of an undecided probe also run one end
+    again, alternating, so the ends' samples span the hunt and drift cancels. A run that fails, skips or
     reports no value of the metric makes its commit a skip (an end: an EndpointError). Every run is stored,
     so a resumed or repeated run starts from all earlier samples (`history`)."""
 
@@ -370,23 +372,25 @@ class PerfPolicy:
             if self._ends_differ():
                 break
             wanted += settings.PROBE_STEP
-        extra = 0  # which end runs again with the next probe round (alternating)
+        extra = 0  # which end runs again next (alternating)
         while not self.search.done:
             self.rounds += 1
             sha = self.search.next_probes(1, cost=self.cost)[0]
             wanted = settings.PROBE_START
-            while True:
-                decided = self._decide(sha, wanted)
-                if decided:
-                    break
+            first_batch = True
+            while not self._decide(sha, wanted):
                 need = self._more(sha, wanted, "probe")
                 if not need:
                     wanted = min(wanted + max(settings.PROBE_STEP, settings.parallel), settings.max_samples)
                     need = self._more(sha, wanted, "probe")
                 end = (old, new)[extra % 2]
-                if self.runs(end) - settings.warmup < 2 * settings.max_samples:
+                # an end runs again with every second probe's first batch and with every batch of an
+                # undecided probe: the ends' samples keep spanning the hunt (drift falls on them too)
+                again = not first_batch or self.rounds % 2 == 0
+                if again and self.runs(end) - settings.warmup < 2 * settings.max_samples:
                     need.append((end, "endpoint"))
                     extra += 1
+                first_batch = False
                 yield Batch(self.rounds, tuple(need))
 
     def _ends_differ(self) -> bool:
@@ -419,12 +423,19 @@ class PerfPolicy:
             return self._record(sha, None, self.failed[sha])
         if len(samples) < wanted:
             return False
-        like = likeness(samples, self.samples(self.ends.old), self.samples(self.ends.new))
+        like = likeness(samples, self.pool("old"), self.pool("new"))
         if like.end is not None:
             return self._record(sha, like.end, like.reason)
         if len(samples) >= self.settings.max_samples:
             return self._record(sha, None, f"{like.reason} after {len(samples)} samples")
         return False
+
+    def pool(self, end: str) -> list[float]:
+        """The samples a probe is compared with for one end ("old" or "new"): that end's own and those of
+        every probe already decided like it."""
+        sha = self.ends.old if end == "old" else self.ends.new
+        return [*self.samples(sha), *(value for probe in self.tested if self.verdicts[probe][0] == end
+                                      for value in self.samples(probe))]
 
     def _record(self, sha: str, end: str | None, reason: str) -> bool:
         self.verdicts[sha] = (end, reason)
