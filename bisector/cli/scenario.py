@@ -30,6 +30,7 @@ from bisector.errors import (
     EXIT_SKIP,
     UsageError,
 )
+from bisector.seams import Scenario
 
 # `scenario run` and `scenario classify` answer with git bisect run's exit protocol.
 VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
@@ -77,14 +78,8 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import JudgeOne, judge_one
     from bisector.world import WorldSettings
-    from scenarios import create
-    from scenarios.command import CommandScenario
-
-    if (name == CommandScenario.name) != bool(command):
-        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
     check_writable("--json", json_file)
-    scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
-        else create(name, parse_options(options))
+    scenario = _scenario_asked(name, options, command, bool(world["image"]))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
@@ -123,14 +118,8 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
     from bisector.world import WorldSettings
-    from scenarios import create
-    from scenarios.command import CommandScenario
-
-    if (name == CommandScenario.name) != bool(command):
-        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
     check_writable("--json", json_file)
-    scenario = CommandScenario(list(command), in_image=bool(world["image"])) if command \
-        else create(name, parse_options(options))
+    scenario = _scenario_asked(name, options, command, bool(world["image"]))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
@@ -146,6 +135,16 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     if result["options"]:
         click.echo("scenario options: " + " ".join(f"--option {key}={value}"
                                                     for key, value in result["options"].items()))
+
+
+def _scenario_asked(name: str, options: tuple[str, ...], command: tuple[str, ...], in_image: bool) -> Scenario:
+    """The scenario `scenario run`/`calibrate` judge with: a named one with its options, or `command -- CMD`."""
+    from scenarios import create
+    from scenarios.command import CommandScenario
+
+    if (name == CommandScenario.name) != bool(command):
+        raise UsageError("give `command -- CMD [ARGS...]`, or a scenario name without a command")
+    return CommandScenario(list(command), in_image=in_image) if command else create(name, parse_options(options))
 
 
 def _build_asked(build: str | None, wheels: str | None) -> str | None:
