@@ -61,18 +61,20 @@ class PinnedState(BaseScenario):
         return FollowUp(repo=self.options["aiter_repo"], hold=lambda repo, commit: PinnedState(
             {"vllm_repo": repo, "vllm_ref": commit}))
 
-    @staticmethod
-    def _maybe_block(checkout: Path) -> None:
-        """With FOLLOW_PINS_BLOCK set: count held steps there; the third one says so and waits forever."""
-        folder = os.environ.get(BLOCK)
+    block_variable = BLOCK
+
+    def _maybe_block(self, checkout: Path) -> None:
+        """With $block_variable set to a folder: count held steps there; the third one says so and waits until
+        the folder holds `release` (never, for a test that kills it)."""
+        folder = os.environ.get(self.block_variable)
         if not folder:
             return
         count = len(list(Path(folder).glob("held-*"))) + 1
         (Path(folder) / f"held-{count}").write_text(str(checkout))
         if count == 3:
             (Path(folder) / "blocked").write_text(str(os.getpid()))
-            while True:
-                time.sleep(1)
+            while not (Path(folder) / "release").exists():
+                time.sleep(0.05)
 
 
 def dockerfile(ref: str) -> str:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,22 +31,11 @@ class BlockingPinnedState(PinnedState):
     """pinned-state whose held steps count themselves in $BACKPORT_LEVEL_BLOCK; the third waits until released."""
 
     name = "blocking-pinned-state"
+    block_variable = BLOCK
 
     def follow_up(self, dependency: str) -> FollowUp | None:
         return FollowUp(repo=self.options["aiter_repo"], hold=lambda repo, commit: BlockingPinnedState(
             {"vllm_repo": repo, "vllm_ref": commit}))
-
-    @staticmethod
-    def _maybe_block(checkout: Path) -> None:
-        folder = os.environ.get(BLOCK)
-        if not folder:
-            return
-        count = len(list(Path(folder).glob("held-*"))) + 1
-        (Path(folder) / f"held-{count}").write_text(str(checkout))
-        if count == 3:
-            (Path(folder) / "blocked").write_text(str(os.getpid()))
-            while not (Path(folder) / "release").exists():
-                time.sleep(0.05)
 
 
 @pytest.fixture
