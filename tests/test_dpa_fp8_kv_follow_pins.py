@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -193,7 +192,7 @@ def test_with_image_the_level_says_what_it_lacks(tmp_path, make_repo):
         assert not place.ok and place.reason == LEVEL_IMAGE_SKIP
 
 
-def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path):
+def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path, wait_for):
     a, vllm_history = world
     repo, *v = vllm_history(broken_at_bump=False)
     block = tmp_path / "block"
@@ -204,11 +203,10 @@ def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), os.environ["PYTHONPATH"]])}
     killed = subprocess.Popen(argv, env={**env, "BLOCK_HELD": str(block)}, start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while not (block / "blocked").exists():  # the third step inside AITER has begun, and waits
-        assert killed.poll() is None, killed.communicate()
-        assert time.monotonic() < deadline, "the second level never reached its third step"
-        time.sleep(0.1)
+    # the third step inside AITER begins, and waits
+    assert wait_for(lambda: (block / "blocked").exists() or killed.poll() is not None, 300), \
+        "the second level never reached its third step"
+    assert killed.poll() is None, killed.communicate()
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     with Store(state / "bisector.sqlite") as store:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -163,7 +162,7 @@ def test_no_second_level_when_the_answer_does_not_move_the_pin_or_the_scenario_c
                            "bisector run ")
 
 
-def test_a_kill_in_the_second_level_resumes_there(tmp_path):
+def test_a_kill_in_the_second_level_resumes_there(tmp_path, wait_for):
     world = shared_world(tmp_path)
     block = tmp_path / "block"
     block.mkdir()
@@ -171,11 +170,10 @@ def test_a_kill_in_the_second_level_resumes_there(tmp_path):
             world.v[0], world.v[-1]]
     killed = subprocess.Popen(argv, env={**os.environ, BLOCK: str(block)}, start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    while not (block / "blocked").exists():  # the third step inside AITER has begun, and waits
-        assert killed.poll() is None, killed.communicate()
-        assert time.monotonic() < deadline, "the second level never reached its third step"
-        time.sleep(0.1)
+    # the third step inside AITER begins, and waits
+    assert wait_for(lambda: (block / "blocked").exists() or killed.poll() is not None, 240), \
+        "the second level never reached its third step"
+    assert killed.poll() is None, killed.communicate()
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     before = rows(tmp_path)
