@@ -122,6 +122,9 @@ def load_release(repo: Path, archive: Path) -> None:
 
 
 def commit(repo: Path, message: str, date: int, tag: str) -> None:
+    # the index emptied first, so every file is hashed again: a file of the next release with the size and the
+    # tar's mtime of the one it replaces (and a reused inode, in the same second) would look unchanged to git
+    git(repo, "read-tree", "--empty")
     git(repo, "add", "-A", ".")
     git(repo, "commit", "-q", "--allow-empty", "--no-verify", "-m", message, date=date)
     git(repo, "tag", tag)
