@@ -9,8 +9,8 @@ Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `$XDG_CACHE_HOME
   Inductor each write an entry to a temporary name and rename it into place.
 - `models/<hash>/`: model dirs written once per content (`publish`), shared like the compile cache.
 - `compile/warm/<key>`: marks that an engine of that configuration started here once (`first_start`): the
-  first start compiles alone while the other slots wait for it (until it has saved its compiled model, or
-  is up), then they all find its compiles cached.
+  first start compiles alone while the other slots' engines, their Python already loaded, wait at its lock
+  (`<key>.lock`) until it has saved its compiled model or is up; then they all find its compiles cached.
 
 Steps hold a shared lock on the root while they run; trimming to the size cap (least recently used
 entry first) and `cache forget --compile` need it exclusively, so they never delete what a running step
@@ -23,14 +23,12 @@ import fcntl
 import os
 import shutil
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from bisector.cachedir import EXCLUSIVE, SHARED, evict, human_size, lock_file, locked, take
-from bisector.process import Cancelled
 
 ROOT_ENV = "BISECTOR_CACHE_DIR"
 SIZE_ENV = "BISECTOR_COMPILE_CACHE_SIZE"
@@ -119,7 +117,7 @@ def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
 
 
 WARM = "compile/warm"
-WAIT_POLL = 0.2  # seconds between tries of a waiting slot, which also checks its cancel
+WAIT_POLL = 0.2  # seconds between looks for the first start's saved compile
 # vLLM saves an engine's compiled model here last of its compiles (torch_aot_compile/<hash>/rank_<r>/model)
 AOT_MODELS = "compile/vllm/torch_compile_cache/torch_aot_compile/*/rank_*/model"
 
@@ -129,51 +127,61 @@ def compiled_models(root: Path) -> set[Path]:
     return set(root.glob(AOT_MODELS))
 
 
+@dataclass(frozen=True)
+class Start:
+    """What first_start gives a step: `up`, to call once its engine is up; `gate`, when another start of the
+    same configuration is compiling, the lock file its engine processes wait on after their imports and
+    before they build the engine (scenarios/dpa_fp8_kv/child.py pass_start_gate), so their Python is loaded
+    while the first start compiles."""
+    up: Callable[[], None]
+    gate: Path | None = None
+
+
 @contextlib.contextmanager
-def first_start(root: Path, key: str, cancel: threading.Event | None = None) -> Iterator[Callable[[], None]]:
+def first_start(root: Path, key: str) -> Iterator[Start]:
     """Hold around an engine start of configuration key: the first on this node starts alone, and steps
-    that start meanwhile (the other slots of a run) wait until its compiles are in the cache, so vLLM,
-    Triton and Inductor compile once and the rest find it all cached; once key is marked warm nobody waits.
-    The waiting ones go as soon as the first start saves a compiled model it did not find (vLLM does so
-    when its compile is done, before it captures CUDA graphs), else when it calls the yielded `started`
-    (the engine is up); leaving the block, however the start ended, lets them go too. A cancel set while
-    waiting raises Cancelled."""
+    that start meanwhile (the other slots of a run) get a gate that holds their engines until its compiles
+    are in the cache, so vLLM, Triton and Inductor compile once and the rest find it all cached; once key is
+    marked warm nobody waits. The gate opens as soon as the first start saves a compiled model it did not
+    find (vLLM does so when its compile is done, before it captures CUDA graphs), else when it calls `up`
+    (the engine is up); leaving the block, however the start ended, opens it too, and a first start whose
+    process died opens it with its lock."""
     marker = root / WARM / key
     if marker.exists():
-        yield lambda: None
+        yield Start(lambda: None)
         return
-    with lock_file(root / WARM / f"{key}.lock") as handle:
-        while not take(handle, EXCLUSIVE, wait=False):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled()
-            time.sleep(WAIT_POLL)
+    gate = root / WARM / f"{key}.lock"
+    with lock_file(gate) as handle:
+        if not take(handle, EXCLUSIVE, wait=False):  # another start compiles: this one's engines wait at the gate
+            yield Start(lambda: None, gate)
+            return
         released = threading.Lock()
 
-        def started() -> None:
+        def up() -> None:
             with released:  # the watcher's thread or the step's
                 marker.touch()
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-        if marker.exists():  # warmed while this step waited
-            started()
-            yield lambda: None
+        if marker.exists():  # warmed meanwhile
+            up()
+            yield Start(lambda: None)
             return
         found_before, ended = compiled_models(root), threading.Event()
 
         def watch() -> None:
             while not ended.wait(WAIT_POLL):
                 if compiled_models(root) - found_before:  # this start's compile is published
-                    started()
+                    up()
                     return
 
         watcher = threading.Thread(target=watch, name=f"first-start-{key}", daemon=True)
         watcher.start()
         try:
-            yield started
+            yield Start(up)
         finally:
             ended.set()
             watcher.join()
-            started()
+            up()
 
 
 def clear(root: Path) -> tuple[int, int]:

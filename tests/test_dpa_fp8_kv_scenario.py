@@ -29,7 +29,8 @@ CUDA_TORCH = json.dumps({"torch": "2.11.0+cu130", "transformers": "5.17.0", "tor
 FAKE_PYTHON = f"""#!{sys.executable}
 # Stands in for the user's python: answers the environment probe (bisector/probe_env.py) from
 # FAKE_ENVIRONMENT_FILE or FAKE_ENVIRONMENT (site directories: FAKE_SITES; one line per probe appended to
-# FAKE_PROBE_LOG), else records what it was given, replays FAKE_OUTPUT_<rank>, then acts.
+# FAKE_PROBE_LOG), else says it was launched, waits at the real child's start gate when given one, records
+# what it was given, replays FAKE_OUTPUT_<rank>, then acts.
 import json, os, subprocess, sys, time
 if sys.argv[1].endswith("probe_env.py"):
     if "FAKE_PROBE_LOG" in os.environ:
@@ -43,6 +44,11 @@ if sys.argv[1].endswith("probe_env.py"):
                       "torch": {{"origin": None, "hip": found["torch_hip"], "cuda": found["torch_cuda"]}}}}))
     sys.exit(0)
 rank = os.environ.get("VLLM_DP_RANK", "0")
+open(os.path.join(os.environ["FAKE_RECORD_DIR"], "launched" + rank), "w").close()
+if "--start-gate" in sys.argv:  # the real child's gate, where the child waits: after its imports
+    sys.path.insert(0, os.path.dirname(sys.argv[1]))
+    import child
+    child.pass_start_gate(sys.argv[sys.argv.index("--start-gate") + 1])
 model = sys.argv[sys.argv.index("--model") + 1]
 with open(os.path.join(os.environ["FAKE_RECORD_DIR"], "rank" + rank + ".json"), "w") as f:
     json.dump({{"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(),

@@ -4,6 +4,7 @@ command, which wants one GPU per step) that records the environment each step sa
 import dataclasses
 import json
 import sqlite3
+import subprocess
 import sys
 import textwrap
 import threading
@@ -22,7 +23,6 @@ from bisector.errors import UsageError
 from bisector.executor import local_slots
 from bisector.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
 from bisector.policies import BisectPolicy, Endpoints
-from bisector.process import Cancelled
 from bisector.search import Bisection
 from bisector.signatures import SignatureRule
 from bisector.steps import Handler
@@ -318,47 +318,59 @@ def test_a_whole_gpu_keeps_the_options_and_a_bad_share_is_a_machine_skip(tmp_pat
 
 
 # -- the compile cache's first start ------------------------------------------------------------------
+CHILD_DIR = Path(__file__).resolve().parents[1] / "scenarios/dpa_fp8_kv"
+
+
+def gated_engine(gate: Path) -> subprocess.Popen:
+    """A process that waits at the real child's start gate, as an engine of a waiting slot does, then exits."""
+    code = f"import sys; sys.path.insert(0, {str(CHILD_DIR)!r}); import child; child.pass_start_gate(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, str(gate)])
+
+
 @pytest.mark.unit
-def test_the_first_engine_start_compiles_alone_and_the_slots_beside_it_wait(tmp_path, wait_for):
-    entered = {name: threading.Event() for name in ("first", "second")}
-    go = threading.Event()
-
-    def first():
-        with first_start(tmp_path, "key") as started:
-            entered["first"].set()
-            go.wait()
-            started()  # the engine is up: the waiting slot goes on while this one decodes
-            assert wait_for(entered["second"].is_set)
-
-    def second():
-        with first_start(tmp_path, "key"):
-            entered["second"].set()
-
-    threads = [threading.Thread(target=first)]
-    threads[0].start()
-    assert wait_for(entered["first"].is_set)
-    threads.append(threading.Thread(target=second))
-    threads[1].start()
-    assert not entered["second"].wait(0.5)  # waits while the first engine starts
-    go.set()
-    for thread in threads:
-        thread.join()
-    assert entered["second"].is_set()
+def test_the_first_engine_start_compiles_alone_and_the_engines_beside_it_wait_at_its_gate(tmp_path):
+    with first_start(tmp_path, "key") as first:
+        assert first.gate is None  # the first start goes straight on
+        with first_start(tmp_path, "key") as second:  # another slot enters at once: its engines wait instead
+            assert second.gate == tmp_path / "compile/warm/key.lock"
+            engine = gated_engine(second.gate)
+            with pytest.raises(subprocess.TimeoutExpired):
+                engine.wait(0.5)  # held while the first engine starts
+            first.up()  # the engine is up (or its compile saved): the waiting engine goes on
+            assert engine.wait(60) == 0
     assert (tmp_path / "compile/warm/key").is_file()
     # warm: nobody waits, even beside a start of another configuration holding its own lock
-    with first_start(tmp_path, "other"), first_start(tmp_path, "key"):
-        pass
+    with first_start(tmp_path, "other") as other, first_start(tmp_path, "key") as warm:
+        assert other.gate is None and warm.gate is None
 
 
 @pytest.mark.unit
-def test_a_slot_cancelled_while_it_waits_for_the_first_start_stops_waiting(tmp_path):
-    cancel = threading.Event()
-    with first_start(tmp_path, "key"):
-        cancel.set()
-        with pytest.raises(Cancelled), first_start(tmp_path, "key", cancel):
-            pass
-    with first_start(tmp_path, "key", cancel):  # warm now: a step goes straight on
-        pass
+def test_a_first_start_that_dies_opens_its_gate(tmp_path):
+    """A driver killed while its engine compiles leaves no warm mark, but its lock dies with it: the engines
+    waiting at its gate go on (and compile themselves) instead of waiting out their timeout."""
+    ready = tmp_path / "holding"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import pathlib, time
+        from bisector.compile_cache import first_start
+        with first_start(pathlib.Path({str(tmp_path)!r}), "key"):
+            pathlib.Path({str(ready)!r}).touch()
+            time.sleep(600)
+        """)], cwd=Path(__file__).resolve().parents[1])
+    try:
+        while not ready.exists():
+            assert holder.poll() is None, "the holder ended before it held the first start"
+            threading.Event().wait(0.05)
+        with first_start(tmp_path, "key") as waiting:
+            assert waiting.gate is not None
+            engine = gated_engine(waiting.gate)
+            with pytest.raises(subprocess.TimeoutExpired):
+                engine.wait(0.5)
+            holder.kill()
+            assert engine.wait(60) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "compile/warm/key").exists()
 
 
 # -- --plan -------------------------------------------------------------------------------------------
@@ -397,12 +409,13 @@ def test_a_gpu_step_waits_for_the_first_engine_start_of_its_settings(tmp_path, g
     root = Path(os.environ["BISECTOR_CACHE_DIR"])
     key = warm_key(create(dpa.NAME, {}).settings, "rocm", str(fake_python))
     outcomes = []
-    with first_start(root, key) as started:  # another slot's engine of the same settings is starting
+    with first_start(root, key) as first:  # another slot's engine of the same settings is starting
         step = threading.Thread(target=lambda: outcomes.append(dpa.run(tmp_path, gpu_root, fake_python,
                                                                        env=dpa.replay(records, r0=("ok", "exit 0")))))
         step.start()
-        assert not wait_for((records / "rank0.json").exists, 1.0)  # its engine waits
-        started()  # that engine is up: its compiles are in the cache
+        assert wait_for((records / "launched0").exists)  # its engine's Python starts at once ...
+        assert not wait_for((records / "rank0.json").exists, 1.0)  # ... and waits at the gate
+        first.up()  # that engine is up: its compiles are in the cache
         assert wait_for((records / "rank0.json").exists)
     step.join()
     assert outcomes[0].verdict is Verdict.GOOD

@@ -11,6 +11,7 @@ object per repeat: decode throughput and time to first token (one prompt, one to
 step timed: decode tok/s is the batch over the median step time, the prefill's and the warm-up's steps left
 out; the median and interquartile range of the step times say how noisy the repeat was. An engine without
 step() (older vLLM) is measured as the difference of two generates --perf-tokens steps apart instead.
+With --start-gate PATH it waits, once vLLM is imported, until no other engine start compiles (pass_start_gate).
 """
 import argparse
 import dataclasses
@@ -46,6 +47,7 @@ def parse_args(argv):
     parser.add_argument("--perf-repeats", type=int, default=0)
     parser.add_argument("--perf-tokens", type=int, default=64)
     parser.add_argument("--perf-batch", type=int, default=32)
+    parser.add_argument("--start-gate", default="")
     return parser.parse_args(argv)
 
 
@@ -156,6 +158,14 @@ def generates_decode(timed, batch, tokens):
     return measured
 
 
+def pass_start_gate(path):
+    """Wait while another engine of these settings compiles alone (bisector/compile_cache.py first_start
+    holds this lock file exclusively until its compiles are in the cache); at once when nobody holds it."""
+    import fcntl
+    with open(path, "rb") as gate:
+        fcntl.flock(gate, fcntl.LOCK_SH)
+
+
 def main(argv):
     args = parse_args(argv)
     from vllm import LLM, SamplingParams
@@ -165,6 +175,8 @@ def main(argv):
     with open(os.path.join(args.model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
     engine_fields = {field.name for field in dataclasses.fields(EngineArgs)}
+    if args.start_gate:  # vLLM and torch are loaded: wait here, not before the imports
+        pass_start_gate(args.start_gate)
     llm = LLM(**engine_kwargs(args, engine_fields))
     print(f"{READY_MARKER} dp_rank={rank}", flush=True)
     if args.perf_repeats:

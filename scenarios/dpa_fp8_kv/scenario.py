@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple, cast
 
 from bisector.builds.native import installed_rocm_version
-from bisector.compile_cache import SIZE_ENV, cache_root, compile_env, first_start, in_use, size_cap, touch
+from bisector.compile_cache import SIZE_ENV, Start, cache_root, compile_env, first_start, in_use, size_cap, touch
 from bisector.errors import ScenarioError
 from bisector.gpus import GPU_VARIABLES, gpu_share
 from bisector.pins import pins_in_tree
@@ -186,13 +186,16 @@ class DpaFp8KvScenario(BaseScenario):
             # check=numerics: the reference engine runs beside the one under test, on the same GPUs.
             references = plan(reference, first_rank=len(launches)) if compared else []
             mounts = [work, model.path, root] if container else []
-            started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout, launch.env,
-                                                                           mounts=mounts), env=dict(os.environ))
-                       for launch in launches + references] if container else launches + references
             try:  # the node's first engine of these settings starts alone and fills the compile cache
-                with first_start(root, warm_key(self.settings, platform, ctx.python), ctx.cancel) \
-                        if settings.compile_cache else contextlib.nullcontext(lambda: None) as up:
-                    results = run_ranks(started, ctx.checkout, work, ctx.cancel, up)
+                with first_start(root, warm_key(self.settings, platform, ctx.python)) if settings.compile_cache \
+                        else contextlib.nullcontext(Start(lambda: None)) as start:
+                    gated = [dataclasses.replace(launch, argv=[*launch.argv, "--start-gate", str(start.gate)])
+                             for launch in launches + references] if start.gate else launches + references
+                    started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout,
+                                                                                  launch.env, mounts=mounts),
+                                                   env=dict(os.environ))
+                               for launch in gated] if container else gated
+                    results = run_ranks(started, ctx.checkout, work, ctx.cancel, start.up)
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}", "machine")
             if settings.compile_cache:
