@@ -8,7 +8,7 @@
 #
 # Phases, one device call each (a call is capped at 10 minutes; the machine must stay warm between them):
 #   bash perf.sh prepare   install vLLM 0.24.0 (prepare.sh), measure v0.24.0, build the history, measure p5
-#   bash perf.sh hunt      the hunt, stopped at 540 s; call it again to resume: every stored sample is kept
+#   bash perf.sh hunt [S]  the hunt, stopped at S seconds (540); call it again to resume: every stored sample is kept
 #   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
 # Each run starts an engine (about 30-40 s with the compile cache warm); the hunt takes 12 runs of the ends
 # and 5 or more per probe (3 probes): about 27-40 runs, so two or three `hunt` calls.
@@ -60,10 +60,10 @@ prepare)
   ;;
 hunt)
   t=$(date +%s)
-  timeout 540 $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
+  timeout ${2:-540} $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
     "${GPU[@]}" "${BUILD[@]}" --gpus 0 --metric decode_tok_s --higher-is-better --min-change 2 --max-samples 12 \
     --state-dir /tmp/pstate --json $OUT/perf-hunt.json --markdown $OUT/perf-hunt.md >> $OUT/perf-hunt.out 2>&1
-  echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at 540 s; run this phase again to resume)"
+  echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at ${2:-540} s; run this phase again to resume)"
   tail -25 $OUT/perf-hunt.out
   ;;
 report)

@@ -17,9 +17,11 @@ START=$(date +%s)
 SRC=$PWD/.device/src
 [ -e "$SRC" ] || ln -sfn "$PWD" .device/src
 if [ ! -f /tmp/history30.json ]; then
-  [ -f .device/repo/v024.bundle ] && cp .device/repo/v024.bundle /tmp/v024.bundle
-  bash .device/scripts/prepare.sh > $OUT/prepare.out 2>&1 || { tail -30 $OUT/prepare.out; exit 1; }
-  tail -3 $OUT/prepare.out
+  if [ ! -f /tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl ] || [ ! -d /tmp/vllm-024 ]; then  # perf.sh made them
+    [ -f .device/repo/v024.bundle ] && cp .device/repo/v024.bundle /tmp/v024.bundle
+    bash .device/scripts/prepare.sh > $OUT/prepare.out 2>&1 || { tail -30 $OUT/prepare.out; exit 1; }
+    tail -3 $OUT/prepare.out
+  fi
   # 30 commits: 9 harmless ones, the 12 of bench/gpu_fault_history.py (the planted fault is its c8: c17 here),
   # 9 harmless ones; each harmless one appends a comment line to vllm/utils/math_utils.py
   PYTHONPATH=/tmp/site python3 - <<'EOF' || exit 1
