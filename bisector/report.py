@@ -420,7 +420,7 @@ def _junit_suite(result: BisectResult) -> ET.Element:
             ET.SubElement(answer, "system-out").text = skipped
     for n, step in enumerate(steps, 1):
         case = ET.SubElement(suite, "testcase", classname=classname,
-                             name=f"step {n}: {result.named(step.sha)} ({step.role})",
+                             name=f"step {n}: {result.named(step.sha)}, {step.role}",
                              time=f"{step.seconds:.3f}")
         case_props = ET.SubElement(case, "properties")
         for name, value in (("verdict", step.verdict), ("reason", step.reason),

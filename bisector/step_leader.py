@@ -3,7 +3,8 @@
 Run as `python -I -S step_leader.py DRIVER_PID STATUS_FD ARGV...` in a new session. It asks Linux for
 SIGTERM when its parent (the driver's thread) dies, and on that signal kills its whole process group.
 Otherwise it runs ARGV, writes ARGV's exit code (negative: the signal) to STATUS_FD, and kills its
-whole group, itself included: nothing the command left in the group outlives it.
+whole group, itself included, whatever happened meanwhile (a dying driver closes STATUS_FD before its
+death signal comes): nothing the command left in the group outlives it.
 """
 import ctypes
 import os
@@ -31,14 +32,15 @@ def main() -> None:
             os.execvp(argv[0], argv)
         finally:
             os._exit(127)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    os.write(status_fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
-    kill_group()
+    try:
+        _, status = os.waitpid(pid, 0)
+        # a SIGKILLed driver's pipes close before its children get their parent-death signal: a command
+        # ending in between has no one to read its status, and its group must go all the same
+        os.write(status_fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    except BrokenPipeError:
+        pass
+    finally:
+        kill_group()
 
 
 if __name__ == "__main__":

@@ -83,15 +83,17 @@ def start_driver(git_env):
 
 
 def describe(pids: list[int]) -> list[str]:
-    """pid, parent and command line of each process, for failure messages."""
+    """pid, parent, process group (and whether its leader lives) and command line of each process, for
+    failure messages: a member of a group whose leader is gone had a leader that died without its group."""
     lines = []
     for pid in pids:
         try:
-            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            ppid, pgid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1:3]
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        lines.append(f"{pid} (parent {ppid}): {cmdline.strip()}")
+        leader = "alive" if alive(int(pgid)) else "gone"
+        lines.append(f"{pid} (parent {ppid}, group {pgid}, its leader {leader}): {cmdline.strip()}")
     return lines
 
 

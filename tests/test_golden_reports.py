@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,16 @@ def test_runs_listing_matches_its_golden():
 
 def test_plan_matches_its_golden():
     check("plan.txt", report.plan_text(Plan.from_json(json.loads((FIXTURES / "plan.json").read_text()))) + "\n")
+
+
+def test_a_named_commit_reads_as_the_progress_line_has_it_in_every_format():
+    """`testing 4e0f2cad79b2 (v1.0), endpoint`: in no format is a commit's name in parentheses followed by
+    another parenthesis (JUnit's step names read `step 1: 4e0f2cad79b2 (v1.0) (endpoint)` on 5ba5601)."""
+    row = ROWS["bisect-named"]
+    result = json.loads(row["result"])
+    doubled = re.compile(r"\((?:%s)\) \(" % "|".join(map(re.escape, result["names"].values())))
+    rendered = {fmt: report.render(row, fmt) for fmt in report.FORMATS}
+    rendered["runs"] = report.run_line(row)
+    assert {fmt: doubled.findall(text) for fmt, text in rendered.items() if doubled.search(text)} == {}
+    cases = [case.get("name") for case in ET.fromstring(rendered["junit"]).iter("testcase")]
+    assert cases[1] == f"step 1: {result['good'][:12]} (v1.0), endpoint", cases

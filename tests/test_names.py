@@ -69,7 +69,7 @@ def test_every_format_runs_plan_and_progress_name_the_commits(tagged, tmp_path, 
     assert f"<td><code>{shas[7][:12]} (main)</code></td>" in reports["html"]
     assert f"bisector run 1: {shas[0][:12]} (v1.0)..{shas[7][:12]} (main)" in reports["html"]
     cases = [case.get("name") for case in ET.fromstring(reports["junit"]).iter("testcase")]
-    assert f"step 1: {shas[0][:12]} (v1.0) (endpoint)" in cases
+    assert f"step 1: {shas[0][:12]} (v1.0), endpoint" in cases
     assert f"first bad commit: {shas[4]} (v1.1~2)" in reports["junit"]
     names = json.loads(reports["json"])["names"]
     assert names[shas[0]] == "v1.0" and names[shas[4]] == "v1.1~2" and names[shas[7]] == "main"

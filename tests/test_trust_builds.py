@@ -175,3 +175,38 @@ def test_a_develop_in_the_users_python_fetches_no_missing_requirement(make_repo,
     assert "absent" not in after
     # what stays is the worktree's link (an egg-link), no package
     assert [line for line in after.splitlines() if "vllm" not in line] == before.splitlines()
+
+
+# vLLM's precompiled path in miniature: with VLLM_USE_PRECOMPILED the wheel is opened before anything else.
+PRECOMPILED_SETUP = '''\
+import os, zipfile
+if os.environ.get("VLLM_USE_PRECOMPILED") == "1":
+    zipfile.ZipFile(os.environ["VLLM_PRECOMPILED_WHEEL_LOCATION"]).namelist()
+from setuptools import setup
+setup(name="vllm", version="0", packages=["vllm"])
+'''
+
+
+def test_auto_names_why_the_wheel_failed_and_why_no_source_build_followed(make_repo, users_python, tmp_path, cli):
+    """`--build auto`: the commit's wheel is broken, and the source build that would follow would install
+    into the user's --python: the skip says both, the wheel's failure first with its cause and log."""
+    repo = make_repo()
+    shas = fake_vllm_history(repo)
+    shas.append(repo.commit("precompiled path", {"setup.py": PRECOMPILED_SETUP}))
+    wheels = tmp_path / "wheels" / shas[-1]
+    wheels.mkdir(parents=True)
+    (wheels / "vllm-0-cp311-abi3-linux_x86_64.whl").write_text("not a zip")
+    site_before = installed(users_python)
+    proc = cli("scenario", "run", "command", "--repo", str(repo.path), "--ref", shas[-1], "--build", "auto",
+               "--wheels", str(tmp_path / "wheels"), "--python", str(users_python), "--state-dir",
+               str(tmp_path / "state"), "--", "true", env={"PIP_NO_INDEX": "1"})
+    assert proc.returncode == 125, proc.stdout + proc.stderr
+    assert "precompiled failed: develop-precompiled exited 1 (" in proc.stdout, proc.stdout
+    wheel_failed = proc.stdout.index("precompiled failed: develop-precompiled exited 1 (")
+    assert "): zipfile.BadZipFile: File is not a zip file (log " in proc.stdout, proc.stdout
+    log = proc.stdout.split("zipfile.BadZipFile: File is not a zip file (log ", 1)[1].split(")")[0]
+    assert log.endswith("-develop-precompiled.log") and "BadZipFile" in Path(log).read_text(), proc.stdout
+    source_refused = proc.stdout.index("source build refused: `")
+    assert wheel_failed < source_refused and "--allow-install-into-python allows it" in proc.stdout, proc.stdout
+    assert not list((tmp_path / "state").rglob("build-*-build-requirements.log"))
+    assert installed(users_python) == site_before

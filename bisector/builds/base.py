@@ -126,9 +126,16 @@ def run_commands(target: Target, decision: Decision, log_dir: Path) -> BuildResu
         log_path = Path(log_dir) / f"build-{target.sha[:12]}-{decision.native[:12]}-{n}-{command.label}.log"
         result = run_process(list(command.argv), target.worktree, log_path, env={**target.variables, **command.env})
         if result.returncode != 0:
-            return BuildResult(decision.strategy, False,
-                               f"{command.label} exited {result.returncode} ({decision.reason})", str(log_path))
+            cause = last_line(result.output)
+            return BuildResult(decision.strategy, False, f"{command.label} exited {result.returncode} "
+                               f"({decision.reason})" + (f": {cause}" if cause else ""), str(log_path))
     return BuildResult(decision.strategy, True, decision.reason, str(log_path), target.env)
+
+
+def last_line(output: str, kept: int = 300) -> str:
+    """A failed command's cause in one line: the last line it wrote (a traceback's exception, pip's
+    ERROR), cut to kept characters."""
+    return next((line.strip()[:kept] for line in reversed(output.splitlines()) if line.strip()), "")
 
 
 def keep_outputs(cache: "ArtifactCache", target: Target, built: BuildResult) -> BuildResult:

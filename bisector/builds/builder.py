@@ -39,6 +39,14 @@ def installs_packages(argv: tuple[str, ...]) -> bool:
     return "install" in names and any(name == "pip" or name.startswith("pip3") for name in names)
 
 
+def tried(failure: BuildResult) -> str:
+    """A strategy that did not serve, in words: a refusal as it reads (nothing ran, no log), or the
+    failure with its cause and the log of the command that failed."""
+    if failure.log_path is None:
+        return failure.reason
+    return f"{failure.strategy} failed: {failure.reason} (log {failure.log_path})"
+
+
 class NoBuild:
     """The tree runs as checked out (the CPU probe, or a command that builds for itself)."""
 
@@ -166,19 +174,19 @@ class Builder:
             for decision in self._decisions(target):
                 kept = self._in_users_python(decision, environment)
                 if isinstance(kept, str):  # the user's own interpreter: not the tool's to change unless allowed
-                    result = BuildResult(decision.strategy, False, kept)
-                    failed.append(result)
+                    failed.append(BuildResult(decision.strategy, False, kept))
                     continue
                 decision = kept
                 remove_outputs(worktree)  # a previous step's, or the failed strategy's
                 result = self._prepare(target, decision, log_dir)
-                if failed:
-                    result = BuildResult(result.strategy, result.ok, result.reason + "".join(
-                        f" (after {f.strategy} failed: {f.reason})" for f in failed), result.log_path, result.env)
                 if result.ok or decision.strategy not in self.strategies:
-                    return result
+                    return dataclasses.replace(result, reason=result.reason + "".join(
+                        f" (after {tried(f)})" for f in failed)) if failed else result
                 failed.append(result)
-            return result
+            if len(failed) == 1:
+                return failed[0]
+            ran = next((f for f in failed if f.log_path), failed[-1])  # the log the step names
+            return BuildResult(self.name, False, "; ".join(tried(f) for f in failed), ran.log_path)
 
     def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:
         """decision as it may run in environment. In --python itself (the shared environment, none of the
