@@ -235,3 +235,20 @@ def test_held_vllm_options_are_checked_and_a_missing_held_commit_is_a_skip(tmp_p
     assert outcome.verdict is Verdict.SKIP and outcome.reason == f"held vLLM: vLLM ref {'f' * 40} not found in " \
                                                                   f"{vllm.path}"
     assert held.machine_check(ctx) == outcome.reason
+
+
+def test_the_plan_of_a_gpu_hunt_counts_the_aiter_builds_of_its_second_level(world, tmp_path, cli):
+    """The GPU scenario's level installs AITER per commit whatever --aiter the first level has: the plan says
+    so without --aiter pinned (and with --image, layered over the held commit's image)."""
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    bump = f"{v[2][:12]} moves AITER v0.1.12 → v0.1.13: 3 AITER commits after v0.1.12 up to v0.1.13 (ancestor); " \
+           f"level 2: about 4 steps (2 ends, then bisection)"
+    plan = tmp_path / "plan.json"
+    out = cli("run", "--plan", "--json", str(plan), "--repo", str(repo), "--good", v[0], "--bad", v[-1],
+              "--scenario", NAME, "--follow-pins", "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 0, out.stderr
+    line = bump + "; AITER installed per commit: about 4 AITER builds, one per AITER commit tested (JIT, ~5 min " \
+                  "each unless cached)"
+    assert json.loads(plan.read_text())["pin_levels"] == [line]
+    assert f"follow-pins: {line}" in out.stdout
