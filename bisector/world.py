@@ -6,7 +6,9 @@ container flags. A commit without an image is skipped (`--image-fallback build`:
 On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
 its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
 what is there. In a level inside AITER (`run --follow-pins`, WorldSettings.for_level) the repository bisected
-is AITER itself and each step installs its own commit that way, the scenario holding vLLM. Settings are
+is AITER itself and each step installs its own commit that way, the scenario holding vLLM; with `--image` the
+AITER commit is built and installed inside a container of the held vLLM commit's image, committed as an image of
+the tool's own (one per AITER commit + image digest + arch, pruned with the images it pulled). Settings are
 opened per run (`WorldSettings.open`); the opened World also says what a step
 costs (the search prefers imaged commits as it prefers cheap builds), which commits cannot be tested at
 all, and what the verdict cache key adds (the image digest).
@@ -16,13 +18,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-from bisector.aiter import DEFAULT_AITER_CACHE_SIZE, AiterInstalls, AiterSettings, AiterUnavailable
+from bisector import cachedir
+from bisector.aiter import (
+    DEFAULT_AITER_CACHE_SIZE,
+    IMAGE_SCRIPT,
+    AiterImageBuild,
+    AiterInstalls,
+    AiterSettings,
+    AiterUnavailable,
+)
 from bisector.builds import parse_size
 from bisector.cachedir import human_size
 from bisector.envs import Environment
@@ -32,6 +44,8 @@ from bisector.images import (
     DEFAULT_NETWORK,
     IMAGE_PROBE,
     IMAGE_PYTHON,
+    LAYER_REPOSITORY,
+    OWNER_LABEL,
     Container,
     ImageIndex,
     ImageInfo,
@@ -66,8 +80,6 @@ UNTESTABLE_COST = 2.0
 # Rough figures for --plan's estimates.
 PULL_BYTES_PER_SECOND = 100e6
 AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
-LEVEL_IMAGE_SKIP = ("--image inside AITER: layering an AITER commit over the held vLLM commit's image is not "
-                    "built yet; run the level on bare metal (without --image, AITER installed per commit)")
 BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
                    "reuse": "stored artifacts copied, seconds", "none": "no build",
                    "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
@@ -82,6 +94,7 @@ class WorldSettings:
     aiter: str = "any"  # pinned | installed | any
     aiter_settings: AiterSettings = field(default_factory=AiterSettings)
     aiter_at_step: bool = False  # a level inside AITER: each step installs the AITER commit it checks out
+    held_commit: str | None = None  # that level's held vLLM commit (with --image: the image AITER is layered over)
 
     @property
     def settings(self) -> "WorldSettings":
@@ -157,14 +170,15 @@ class WorldSettings:
     def open(self, repo: GitRepo, state_dir: Path) -> "World":
         return World(self, repo, Path(state_dir))
 
-    def for_level(self, held: Scenario) -> "WorldSettings":
-        """The world of a level inside AITER judged by held: a scenario whose verdict depends on AITER gets
-        each step's AITER commit installed as `--aiter pinned` installs a pin (same arch, cache and prebuild;
-        from the level's repository), with --image each step skips (LEVEL_IMAGE_SKIP); any other scenario
-        (one that reads the checkout's AITER source itself) the first level's world."""
+    def for_level(self, held: Scenario, held_commit: str) -> "WorldSettings":
+        """The world of a level inside AITER judged by held, vLLM held at held_commit: a scenario whose verdict
+        depends on AITER gets each step's AITER commit installed as `--aiter pinned` installs a pin (same arch,
+        cache and prebuild; from the level's repository), with --image inside held_commit's image; any other
+        scenario (one that reads the checkout's AITER source itself) the first level's world."""
         if not held.aiter_sensitive:
             return self
-        return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True)
+        return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True,
+                             held_commit)
 
 
 @dataclass
@@ -213,7 +227,7 @@ class World:
         self.index: ImageIndex | None = None
         self.aiter: AiterInstalls | None = None
         self.planned_aiter: set[str] = set()  # --plan: AITER build keys an earlier planned step builds
-        if settings.image and not settings.aiter_at_step:
+        if settings.image:
             runtime = Runtime.find(settings.image.runtime)
             self.index = ImageIndex(runtime, state_dir / "bisector.sqlite", settings.image)
         if settings.aiter == "pinned":
@@ -223,14 +237,26 @@ class World:
         """Pickled (into a Ray task) as its settings, opened again where the step runs."""
         return _settings, (self.settings,)
 
+    @property
+    def layering(self) -> bool:
+        """A level inside AITER with --image: each AITER commit layered over the held commit's image."""
+        return self.index is not None and self.settings.aiter_at_step
+
+    @property
+    def _held(self) -> str:
+        assert self.settings.held_commit is not None
+        return self.settings.held_commit
+
     # -- before the search -----------------------------------------------------------------------------
     def resolve(self, shas: Sequence[str]) -> None:
-        """Ask once, for every commit of the range, whether it has an image (stored in the record)."""
+        """Ask once, for every commit of the range, whether it has an image (stored in the record); in a
+        level layering AITER, for the held commit alone."""
         if self.index is not None:
-            self.index.resolve(list(shas))
+            self.index.resolve([self._held] if self.layering else list(shas))
 
     def imaged(self, sha: str) -> bool:
-        return self.index is not None and self.index.info(sha).present
+        """Whether sha's own image holds its build (AITER commits layered over a held image have none)."""
+        return self.index is not None and not self.layering and self.index.info(sha).present
 
     @property
     def _fallback_builds(self) -> bool:
@@ -239,14 +265,14 @@ class World:
 
     def untestable(self, shas: Sequence[str]) -> list[str]:
         """Commits that cannot be judged at all: no image, and no fallback build."""
-        if self.index is None or self._fallback_builds:
+        if self.index is None or self._fallback_builds or self.layering:
             return []
         return [sha for sha in shas if not self.imaged(sha)]
 
     def cost(self, sha: str, build_cost: float) -> float:
         """The step's cost as the search weighs it: an image here 0, one to pull PULL_COST, a commit built
         here in spite of --image FALLBACK_COST plus its build, one that cannot be judged UNTESTABLE_COST."""
-        if self.index is None:
+        if self.index is None or self.layering:
             return build_cost
         info = self.index.info(sha)
         if info.present:
@@ -254,8 +280,11 @@ class World:
         return FALLBACK_COST + build_cost if self._fallback_builds else UNTESTABLE_COST
 
     def digest(self, sha: str) -> str | None:
-        """The image digest the verdict of sha is keyed by; None without an image."""
-        return self.index.digest(sha) if self.index is not None else None
+        """The image digest the verdict of sha is keyed by (layering AITER: the held commit's image); None
+        without an image."""
+        if self.index is None:
+            return None
+        return self.index.digest(self._held if self.layering else sha)
 
     def range_note(self, candidates: Sequence[str], parents: Mapping[str, Sequence[str]]) -> str | None:
         """When the answer's window holds commits without an image: the range between the nearest imaged
@@ -275,6 +304,8 @@ class World:
     # -- --plan ----------------------------------------------------------------------------------------
     def plan(self, sha: str, python: str, build: str) -> PlannedWorld:
         """What the step's world would be, and its cost, decided without running anything."""
+        if self.layering:
+            return self._plan_layered(sha)
         if self.index is not None:
             info = self.index.info(sha)
             if info.present:
@@ -321,12 +352,24 @@ class World:
         commands = () if failed else self.aiter.reuse_commands(planned) if stored or earlier else planned.commands
         return PlannedWorld(f"{planned.describe()}, {state}", commands, cost, (low + wheel, high + wheel))
 
+    def _plan_layered(self, sha: str) -> PlannedWorld:
+        """A step of a level layering AITER commit sha over the held commit's image, in words."""
+        assert self.index is not None
+        info = self.index.info(self._held)
+        if not info.present:
+            return PlannedWorld(f"held vLLM {self._held[:12]}: {self.index.missing_reason(self._held)}: skip", (),
+                                "none: skipped")
+        minutes = AITER_PREBUILD_MINUTES if self.settings.aiter_settings.prebuild else AITER_JIT_MINUTES
+        return PlannedWorld(f"AITER {sha[:12]} built and installed over image {info.ref} (the held vLLM commit's)",
+                            (), f"AITER built in the image ~{minutes} min unless layered before", (minutes, minutes))
+
     # -- a step ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def enter(self, step: StepAt, environment: Environment, python: str) -> Iterator[Place]:
         """The step's world, held while its scenario runs (python: the judge's --python)."""
-        if self.settings.aiter_at_step and self.settings.image:
-            yield Place(False, LEVEL_IMAGE_SKIP)
+        if self.layering:
+            with self._layered(step) as place:
+                yield place
         elif self.index is not None:
             with self._image(step) as place:
                 yield place
@@ -422,6 +465,121 @@ class World:
                             details={"image": {**record, "proof": proof.reason}}, image_digest=local.digest)
             finally:
                 container.cleanup()
+
+    @contextlib.contextmanager
+    def _layered(self, step: StepAt) -> Iterator[Place]:
+        """The held vLLM commit's image (pulled, proven) with the step's AITER commit built and installed in
+        it: an image of the tool's own, made once per AITER commit + image digest + arch; or why not."""
+        assert self.index is not None and self.settings.image is not None
+        held = self._held
+        info = self.index.info(held)
+        if not info.present:
+            yield Place(False, f"held vLLM {held[:12]}: {self.index.missing_reason(held)}: no image to install "
+                               f"AITER {step.sha[:12]} in", details={"image": {"ref": info.ref, "present": False}})
+            return
+        with self.index.using(info.ref):
+            local, failure = self._pull(held, info, step.logs, step.cancel)
+            if local is None:
+                yield failure
+                return
+            proof, log = self._prove(held, local, step.logs, step.cancel)
+            record = {"ref": local.ref, "digest": local.digest, "id": local.image_id, **dict(proof.found)}
+            record.pop("checkouts", None)
+            if not proof.ok:
+                yield Place(False, f"held vLLM image: {proof.reason}", log, details={"image": record})
+                return
+            with self._aiter_layer(step, local) as (layered, place):
+                if layered is None:
+                    yield dataclasses.replace(place, details={"image": record, **place.details})
+                    return
+                try:
+                    flags = self._flags(step.slot_env)
+                except ValueError as exc:
+                    yield Place(False, str(exc), details={"image": record, **place.details})
+                    return
+                home = self.state_dir / "container-home"
+                home.mkdir(parents=True, exist_ok=True)
+                container = Container(self.index.runtime, layered.image_id or layered.ref, tuple(flags),
+                                      mounts=(str(step.logs), str(home)), read_only=(str(PROBE_SCRIPT.parent),),
+                                      env={"HOME": str(home)}, network=self.settings.image.network)
+                try:
+                    yield Place(True, container=container, python=IMAGE_PYTHON, slot_env=inside_gpu_env(step.slot_env),
+                                build=False, summary=f"{place.summary} over image {local.ref} ({proof.reason})",
+                                log_path=place.log_path,
+                                details={"image": {**record, "proof": proof.reason, "layered": layered.ref},
+                                         **place.details}, image_digest=local.digest)
+                finally:
+                    container.cleanup()
+
+    @contextlib.contextmanager
+    def _aiter_layer(self, step: StepAt, base: ImageInfo) -> Iterator[tuple[ImageInfo | None, Place]]:
+        """The image with AITER step.sha built and installed over base, in use for the block (made when not
+        here: the source checked out here, built by base's python3 in a container, committed and recorded as
+        the tool's own); (None, why not) otherwise. A failed build is remembered: the next step skips at once."""
+        assert self.index is not None and self.aiter is not None
+        runtime, label = self.index.runtime, step.sha[:12]
+        try:
+            build = self.aiter.plan_image(step.sha, str(self.repo.root), base.digest or base.image_id or base.ref)
+        except AiterUnavailable as exc:
+            yield None, Place(False, f"AITER {step.sha}: {exc}", details={"aiter": {"commit": step.sha}})
+            return
+        ref = f"{LAYER_REPOSITORY}:{build.key}"
+        details = {"aiter": {**build.to_json(), "image": ref}}
+        with self.index.using(ref), cachedir.locked(self.aiter.root / ".locks" / f"image-{build.key}.lock",
+                                                    cachedir.EXCLUSIVE):
+            layered = runtime.local([ref]).get(ref)
+            if layered is not None:
+                yield layered, Place(True, summary=f"{build.describe()}, layered before", details=details)
+                return
+            failed = self.aiter.image_failure(build)
+            if failed:
+                yield None, Place(False, f"{build.describe()} failed to build in the image before: "
+                                         f"{failed['reason']}", failed.get("log"), details=details)
+                return
+            src, reason, log = self.aiter.image_source(build, step.logs, label)
+            if src is None:
+                self.aiter.remember_image(build, "failed", reason=reason, log=log)
+                yield None, Place(False, f"{build.describe()}: {reason}", log, details=details)
+                return
+            why, log = self._build_layer(build, src, base, ref, step, label)
+            layered = runtime.local([ref]).get(ref) if why is None else None
+            if layered is None:
+                yield None, Place(False, f"{build.describe()}: {why or f'{ref} not found after its commit'}", log,
+                                  details=details)
+                return
+            self.index.pulled(ref, layered)  # the tool's own: removed least recently used, as pulled images are
+            yield layered, Place(True, summary=f"{build.describe()}, built and installed", log_path=log,
+                                 details=details)
+
+    def _build_layer(self, build: AiterImageBuild, src: Path, base: ImageInfo, ref: str, step: StepAt,
+                     label: str) -> tuple[str | None, str]:
+        """Run IMAGE_SCRIPT in a container of base over src (read-only) and commit it as ref, labelled the tool's
+        own; (None, log) when done, else (why not, log). A script that fails is remembered, a runtime that
+        cannot commit or a cancelled step is not. The container and the source are removed after."""
+        assert self.index is not None and self.aiter is not None
+        runtime = self.index.runtime
+        log = step.logs / f"build-{label}-{build.key[:12]}-4-aiter-image.log"
+        name = f"bisector-aiter-{os.getpid()}-{build.key}"
+        variables = [arg for key, value in self.aiter.image_env(build).items() for arg in ("-e", f"{key}={value}")]
+        argv = [runtime.path, "run", "--name", name, "-v", f"{src}:{src}:ro", *variables, "--entrypoint", "/bin/sh",
+                base.image_id or base.ref, "-c", IMAGE_SCRIPT, "bisector-aiter-image", str(src)]
+        try:
+            result = run_process(argv, step.logs, log, cancel=step.cancel)
+            if result.returncode != 0:
+                last = ([line for line in result.output.splitlines() if line.strip()] or ["no output"])[-1]
+                why = f"the build in image {base.ref} exited {result.returncode} ({last.strip()[:200]}; log {log})"
+                if not (step.cancel and step.cancel.is_set()):
+                    self.aiter.remember_image(build, "failed", reason=why, log=str(log))
+                return why, str(log)
+            problem = runtime.commit(name, ref, {OWNER_LABEL: "bisector", "org.bisector.aiter.commit": build.commit,
+                                                 "org.bisector.base": build.base})
+            if problem:
+                return f"{runtime.name} commit {ref}: {problem}", str(log)
+            self.aiter.remember_image(build, "ok", image=ref, log=str(log))
+            return None, str(log)
+        finally:
+            runtime.kill(name)
+            shutil.rmtree(src, ignore_errors=True)
 
     def _pull(self, sha: str, info: ImageInfo, logs: Path,
               cancel: threading.Event | None) -> tuple[ImageInfo | None, Place]:

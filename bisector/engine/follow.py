@@ -256,5 +256,5 @@ def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: Lev
     return dataclasses.replace(
         cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), state_dir=state_dir,
         verify_endpoints=True, executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None,
-        envs=EnvSettings(python=cfg.python), world=cfg.world.for_level(held), follow_pins=False, level=level,
-        chain=plan.chain)
+        envs=EnvSettings(python=cfg.python), world=cfg.world.for_level(held, level.held_commit), follow_pins=False,
+        level=level, chain=plan.chain)

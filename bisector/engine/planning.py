@@ -123,7 +123,7 @@ def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
                 f"scenario {cfg.scenario.name} cannot judge AITER commits"
             lines.append(f"{moved}: no second level ({why})")
         else:
-            level_world = cfg.world.for_level(follow.hold(str(repo.root), sha))
+            level_world = cfg.world.for_level(follow.hold(str(repo.root), sha), sha)
             lines.append(f"{moved}: {_level_cost(change, follow.repo or _pinned_repo(repo, sha), level_world)}")
     return tuple(lines)
 
