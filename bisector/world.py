@@ -149,7 +149,34 @@ class WorldSettings:
         settings = cls(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
                                                    bool(world["aiter_prebuild"]), repo, rocm_arch))
         settings.check(scenario, env_mode, executor)
-        return settings
+        held = _held_vllm_ref(scenario) if scenario is not None and aiter_sensitive else None
+        if held is None:
+            return settings
+        assert scenario is not None
+        if world["aiter"] not in (None, "pinned"):
+            raise UsageError(f"scenario {scenario.name} holding vLLM at vllm_ref judges AITER commits: each step "
+                             f"installs the one it checks out (--aiter pinned, or --image: inside the held image)")
+        return settings.for_level(scenario, held)  # a level inside AITER, run by hand (cli_args)
+
+    def cli_args(self) -> list[str]:
+        """The world options of a level inside AITER (for_level) as `bisector run` takes them: the continuation
+        printed for running that level by hand, which from_options opens as this same world."""
+        assert self.aiter_at_step
+        if self.image:
+            args = ["--image", self.image.template]
+            if self.image.runtime != "docker":
+                args += ["--container-runtime", self.image.runtime]
+            if self.image.network != DEFAULT_NETWORK:
+                args += ["--container-network", self.image.network]
+        else:
+            args = ["--aiter", "pinned"]
+            if self.aiter_settings.prebuild:
+                args.append("--aiter-prebuild")
+            if self.aiter_settings.cache_size != DEFAULT_AITER_CACHE_SIZE:
+                args += ["--aiter-cache-size", str(self.aiter_settings.cache_size)]
+        if self.aiter_settings.arch:
+            args += ["--rocm-arch", self.aiter_settings.arch]
+        return args
 
     def check(self, scenario: Scenario | None, env_mode: str, executor: str = "local") -> None:
         """UsageError for combinations that cannot work (scenario None: `backport` without one)."""
@@ -639,6 +666,12 @@ class World:
             flags += amd_gpu_flags(slot_render_devices(slot_env, machine), gid, self.settings.image.shm_size)
         flags += ["--network", self.settings.image.network, *user_flags(self.index.runtime)]
         return flags
+
+
+def _held_vllm_ref(scenario: Scenario | None) -> str | None:
+    """The vLLM commit a scenario holds (its vllm_ref option: a level inside AITER), None when it holds none."""
+    options = getattr(scenario, "options", None) or {}
+    return options.get("vllm_ref") or None
 
 
 def _settings(settings: WorldSettings) -> WorldSettings:

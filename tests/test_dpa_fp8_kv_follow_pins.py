@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from fake_docker import FakeDocker, image_key
 from test_dpa_fp8_kv_scenario import FAKE_TORCH, FAKE_VLLM
 
 from bisector import report
+from bisector.aiter import AiterSettings
 from bisector.engine.config import RunConfig
+from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.errors import ScenarioError
 from bisector.images import LAYER_REPOSITORY, OWNER_LABEL, REVISION_LABEL, ImageSettings, expand
@@ -114,7 +117,9 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
 RUNNER = f"""
 import json, sys
 from pathlib import Path
+from bisector.aiter import AiterSettings
 from bisector.engine.config import RunConfig
+from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.world import WorldSettings
 from bisector.errors import ScenarioError
@@ -169,6 +174,37 @@ def test_the_second_level_installs_each_aiter_commit_under_the_held_vllm(world, 
     assert shown.startswith(f"answer: vLLM {v[2][:12]} ") and f"inside AITER: first bad {a[3][:12]}" in shown
     published = json.loads(report.render(stored[result.run_id], "json"))
     assert published["levels"][1]["first_bad"]["sha"] == a[3]
+
+
+def test_the_continuation_printed_is_the_gpu_level_itself_and_the_cli_runs_it_so(world, tmp_path, cli):
+    """The hand-run continuation of a GPU hunt names this scenario, its options and the level's world options (not
+    the CPU probe); given to the real CLI, each step installs the AITER commit it checks out, as the level does."""
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    aiter = tmp_path / "aiter"  # make_repo("aiter") of the world fixture
+    change = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(
+        NAME, {"max_num_seqs": "4"}), world=WorldSettings(aiter="installed")))
+    assert change.continuation == (
+        f"bisector run --repo {aiter} --good v0.1.12 --bad v0.1.13 --scenario {NAME} --option max_num_seqs=4 "
+        f"--option vllm_ref={v[2]} --option vllm_repo={repo} --aiter pinned")
+    image = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(
+        NAME, {}), world=WorldSettings(ImageSettings(TEMPLATE), aiter_settings=AiterSettings(arch="gfx950")),
+        find_fix=True))
+    assert image.continuation.endswith(f"--image '{TEMPLATE}' --rocm-arch gfx950")
+    assert " --find-fix --repo " in image.continuation and "--good v0.1.13 --bad v0.1.12" in image.continuation
+
+    plan = tmp_path / "plan.json"
+    out = cli(*shlex.split(change.continuation)[1:], "--plan", "--json", str(plan), "--state-dir",
+              str(tmp_path / "state"))
+    assert out.returncode == 0, out.stderr
+    probes = json.loads(plan.read_text())["probes"]
+    assert {probe["sha"] for probe in probes} >= {a[1], a[4]}
+    for probe in probes:  # the commit checked out is the AITER installed (not a pin read from an AITER tree)
+        assert probe["world"].startswith(f"AITER {probe['sha'][:10]} for "), probe["world"]
+    out = cli(*shlex.split(change.continuation)[1:], "--aiter", "installed", "--plan")
+    assert (out.returncode, out.stderr) == (2, f"bisector: error: scenario {NAME} holding vLLM at vllm_ref judges "
+                                               f"AITER commits: each step installs the one it checks out (--aiter "
+                                               f"pinned, or --image: inside the held image)\n")
 
 
 def test_a_held_vllm_that_faults_on_its_own_stops_the_level(world, tmp_path):
