@@ -80,6 +80,7 @@ UNTESTABLE_COST = 2.0
 # Rough figures for --plan's estimates.
 PULL_BYTES_PER_SECOND = 100e6
 AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
+RUNTIME_FAILED = 125  # `docker run` exits 125 (the runtime), 126/127 (the entrypoint): no answer about the build
 BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
                    "reuse": "stored artifacts copied, seconds", "none": "no build",
                    "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
@@ -544,45 +545,48 @@ class World:
         here: the source checked out here, built by base's python3 in a container, committed and recorded as
         the tool's own); (None, why not) otherwise. A failed build is remembered: the next step skips at once."""
         assert self.index is not None and self.aiter is not None
-        runtime, label = self.index.runtime, step.sha[:12]
         try:
             build = self.aiter.plan_image(step.sha, str(self.repo.root), base.digest or base.image_id or base.ref)
         except AiterUnavailable as exc:
             yield None, Place(False, f"AITER {step.sha}: {exc}", details={"aiter": {"commit": step.sha}})
             return
         ref = f"{LAYER_REPOSITORY}:{build.key}"
+        with self.index.using(ref):
+            with cachedir.locked(self.aiter.root / ".locks" / f"image-{build.key}.lock", cachedir.EXCLUSIVE):
+                found = self._find_or_build_layer(build, ref, base, step)
+            yield found
+
+    def _find_or_build_layer(self, build: AiterImageBuild, ref: str, base: ImageInfo,
+                             step: StepAt) -> tuple[ImageInfo | None, Place]:
+        """Under the build key's lock: the layered image ref when here, else built now (or why not)."""
+        assert self.index is not None and self.aiter is not None
+        runtime, label = self.index.runtime, step.sha[:12]
         details = {"aiter": {**build.to_json(), "image": ref}}
-        with self.index.using(ref), cachedir.locked(self.aiter.root / ".locks" / f"image-{build.key}.lock",
-                                                    cachedir.EXCLUSIVE):
-            layered = runtime.local([ref]).get(ref)
-            if layered is not None:
-                yield layered, Place(True, summary=f"{build.describe()}, layered before", details=details)
-                return
-            failed = self.aiter.image_failure(build)
-            if failed:
-                yield None, Place(False, f"{build.describe()} failed to build in the image before: "
-                                         f"{failed['reason']}", failed.get("log"), details=details)
-                return
-            src, reason, log = self.aiter.image_source(build, step.logs, label)
-            if src is None:
-                self.aiter.remember_image(build, "failed", reason=reason, log=log)
-                yield None, Place(False, f"{build.describe()}: {reason}", log, details=details)
-                return
-            why, log = self._build_layer(build, src, base, ref, step, label)
-            layered = runtime.local([ref]).get(ref) if why is None else None
-            if layered is None:
-                yield None, Place(False, f"{build.describe()}: {why or f'{ref} not found after its commit'}", log,
-                                  details=details)
-                return
-            self.index.pulled(ref, layered)  # the tool's own: removed least recently used, as pulled images are
-            yield layered, Place(True, summary=f"{build.describe()}, built and installed", log_path=log,
-                                 details=details)
+        layered = runtime.local([ref]).get(ref)
+        if layered is not None:
+            return layered, Place(True, summary=f"{build.describe()}, layered before", details=details)
+        failed = self.aiter.image_failure(build)
+        if failed:
+            return None, Place(False, f"{build.describe()} failed to build in the image before: {failed['reason']}",
+                               failed.get("log"), details=details)
+        src, reason, log = self.aiter.image_source(build, step.logs, label)
+        if src is None:
+            self.aiter.remember_image(build, "failed", reason=reason, log=log)
+            return None, Place(False, f"{build.describe()}: {reason}", log, details=details)
+        why, log = self._build_layer(build, src, base, ref, step, label)
+        layered = runtime.local([ref]).get(ref) if why is None else None
+        if layered is None:
+            return None, Place(False, f"{build.describe()}: {why or f'{ref} not found after its commit'}", log,
+                               details=details)
+        self.index.pulled(ref, layered)  # the tool's own: removed least recently used, as pulled images are
+        return layered, Place(True, summary=f"{build.describe()}, built and installed", log_path=log, details=details)
 
     def _build_layer(self, build: AiterImageBuild, src: Path, base: ImageInfo, ref: str, step: StepAt,
                      label: str) -> tuple[str | None, str]:
         """Run IMAGE_SCRIPT in a container of base over src (read-only) and commit it as ref, labelled the tool's
-        own; (None, log) when done, else (why not, log). A script that fails is remembered, a runtime that
-        cannot commit or a cancelled step is not. The container and the source are removed after."""
+        own; (None, log) when done, else (why not, log). A script that fails is remembered; a runtime that cannot
+        start or commit the container, or a killed (cancelled) build, is not. The container and the source are
+        removed after."""
         assert self.index is not None and self.aiter is not None
         runtime = self.index.runtime
         log = step.logs / f"build-{label}-{build.key[:12]}-4-aiter-image.log"
@@ -595,7 +599,7 @@ class World:
             if result.returncode != 0:
                 last = ([line for line in result.output.splitlines() if line.strip()] or ["no output"])[-1]
                 why = f"the build in image {base.ref} exited {result.returncode} ({last.strip()[:200]}; log {log})"
-                if not (step.cancel and step.cancel.is_set()):
+                if result.returncode is not None and 0 < result.returncode < RUNTIME_FAILED:  # the script's own
                     self.aiter.remember_image(build, "failed", reason=why, log=str(log))
                 return why, str(log)
             problem = runtime.commit(name, ref, {OWNER_LABEL: "bisector", "org.bisector.aiter.commit": build.commit,

@@ -234,7 +234,7 @@ def images_of(docker: FakeDocker, vllm: list, a: dict) -> dict[str, str]:
     return refs
 
 
-def test_with_image_each_aiter_commit_is_layered_over_the_held_commits_image(world, tmp_path, monkeypatch):
+def test_with_image_each_aiter_commit_is_layered_over_the_held_commits_image(world, tmp_path, monkeypatch, cli):
     a, vllm_history = world
     docker = FakeDocker(tmp_path / "fake")
     docker.activate(monkeypatch)
@@ -280,6 +280,16 @@ def test_with_image_each_aiter_commit_is_layered_over_the_held_commits_image(wor
     again = hunt(vllm, tmp_path, WorldSettings(ImageSettings(TEMPLATE)))
     assert again.levels[0].culprit.sha == a[3]
     assert not [call for call in docker.calls() if call[:1] == ["commit"]]
+
+    # the continuation printed is this level with --image; the real CLI plans it as layered over the held image
+    assert result.pin_change.continuation.endswith(f"--option vllm_repo={repo} --image '{TEMPLATE}'")
+    plan = tmp_path / "plan.json"
+    out = cli(*shlex.split(result.pin_change.continuation)[1:], "--plan", "--json", str(plan), "--state-dir",
+              str(tmp_path / "state"), env=docker.env)
+    assert out.returncode == 0, out.stderr
+    for probe in json.loads(plan.read_text())["probes"]:
+        assert probe["world"] == f"AITER {probe['sha'][:12]} built and installed over image {refs[v[2]]} (the " \
+                                 f"held vLLM commit's)"
 
 
 def test_a_layer_that_cannot_be_built_is_a_skip_with_its_reason(world, tmp_path, monkeypatch, make_repo):
