@@ -5,6 +5,7 @@ imports. Both levels run the real child against a fake /dev, /sys tree and a fak
 built into a wheel and installed into a layer for real (bisector.aiter, as `--aiter pinned` does)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.errors import ScenarioError
 from bisector.images import LAYER_REPOSITORY, OWNER_LABEL, REVISION_LABEL, ImageSettings, expand
+from bisector.process import Cancelled
 from bisector.refs import GitRepo
 from bisector.store import Store
 from bisector.world import StepAt, WorldSettings
@@ -321,6 +324,16 @@ def test_a_layer_that_cannot_be_built_is_a_skip_with_its_reason(world, tmp_path,
         assert not again.ok and "failed to build in the image before" in again.reason
         assert again.log_path == place.log_path
     assert len([call for call in docker.runs() if "bisector-aiter-image" in call]) == built
+
+    fine = level.open(GitRepo(tmp_path / "aiter"), tmp_path / "state")  # a build cancelled is not remembered
+    fine.resolve([a[1]])
+    cancelled = threading.Event()
+    cancelled.set()
+    at = StepAt(a[1], tmp_path / "aiter", tmp_path / "logs", cancel=cancelled)
+    with pytest.raises(Cancelled), fine.enter(at, None, sys.executable):
+        pass
+    with fine.enter(dataclasses.replace(at, cancel=None), None, sys.executable) as place:
+        assert place.ok and place.details["image"]["layered"].startswith(LAYER_REPOSITORY), place.reason
 
     docker.remove_from_registry(expand(TEMPLATE, v[1]))  # a held commit without an image: nothing to layer over
     without = first.for_level(held, v[1]).open(GitRepo(aiter.path), tmp_path / "state")
