@@ -127,17 +127,17 @@ class AiterImageBuild:
 # Run by the image's /bin/sh with the source folder ($1, mounted read-only): vLLM's Dockerfile.rocm_base AITER
 # stage in the image's python3 (AITER's requirements, torch family dropped, and pyyaml; the wheel; the wheel
 # installed over the image's own AITER), built in a copy that is removed after.
-IMAGE_SCRIPT = """set -e
+IMAGE_REQUIREMENTS = "bisector-requirements.txt"
+IMAGE_SCRIPT = f"""set -e
 work=$(mktemp -d)
 cp -R "$1"/. "$work"
 cd "$work"
-python3 -m pip install -r bisector-requirements.txt pyyaml
+python3 -m pip install -r {IMAGE_REQUIREMENTS} {' '.join(BUILD_EXTRAS)}
 python3 setup.py bdist_wheel --dist-dir="$work/dist"
 python3 -m pip install --no-deps --force-reinstall "$work"/dist/*.whl
 cd /
 rm -rf "$work"
 """
-IMAGE_REQUIREMENTS = "bisector-requirements.txt"
 
 
 @dataclass
@@ -218,10 +218,6 @@ class AiterInstalls:
         source = self.settings.repo or repo
         return AiterImageBuild(ref, source, self.resolve(source, ref), self._arch(), self.settings.prebuild, base)
 
-    def image_env(self, build: AiterImageBuild) -> dict:
-        """The variables of the wheel build inside the image (as on bare metal)."""
-        return self._wheel_env(build)
-
     def image_source(self, build: AiterImageBuild, log_dir: Path, label: str) -> tuple[Path | None, str, str | None]:
         """The commit checked out with its submodules under images/<key>/src, AITER's requirements beside it
         without the torch family (IMAGE_REQUIREMENTS): (the folder, "", log), or (None, why not, its log)."""
@@ -261,9 +257,9 @@ class AiterInstalls:
         from bisector.builds.native import DEFAULT_ARCH, gpu_arch
         return self.settings.arch or os.environ.get("PYTORCH_ROCM_ARCH") or gpu_arch() or DEFAULT_ARCH
 
-    def _wheel_env(self, build: AiterBuild | AiterImageBuild) -> dict:
-        """GPU_ARCHS, PREBUILD_KERNELS and the wheel's version: from AITER's release tags, never from a tag of
-        whoever's clone --aiter-repo is."""
+    def wheel_env(self, build: AiterBuild | AiterImageBuild) -> dict:
+        """The wheel build's variables (here, or inside an image): GPU_ARCHS, PREBUILD_KERNELS and its version,
+        from AITER's release tags (never from a tag of whoever's clone --aiter-repo is)."""
         clone = self._clone_path(build.repo)
         return {"GPU_ARCHS": build.arch, "PREBUILD_KERNELS": "1" if build.prebuild else "0",
                 **pretend_env(release_version(functools.partial(_git_output, clone), build.commit), (PRETEND_ANY,))}
@@ -279,7 +275,7 @@ class AiterInstalls:
         python = str(layer / "venv" / "bin" / "python")
         install = (uv_binary(), "pip", "install", "--python", python, "--excludes", str(layer / "excludes.txt"))
         clone = self._clone_path(build.repo)
-        env = self._wheel_env(build)
+        env = self.wheel_env(build)
         return (Command("aiter-checkout", ("git", "clone", "--quiet", "--no-checkout", str(clone), str(src)), {}),
                 Command("aiter-switch", ("git", "-C", str(src), "checkout", "--quiet", "--detach", build.commit), {}),
                 Command("aiter-submodules", ("git", "-C", str(src), "submodule", "update", "--init", "--recursive"),

@@ -591,7 +591,7 @@ class World:
         runtime = self.index.runtime
         log = step.logs / f"build-{label}-{build.key[:12]}-4-aiter-image.log"
         name = f"bisector-aiter-{os.getpid()}-{build.key}"
-        variables = [arg for key, value in self.aiter.image_env(build).items() for arg in ("-e", f"{key}={value}")]
+        variables = [arg for key, value in self.aiter.wheel_env(build).items() for arg in ("-e", f"{key}={value}")]
         argv = [runtime.path, "run", "--name", name, "-v", f"{src}:{src}:ro", *variables, "--entrypoint", "/bin/sh",
                 base.image_id or base.ref, "-c", IMAGE_SCRIPT, "bisector-aiter-image", str(src)]
         try:
