@@ -564,6 +564,10 @@ class World:
         details = {"aiter": {**build.to_json(), "image": ref}}
         layered = runtime.local([ref]).get(ref)
         if layered is not None:
+            if not layer_labels(build).items() <= dict(layered.labels or {}).items():
+                return None, Place(False, f"image {ref} is there but not the layer bisector made of AITER "
+                                          f"{build.commit[:12]} over {build.base[:19]} (its labels differ): "
+                                          f"remove it to let bisector make its own", details=details)
             return layered, Place(True, summary=f"{build.describe()}, layered before", details=details)
         failed = self.aiter.image_failure(build)
         if failed:
@@ -602,8 +606,7 @@ class World:
                 if result.returncode is not None and 0 < result.returncode < RUNTIME_FAILED:  # the script's own
                     self.aiter.remember_image(build, "failed", reason=why, log=str(log))
                 return why, str(log)
-            problem = runtime.commit(name, ref, {OWNER_LABEL: "bisector", "org.bisector.aiter.commit": build.commit,
-                                                 "org.bisector.base": build.base})
+            problem = runtime.commit(name, ref, layer_labels(build))
             if problem:
                 return f"{runtime.name} commit {ref}: {problem}", str(log)
             self.aiter.remember_image(build, "ok", image=ref, log=str(log))
@@ -670,6 +673,11 @@ class World:
             flags += amd_gpu_flags(slot_render_devices(slot_env, machine), gid, self.settings.image.shm_size)
         flags += ["--network", self.settings.image.network, *user_flags(self.index.runtime)]
         return flags
+
+
+def layer_labels(build: AiterImageBuild) -> dict[str, str]:
+    """The labels of the image layering build: bisector's own, of which AITER commit over which image."""
+    return {OWNER_LABEL: "bisector", "org.bisector.aiter.commit": build.commit, "org.bisector.base": build.base}
 
 
 def _held_vllm_ref(scenario: Scenario | None) -> str | None:

@@ -334,6 +334,11 @@ def test_a_layer_that_cannot_be_built_is_a_skip_with_its_reason(world, tmp_path,
         pass
     with fine.enter(dataclasses.replace(at, cancel=None), None, sys.executable) as place:
         assert place.ok and place.details["image"]["layered"].startswith(LAYER_REPOSITORY), place.reason
+    layered = place.details["image"]["layered"]
+    docker.add_image(layered, {}, local=True)  # someone else's image under that name: never taken, never removed
+    with fine.enter(dataclasses.replace(at, cancel=None), None, sys.executable) as place:
+        assert not place.ok and place.reason.startswith(f"image {layered} is there but not the layer bisector made")
+    assert docker.is_local(layered) and ["image", "rm", layered] not in [call[:3] for call in docker.calls()]
 
     docker.remove_from_registry(expand(TEMPLATE, v[1]))  # a held commit without an image: nothing to layer over
     without = first.for_level(held, v[1]).open(GitRepo(aiter.path), tmp_path / "state")
