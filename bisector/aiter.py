@@ -10,6 +10,12 @@ with its log, so a step needing it is skipped at once. Each step gets a thin lay
 (`uv venv --system-site-packages` over the step's python, the base's site dirs after the layer's) holding
 AITER's requirements and the wheel, under aiter/layers/<layer key>/. Builds and layers are each capped by
 count (least recently used removed, never one in use). The base interpreter is never written to.
+
+Inside a vLLM image (a level inside AITER with `--image`) the same source is checked out here and built and
+installed inside a container of the held commit's image (IMAGE_SCRIPT, its python3, its torch and ROCm):
+`AiterImageBuild` is that install, keyed by AITER commit + image digest + arch (+ prebuild); bisector.world
+commits the container into the tool's own image (bisector.images) and remembers a failed build here, under
+aiter/images/<key>/.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -89,6 +96,48 @@ class AiterBuild:
     def to_json(self) -> dict:
         return {"ref": self.ref, "repo": self.repo, "commit": self.commit, "arch": self.arch, "torch": self.torch,
                 "python": self.python, "prebuild": self.prebuild, "key": self.key}
+
+
+@dataclass(frozen=True)
+class AiterImageBuild:
+    """AITER commit built and installed inside an image (base: its digest), for arch."""
+
+    ref: str
+    repo: str
+    commit: str
+    arch: str
+    prebuild: bool
+    base: str
+
+    @property
+    def key(self) -> str:
+        """What the layered image depends on: AITER commit + base image digest + arch (+ prebuilt kernels)."""
+        blob = json.dumps([self.commit, self.base, self.arch, self.prebuild])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        mode = "prebuilt kernels" if self.prebuild else "JIT"
+        return f"AITER {self.commit[:10]} for {self.arch}, {mode}, over image {self.base[:19]}: key {self.key}"
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "repo": self.repo, "commit": self.commit, "arch": self.arch,
+                "prebuild": self.prebuild, "base": self.base, "key": self.key}
+
+
+# Run by the image's /bin/sh with the source folder ($1, mounted read-only): vLLM's Dockerfile.rocm_base AITER
+# stage in the image's python3 (AITER's requirements, torch family dropped, and pyyaml; the wheel; the wheel
+# installed over the image's own AITER), built in a copy that is removed after.
+IMAGE_REQUIREMENTS = "bisector-requirements.txt"
+IMAGE_SCRIPT = f"""set -e
+work=$(mktemp -d)
+cp -R "$1"/. "$work"
+cd "$work"
+python3 -m pip install -r {IMAGE_REQUIREMENTS} {' '.join(BUILD_EXTRAS)}
+python3 setup.py bdist_wheel --dist-dir="$work/dist"
+python3 -m pip install --no-deps --force-reinstall "$work"/dist/*.whl
+cd /
+rm -rf "$work"
+"""
 
 
 @dataclass
@@ -164,21 +213,69 @@ class AiterInstalls:
                                   home / "requirements.txt")
         return commands[3], commands[5]
 
+    def plan_image(self, ref: str, repo: str, base: str) -> AiterImageBuild:
+        """The install of AITER ref (from repo, or --aiter-repo) inside the image whose digest is base."""
+        source = self.settings.repo or repo
+        return AiterImageBuild(ref, source, self.resolve(source, ref), self._arch(), self.settings.prebuild, base)
+
+    def image_source(self, build: AiterImageBuild, log_dir: Path, label: str) -> tuple[Path | None, str, str | None]:
+        """The commit checked out with its submodules under images/<key>/src, AITER's requirements beside it
+        without the torch family (IMAGE_REQUIREMENTS): (the folder, "", log), or (None, why not, its log)."""
+        home = self.root / "images" / build.key
+        src = home / "src"
+        shutil.rmtree(src, ignore_errors=True)
+        src.parent.mkdir(parents=True, exist_ok=True)
+        commands = self._commands(build, src, home, home)[:3]
+        log = None
+        for n, command in enumerate(commands, 1):
+            log = Path(log_dir) / f"build-{label}-{build.key[:12]}-{n}-{command.label}.log"
+            try:
+                done = run_process(list(command.argv), home, log, env=command.env)
+            except OSError as exc:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(f"cannot start {command.argv[0]}: {exc.strerror}\n")
+                done = None
+            if done is None or done.returncode != 0:
+                shutil.rmtree(src, ignore_errors=True)
+                return None, f"{command.label} failed ({_tail(str(log))})", str(log)
+        wanted = (src / "requirements.txt").read_text().splitlines() if (src / "requirements.txt").is_file() else []
+        kept = [line for line in wanted if _requirement_name(line) not in TORCH_FAMILY]
+        (src / IMAGE_REQUIREMENTS).write_text("".join(f"{line}\n" for line in kept))
+        return src, "", str(log) if log else None
+
+    def image_failure(self, build: AiterImageBuild) -> dict | None:
+        """The remembered failure of this image build ({"reason", "log"}), None when it never failed."""
+        record = _read(self.root / "images" / build.key / RECORD)
+        return record if record and record.get("status") == "failed" else None
+
+    def remember_image(self, build: AiterImageBuild, status: str, **record) -> None:
+        """Record the image build's outcome (status ok or failed) under images/<key>/."""
+        _write(self.root / "images" / build.key / RECORD, {**build.to_json(), "status": status, **record,
+                                                            "at": time.time()})
+
     def _arch(self) -> str:
         from bisector.builds.native import DEFAULT_ARCH, gpu_arch
         return self.settings.arch or os.environ.get("PYTORCH_ROCM_ARCH") or gpu_arch() or DEFAULT_ARCH
 
-    def _commands(self, build: AiterBuild, src: Path, layer: Path, home: Path,
+    def wheel_env(self, build: AiterBuild | AiterImageBuild) -> dict:
+        """The wheel build's variables (here, or inside an image): GPU_ARCHS, PREBUILD_KERNELS and its version,
+        from AITER's release tags (never from a tag of whoever's clone --aiter-repo is)."""
+        clone = self._clone_path(build.repo)
+        return {"GPU_ARCHS": build.arch, "PREBUILD_KERNELS": "1" if build.prebuild else "0",
+                **pretend_env(release_version(functools.partial(_git_output, clone), build.commit), (PRETEND_ANY,))}
+
+    def _clone_path(self, repo: str) -> Path:
+        return self.root / "clones" / f"{hashlib.sha256(repo.encode()).hexdigest()[:16]}.git"
+
+    def _commands(self, build: AiterBuild | AiterImageBuild, src: Path, layer: Path, home: Path,
                   requirements: Path | None = None) -> tuple[Command, ...]:
         """vLLM's Dockerfile.rocm_base AITER stage, into the layer's python: check out the commit with its
         submodules, install its requirements (torch family excluded) and pyyaml, build the wheel, install it.
         requirements: AITER's requirements file (default: the checkout's)."""
         python = str(layer / "venv" / "bin" / "python")
         install = (uv_binary(), "pip", "install", "--python", python, "--excludes", str(layer / "excludes.txt"))
-        clone = self.root / "clones" / f"{hashlib.sha256(build.repo.encode()).hexdigest()[:16]}.git"
-        # the wheel's version from AITER's release tags, never from a tag of whoever's clone --aiter-repo is
-        env = {"GPU_ARCHS": build.arch, "PREBUILD_KERNELS": "1" if build.prebuild else "0",
-               **pretend_env(release_version(functools.partial(_git_output, clone), build.commit), (PRETEND_ANY,))}
+        clone = self._clone_path(build.repo)
+        env = self.wheel_env(build)
         return (Command("aiter-checkout", ("git", "clone", "--quiet", "--no-checkout", str(clone), str(src)), {}),
                 Command("aiter-switch", ("git", "-C", str(src), "checkout", "--quiet", "--detach", build.commit), {}),
                 Command("aiter-submodules", ("git", "-C", str(src), "submodule", "update", "--init", "--recursive"),
@@ -319,6 +416,15 @@ class AiterInstalls:
             record = _read(meta) or {}
             entries.append({**record, "last_used": cachedir.used_at(meta.parent)})
         return sorted(entries, key=lambda record: -record["last_used"])
+
+
+def _requirement_name(line: str) -> str:
+    """The distribution a requirements line names (lowercase, - for _), "" for a comment or an option."""
+    text = line.split("#", 1)[0].strip()
+    if not text or text.startswith("-"):
+        return ""
+    name = re.split(r"[\s<>=!~;\[@(]", text, maxsplit=1)[0]
+    return name.lower().replace("_", "-")
 
 
 def _probe(python: str) -> dict:

@@ -41,6 +41,10 @@ DEFAULT_SHM_SIZE = "16g"  # vLLM's AMD test runner's --shm-size
 DEFAULT_NETWORK = "none"
 IMAGE_PYTHON = "python3"  # the image's interpreter: steps run vLLM's own Python in the image
 REVISION_LABEL = "org.opencontainers.image.revision"
+# An image this tool made (an AITER commit layered over a held vLLM commit's image): named LAYER_REPOSITORY:<key>,
+# labelled OWNER_LABEL=bisector, recorded as its own (removed least recently used, as the images it pulled).
+LAYER_REPOSITORY = "bisector-aiter-layer"
+OWNER_LABEL = "org.bisector.owner"
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 # Where a vLLM image keeps its checkout (vLLM's docker/Dockerfile.rocm copies the source there).
 CHECKOUT_DIRS = ("/vllm-workspace", "/app/vllm", "/workspace/vllm")
@@ -164,6 +168,15 @@ class Runtime:
         with contextlib.suppress(ImageError):
             return self._call("image", "rm", ref).returncode == 0
         return False
+
+    def commit(self, name: str, ref: str, labels: Mapping[str, str]) -> str | None:
+        """Commit the (stopped) container name as image ref with labels added; None when done, else why not."""
+        changes = [arg for key, value in labels.items() for arg in ("--change", f"LABEL {key}={json.dumps(value)}")]
+        try:
+            done = self._call("commit", *changes, name, ref, timeout=1800)
+        except ImageError as exc:
+            return str(exc)
+        return None if done.returncode == 0 else _last_line(done.stderr or done.stdout) or "no output"
 
     def kill(self, name: str) -> None:
         """Remove a container this tool started (gone already is fine)."""

@@ -6,7 +6,9 @@ container flags. A commit without an image is skipped (`--image-fallback build`:
 On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
 its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
 what is there. In a level inside AITER (`run --follow-pins`, WorldSettings.for_level) the repository bisected
-is AITER itself and each step installs its own commit that way, the scenario holding vLLM. Settings are
+is AITER itself and each step installs its own commit that way, the scenario holding vLLM; with `--image` the
+AITER commit is built and installed inside a container of the held vLLM commit's image, committed as an image of
+the tool's own (one per AITER commit + image digest + arch, pruned with the images it pulled). Settings are
 opened per run (`WorldSettings.open`); the opened World also says what a step
 costs (the search prefers imaged commits as it prefers cheap builds), which commits cannot be tested at
 all, and what the verdict cache key adds (the image digest).
@@ -16,13 +18,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-from bisector.aiter import DEFAULT_AITER_CACHE_SIZE, AiterInstalls, AiterSettings, AiterUnavailable
+from bisector import cachedir
+from bisector.aiter import (
+    DEFAULT_AITER_CACHE_SIZE,
+    IMAGE_SCRIPT,
+    AiterImageBuild,
+    AiterInstalls,
+    AiterSettings,
+    AiterUnavailable,
+)
 from bisector.builds import parse_size
 from bisector.cachedir import human_size
 from bisector.envs import Environment
@@ -32,6 +44,8 @@ from bisector.images import (
     DEFAULT_NETWORK,
     IMAGE_PROBE,
     IMAGE_PYTHON,
+    LAYER_REPOSITORY,
+    OWNER_LABEL,
     Container,
     ImageIndex,
     ImageInfo,
@@ -66,8 +80,7 @@ UNTESTABLE_COST = 2.0
 # Rough figures for --plan's estimates.
 PULL_BYTES_PER_SECOND = 100e6
 AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES = 5, 90
-LEVEL_IMAGE_SKIP = ("--image inside AITER: layering an AITER commit over the held vLLM commit's image is not "
-                    "built yet; run the level on bare metal (without --image, AITER installed per commit)")
+RUNTIME_FAILED = 125  # `docker run` exits 125 (the runtime), 126/127 (the entrypoint): no answer about the build
 BUILD_ESTIMATES = {"source": "ROCm source build, 30-60 min", "precompiled": "wheel install, ~2 min",
                    "reuse": "stored artifacts copied, seconds", "none": "no build",
                    "failed-before": "failed to build before: skip", "unavailable": "cannot be built: skip"}
@@ -82,6 +95,7 @@ class WorldSettings:
     aiter: str = "any"  # pinned | installed | any
     aiter_settings: AiterSettings = field(default_factory=AiterSettings)
     aiter_at_step: bool = False  # a level inside AITER: each step installs the AITER commit it checks out
+    held_commit: str | None = None  # that level's held vLLM commit (with --image: the image AITER is layered over)
 
     @property
     def settings(self) -> "WorldSettings":
@@ -136,7 +150,34 @@ class WorldSettings:
         settings = cls(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
                                                    bool(world["aiter_prebuild"]), repo, rocm_arch))
         settings.check(scenario, env_mode, executor)
-        return settings
+        held = _held_vllm_ref(scenario) if scenario is not None and aiter_sensitive else None
+        if held is None:
+            return settings
+        assert scenario is not None
+        if world["aiter"] not in (None, "pinned"):
+            raise UsageError(f"scenario {scenario.name} holding vLLM at vllm_ref judges AITER commits: each step "
+                             f"installs the one it checks out (--aiter pinned, or --image: inside the held image)")
+        return settings.for_level(scenario, held)  # a level inside AITER, run by hand (cli_args)
+
+    def cli_args(self) -> list[str]:
+        """The world options of a level inside AITER (for_level) as `bisector run` takes them: the continuation
+        printed for running that level by hand, which from_options opens as this same world."""
+        assert self.aiter_at_step
+        if self.image:
+            args = ["--image", self.image.template]
+            if self.image.runtime != "docker":
+                args += ["--container-runtime", self.image.runtime]
+            if self.image.network != DEFAULT_NETWORK:
+                args += ["--container-network", self.image.network]
+        else:
+            args = ["--aiter", "pinned"]
+            if self.aiter_settings.prebuild:
+                args.append("--aiter-prebuild")
+            if self.aiter_settings.cache_size != DEFAULT_AITER_CACHE_SIZE:
+                args += ["--aiter-cache-size", str(self.aiter_settings.cache_size)]
+        if self.aiter_settings.arch:
+            args += ["--rocm-arch", self.aiter_settings.arch]
+        return args
 
     def check(self, scenario: Scenario | None, env_mode: str, executor: str = "local") -> None:
         """UsageError for combinations that cannot work (scenario None: `backport` without one)."""
@@ -157,14 +198,15 @@ class WorldSettings:
     def open(self, repo: GitRepo, state_dir: Path) -> "World":
         return World(self, repo, Path(state_dir))
 
-    def for_level(self, held: Scenario) -> "WorldSettings":
-        """The world of a level inside AITER judged by held: a scenario whose verdict depends on AITER gets
-        each step's AITER commit installed as `--aiter pinned` installs a pin (same arch, cache and prebuild;
-        from the level's repository), with --image each step skips (LEVEL_IMAGE_SKIP); any other scenario
-        (one that reads the checkout's AITER source itself) the first level's world."""
+    def for_level(self, held: Scenario, held_commit: str) -> "WorldSettings":
+        """The world of a level inside AITER judged by held, vLLM held at held_commit: a scenario whose verdict
+        depends on AITER gets each step's AITER commit installed as `--aiter pinned` installs a pin (same arch,
+        cache and prebuild; from the level's repository), with --image inside held_commit's image; any other
+        scenario (one that reads the checkout's AITER source itself) the first level's world."""
         if not held.aiter_sensitive:
             return self
-        return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True)
+        return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True,
+                             held_commit)
 
 
 @dataclass
@@ -213,7 +255,7 @@ class World:
         self.index: ImageIndex | None = None
         self.aiter: AiterInstalls | None = None
         self.planned_aiter: set[str] = set()  # --plan: AITER build keys an earlier planned step builds
-        if settings.image and not settings.aiter_at_step:
+        if settings.image:
             runtime = Runtime.find(settings.image.runtime)
             self.index = ImageIndex(runtime, state_dir / "bisector.sqlite", settings.image)
         if settings.aiter == "pinned":
@@ -223,14 +265,26 @@ class World:
         """Pickled (into a Ray task) as its settings, opened again where the step runs."""
         return _settings, (self.settings,)
 
+    @property
+    def layering(self) -> bool:
+        """A level inside AITER with --image: each AITER commit layered over the held commit's image."""
+        return self.index is not None and self.settings.aiter_at_step
+
+    @property
+    def _held(self) -> str:
+        assert self.settings.held_commit is not None
+        return self.settings.held_commit
+
     # -- before the search -----------------------------------------------------------------------------
     def resolve(self, shas: Sequence[str]) -> None:
-        """Ask once, for every commit of the range, whether it has an image (stored in the record)."""
+        """Ask once, for every commit of the range, whether it has an image (stored in the record); in a
+        level layering AITER, for the held commit alone."""
         if self.index is not None:
-            self.index.resolve(list(shas))
+            self.index.resolve([self._held] if self.layering else list(shas))
 
     def imaged(self, sha: str) -> bool:
-        return self.index is not None and self.index.info(sha).present
+        """Whether sha's own image holds its build (AITER commits layered over a held image have none)."""
+        return self.index is not None and not self.layering and self.index.info(sha).present
 
     @property
     def _fallback_builds(self) -> bool:
@@ -239,14 +293,14 @@ class World:
 
     def untestable(self, shas: Sequence[str]) -> list[str]:
         """Commits that cannot be judged at all: no image, and no fallback build."""
-        if self.index is None or self._fallback_builds:
+        if self.index is None or self._fallback_builds or self.layering:
             return []
         return [sha for sha in shas if not self.imaged(sha)]
 
     def cost(self, sha: str, build_cost: float) -> float:
         """The step's cost as the search weighs it: an image here 0, one to pull PULL_COST, a commit built
         here in spite of --image FALLBACK_COST plus its build, one that cannot be judged UNTESTABLE_COST."""
-        if self.index is None:
+        if self.index is None or self.layering:
             return build_cost
         info = self.index.info(sha)
         if info.present:
@@ -254,8 +308,11 @@ class World:
         return FALLBACK_COST + build_cost if self._fallback_builds else UNTESTABLE_COST
 
     def digest(self, sha: str) -> str | None:
-        """The image digest the verdict of sha is keyed by; None without an image."""
-        return self.index.digest(sha) if self.index is not None else None
+        """The image digest the verdict of sha is keyed by (layering AITER: the held commit's image); None
+        without an image."""
+        if self.index is None:
+            return None
+        return self.index.digest(self._held if self.layering else sha)
 
     def range_note(self, candidates: Sequence[str], parents: Mapping[str, Sequence[str]]) -> str | None:
         """When the answer's window holds commits without an image: the range between the nearest imaged
@@ -275,6 +332,8 @@ class World:
     # -- --plan ----------------------------------------------------------------------------------------
     def plan(self, sha: str, python: str, build: str) -> PlannedWorld:
         """What the step's world would be, and its cost, decided without running anything."""
+        if self.layering:
+            return self._plan_layered(sha)
         if self.index is not None:
             info = self.index.info(sha)
             if info.present:
@@ -321,12 +380,24 @@ class World:
         commands = () if failed else self.aiter.reuse_commands(planned) if stored or earlier else planned.commands
         return PlannedWorld(f"{planned.describe()}, {state}", commands, cost, (low + wheel, high + wheel))
 
+    def _plan_layered(self, sha: str) -> PlannedWorld:
+        """A step of a level layering AITER commit sha over the held commit's image, in words."""
+        assert self.index is not None
+        info = self.index.info(self._held)
+        if not info.present:
+            return PlannedWorld(f"held vLLM {self._held[:12]}: {self.index.missing_reason(self._held)}: skip", (),
+                                "none: skipped")
+        minutes = AITER_PREBUILD_MINUTES if self.settings.aiter_settings.prebuild else AITER_JIT_MINUTES
+        return PlannedWorld(f"AITER {sha[:12]} built and installed over image {info.ref} (the held vLLM commit's)",
+                            (), f"AITER built in the image ~{minutes} min unless layered before", (minutes, minutes))
+
     # -- a step ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def enter(self, step: StepAt, environment: Environment, python: str) -> Iterator[Place]:
         """The step's world, held while its scenario runs (python: the judge's --python)."""
-        if self.settings.aiter_at_step and self.settings.image:
-            yield Place(False, LEVEL_IMAGE_SKIP)
+        if self.layering:
+            with self._layered(step) as place:
+                yield place
         elif self.index is not None:
             with self._image(step) as place:
                 yield place
@@ -423,6 +494,127 @@ class World:
             finally:
                 container.cleanup()
 
+    @contextlib.contextmanager
+    def _layered(self, step: StepAt) -> Iterator[Place]:
+        """The held vLLM commit's image (pulled, proven) with the step's AITER commit built and installed in
+        it: an image of the tool's own, made once per AITER commit + image digest + arch; or why not."""
+        assert self.index is not None and self.settings.image is not None
+        held = self._held
+        info = self.index.info(held)
+        if not info.present:
+            yield Place(False, f"held vLLM {held[:12]}: {self.index.missing_reason(held)}: no image to install "
+                               f"AITER {step.sha[:12]} in", details={"image": {"ref": info.ref, "present": False}})
+            return
+        with self.index.using(info.ref):
+            local, failure = self._pull(held, info, step.logs, step.cancel)
+            if local is None:
+                yield failure
+                return
+            proof, log = self._prove(held, local, step.logs, step.cancel)
+            record = {"ref": local.ref, "digest": local.digest, "id": local.image_id, **dict(proof.found)}
+            record.pop("checkouts", None)
+            if not proof.ok:
+                yield Place(False, f"held vLLM image: {proof.reason}", log, details={"image": record})
+                return
+            with self._aiter_layer(step, local) as (layered, place):
+                if layered is None:
+                    yield dataclasses.replace(place, details={"image": record, **place.details})
+                    return
+                try:
+                    flags = self._flags(step.slot_env)
+                except ValueError as exc:
+                    yield Place(False, str(exc), details={"image": record, **place.details})
+                    return
+                home = self.state_dir / "container-home"
+                home.mkdir(parents=True, exist_ok=True)
+                container = Container(self.index.runtime, layered.image_id or layered.ref, tuple(flags),
+                                      mounts=(str(step.logs), str(home)), read_only=(str(PROBE_SCRIPT.parent),),
+                                      env={"HOME": str(home)}, network=self.settings.image.network)
+                try:
+                    yield Place(True, container=container, python=IMAGE_PYTHON, slot_env=inside_gpu_env(step.slot_env),
+                                build=False, summary=f"{place.summary} over image {local.ref} ({proof.reason})",
+                                log_path=place.log_path,
+                                details={"image": {**record, "proof": proof.reason, "layered": layered.ref},
+                                         **place.details}, image_digest=local.digest)
+                finally:
+                    container.cleanup()
+
+    @contextlib.contextmanager
+    def _aiter_layer(self, step: StepAt, base: ImageInfo) -> Iterator[tuple[ImageInfo | None, Place]]:
+        """The image with AITER step.sha built and installed over base, in use for the block (made when not
+        here: the source checked out here, built by base's python3 in a container, committed and recorded as
+        the tool's own); (None, why not) otherwise. A failed build is remembered: the next step skips at once."""
+        assert self.index is not None and self.aiter is not None
+        try:
+            build = self.aiter.plan_image(step.sha, str(self.repo.root), base.digest or base.image_id or base.ref)
+        except AiterUnavailable as exc:
+            yield None, Place(False, f"AITER {step.sha}: {exc}", details={"aiter": {"commit": step.sha}})
+            return
+        ref = f"{LAYER_REPOSITORY}:{build.key}"
+        with self.index.using(ref):
+            with cachedir.locked(self.aiter.root / ".locks" / f"image-{build.key}.lock", cachedir.EXCLUSIVE):
+                found = self._find_or_build_layer(build, ref, base, step)
+            yield found
+
+    def _find_or_build_layer(self, build: AiterImageBuild, ref: str, base: ImageInfo,
+                             step: StepAt) -> tuple[ImageInfo | None, Place]:
+        """Under the build key's lock: the layered image ref when here, else built now (or why not)."""
+        assert self.index is not None and self.aiter is not None
+        runtime, label = self.index.runtime, step.sha[:12]
+        details = {"aiter": {**build.to_json(), "image": ref}}
+        layered = runtime.local([ref]).get(ref)
+        if layered is not None:
+            if not layer_labels(build).items() <= dict(layered.labels or {}).items():
+                return None, Place(False, f"image {ref} is there but not the layer bisector made of AITER "
+                                          f"{build.commit[:12]} over {build.base[:19]} (its labels differ): "
+                                          f"remove it to let bisector make its own", details=details)
+            return layered, Place(True, summary=f"{build.describe()}, layered before", details=details)
+        failed = self.aiter.image_failure(build)
+        if failed:
+            return None, Place(False, f"{build.describe()} failed to build in the image before: {failed['reason']}",
+                               failed.get("log"), details=details)
+        src, reason, log = self.aiter.image_source(build, step.logs, label)
+        if src is None:
+            self.aiter.remember_image(build, "failed", reason=reason, log=log)
+            return None, Place(False, f"{build.describe()}: {reason}", log, details=details)
+        why, log = self._build_layer(build, src, base, ref, step, label)
+        layered = runtime.local([ref]).get(ref) if why is None else None
+        if layered is None:
+            return None, Place(False, f"{build.describe()}: {why or f'{ref} not found after its commit'}", log,
+                               details=details)
+        self.index.pulled(ref, layered)  # the tool's own: removed least recently used, as pulled images are
+        return layered, Place(True, summary=f"{build.describe()}, built and installed", log_path=log, details=details)
+
+    def _build_layer(self, build: AiterImageBuild, src: Path, base: ImageInfo, ref: str, step: StepAt,
+                     label: str) -> tuple[str | None, str]:
+        """Run IMAGE_SCRIPT in a container of base over src (read-only) and commit it as ref, labelled the tool's
+        own; (None, log) when done, else (why not, log). A script that fails is remembered; a runtime that cannot
+        start or commit the container, or a killed (cancelled) build, is not. The container and the source are
+        removed after."""
+        assert self.index is not None and self.aiter is not None
+        runtime = self.index.runtime
+        log = step.logs / f"build-{label}-{build.key[:12]}-4-aiter-image.log"
+        name = f"bisector-aiter-{os.getpid()}-{build.key}"
+        variables = [arg for key, value in self.aiter.wheel_env(build).items() for arg in ("-e", f"{key}={value}")]
+        argv = [runtime.path, "run", "--name", name, "-v", f"{src}:{src}:ro", *variables, "--entrypoint", "/bin/sh",
+                base.image_id or base.ref, "-c", IMAGE_SCRIPT, "bisector-aiter-image", str(src)]
+        try:
+            result = run_process(argv, step.logs, log, cancel=step.cancel)
+            if result.returncode != 0:
+                last = ([line for line in result.output.splitlines() if line.strip()] or ["no output"])[-1]
+                why = f"the build in image {base.ref} exited {result.returncode} ({last.strip()[:200]}; log {log})"
+                if result.returncode is not None and 0 < result.returncode < RUNTIME_FAILED:  # the script's own
+                    self.aiter.remember_image(build, "failed", reason=why, log=str(log))
+                return why, str(log)
+            problem = runtime.commit(name, ref, layer_labels(build))
+            if problem:
+                return f"{runtime.name} commit {ref}: {problem}", str(log)
+            self.aiter.remember_image(build, "ok", image=ref, log=str(log))
+            return None, str(log)
+        finally:
+            runtime.kill(name)
+            shutil.rmtree(src, ignore_errors=True)
+
     def _pull(self, sha: str, info: ImageInfo, logs: Path,
               cancel: threading.Event | None) -> tuple[ImageInfo | None, Place]:
         """The image here (pulled when it is not), or why not."""
@@ -481,6 +673,17 @@ class World:
             flags += amd_gpu_flags(slot_render_devices(slot_env, machine), gid, self.settings.image.shm_size)
         flags += ["--network", self.settings.image.network, *user_flags(self.index.runtime)]
         return flags
+
+
+def layer_labels(build: AiterImageBuild) -> dict[str, str]:
+    """The labels of the image layering build: bisector's own, of which AITER commit over which image."""
+    return {OWNER_LABEL: "bisector", "org.bisector.aiter.commit": build.commit, "org.bisector.base": build.base}
+
+
+def _held_vllm_ref(scenario: Scenario | None) -> str | None:
+    """The vLLM commit a scenario holds (its vllm_ref option: a level inside AITER), None when it holds none."""
+    options = getattr(scenario, "options", None) or {}
+    return options.get("vllm_ref") or None
 
 
 def _settings(settings: WorldSettings) -> WorldSettings:

@@ -5,26 +5,33 @@ imports. Both levels run the real child against a fake /dev, /sys tree and a fak
 built into a wheel and installed into a layer for real (bisector.aiter, as `--aiter pinned` does)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
+from fake_docker import FakeDocker, image_key
 from test_dpa_fp8_kv_scenario import FAKE_TORCH, FAKE_VLLM
 
 from bisector import report
+from bisector.aiter import AiterSettings
 from bisector.engine.config import RunConfig
+from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.errors import ScenarioError
-from bisector.images import ImageSettings
+from bisector.images import LAYER_REPOSITORY, OWNER_LABEL, REVISION_LABEL, ImageSettings, expand
+from bisector.process import Cancelled
 from bisector.refs import GitRepo
 from bisector.store import Store
-from bisector.world import LEVEL_IMAGE_SKIP, StepAt, WorldSettings
+from bisector.world import StepAt, WorldSettings
 from scenarios import create
 from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
@@ -32,6 +39,7 @@ from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAME = "dpa-fp8-kv-graph-capture"
+TEMPLATE = "rocm/vllm-ci:{commit}"
 SETUP = "from setuptools import setup\nsetup(name='amd-aiter', version=open('VERSION').read().strip(), " \
         "packages=['aiter'])\n"
 # The fake vLLM's engine: graph capture "faults" (the recorded ROCm fault, then SIGABRT) when the AITER it
@@ -112,7 +120,9 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
 RUNNER = f"""
 import json, sys
 from pathlib import Path
+from bisector.aiter import AiterSettings
 from bisector.engine.config import RunConfig
+from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.world import WorldSettings
 from bisector.errors import ScenarioError
@@ -169,6 +179,37 @@ def test_the_second_level_installs_each_aiter_commit_under_the_held_vllm(world, 
     assert published["levels"][1]["first_bad"]["sha"] == a[3]
 
 
+def test_the_continuation_printed_is_the_gpu_level_itself_and_the_cli_runs_it_so(world, tmp_path, cli):
+    """The hand-run continuation of a GPU hunt names this scenario, its options and the level's world options (not
+    the CPU probe); given to the real CLI, each step installs the AITER commit it checks out, as the level does."""
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    aiter = tmp_path / "aiter"  # make_repo("aiter") of the world fixture
+    change = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(
+        NAME, {"max_num_seqs": "4"}), world=WorldSettings(aiter="installed")))
+    assert change.continuation == (
+        f"bisector run --repo {aiter} --good v0.1.12 --bad v0.1.13 --scenario {NAME} --option max_num_seqs=4 "
+        f"--option vllm_ref={v[2]} --option vllm_repo={repo} --aiter pinned")
+    image = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(
+        NAME, {}), world=WorldSettings(ImageSettings(TEMPLATE), aiter_settings=AiterSettings(arch="gfx950")),
+        find_fix=True))
+    assert image.continuation.endswith(f"--image '{TEMPLATE}' --rocm-arch gfx950")
+    assert " --find-fix --repo " in image.continuation and "--good v0.1.13 --bad v0.1.12" in image.continuation
+
+    plan = tmp_path / "plan.json"
+    out = cli(*shlex.split(change.continuation)[1:], "--plan", "--json", str(plan), "--state-dir",
+              str(tmp_path / "state"))
+    assert out.returncode == 0, out.stderr
+    probes = json.loads(plan.read_text())["probes"]
+    assert {probe["sha"] for probe in probes} >= {a[1], a[4]}
+    for probe in probes:  # the commit checked out is the AITER installed (not a pin read from an AITER tree)
+        assert probe["world"].startswith(f"AITER {probe['sha'][:10]} for "), probe["world"]
+    out = cli(*shlex.split(change.continuation)[1:], "--aiter", "installed", "--plan")
+    assert (out.returncode, out.stderr) == (2, f"bisector: error: scenario {NAME} holding vLLM at vllm_ref judges "
+                                               f"AITER commits: each step installs the one it checks out (--aiter "
+                                               f"pinned, or --image: inside the held image)\n")
+
+
 def test_a_held_vllm_that_faults_on_its_own_stops_the_level(world, tmp_path):
     a, vllm_history = world
     repo, *v = vllm_history(broken_at_bump=True)
@@ -179,17 +220,132 @@ def test_a_held_vllm_that_faults_on_its_own_stops_the_level(world, tmp_path):
     assert f"AITER v0.1.12 ({a[1][:12]}) tests bad" in inside.stopped
 
 
-def test_with_image_the_level_says_what_it_lacks(tmp_path, make_repo):
-    aiter = make_repo("aiter")
-    sha = aiter.commit("AITER a1", {"aiter/__init__.py": ""})
-    first = WorldSettings(image=ImageSettings("registry.invalid/vllm:{sha}", "docker", "skip", "none", 0))
-    level = first.for_level(create(NAME, {}))
-    assert level.aiter_at_step and level.image is first.image
+def images_of(docker: FakeDocker, vllm: list, a: dict) -> dict[str, str]:
+    """Each vLLM commit's image (as vLLM's AMD CI pushes them): the fake vLLM, the fake ROCm torch and the AITER
+    it pins (v0.1.12 = a1, v0.1.13 = a4: faulting), the commit in its revision label. Returns ref by commit."""
+    repo, *v = vllm
+    refs = {}
+    for i, sha in enumerate(v):
+        faults, version = (False, "0.1.12") if i < 2 else (True, "0.1.13")
+        site = {**{name: textwrap.dedent(text) for name, text in fake_vllm(False).items()}, **FAKE_TORCH,
+                "aiter/__init__.py": f"GRAPH_CAPTURE_FAULTS = {faults}\nCOMMIT = {1 if i < 2 else 4}\n",
+                f"amd_aiter-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: amd-aiter\n"
+                                                           f"Version: {version}\n"}
+        refs[sha] = expand(TEMPLATE, sha)
+        docker.add_image(refs[sha], site, labels={REVISION_LABEL: sha},
+                         env={"FAKE_VLLM_RECORD": os.environ["FAKE_VLLM_RECORD"]})
+    return refs
+
+
+def test_with_image_each_aiter_commit_is_layered_over_the_held_commits_image(world, tmp_path, monkeypatch, cli):
+    a, vllm_history = world
+    docker = FakeDocker(tmp_path / "fake")
+    docker.activate(monkeypatch)
+    repo, *v = vllm = vllm_history(broken_at_bump=False)
+    refs = images_of(docker, vllm, a)
+    result = hunt(vllm, tmp_path, WorldSettings(ImageSettings(TEMPLATE)))
+    assert result.culprit and result.culprit.sha == v[2], [(s.sha[:8], s.verdict, s.reason) for s in result.steps]
+    [inside] = result.levels
+    assert inside.culprit is not None, [(s.sha[:8], s.verdict, s.reason) for s in inside.steps]
+    assert inside.culprit.sha == a[3] and inside.level.held_commit == v[2]
+    layered = {}
+    for step in inside.steps:  # the held commit's image, with the step's AITER commit built and installed in it
+        assert step.details["aiter"]["commit"] == step.sha, step.reason
+        assert step.details["image"]["ref"] == refs[v[2]] and step.details["image"]["layered"].startswith(
+            f"{LAYER_REPOSITORY}:")
+        assert step.details["held_vllm"]["aiter_installed"] == ("0.1.13" if step.sha == a[4] else "0.1.12")
+        assert step.verdict == ("bad" if step.sha in (a[3], a[4]) else "good"), (step.sha, step.reason)
+        layered[step.sha] = step.details["image"]["layered"]
+    assert len(set(layered.values())) == len(layered)  # one image per AITER commit
+
+    # the fake runtime's record: each layer built in a container of the held image (by its id), then committed
+    held_id = json.loads((docker.home / "local" / f"{image_key(refs[v[2]])}.json").read_text())["Id"]
+    builds = [call for call in docker.runs() if "bisector-aiter-image" in call]
+    assert len(builds) == len(layered)
+    for call in builds:
+        assert call[call.index("--entrypoint") + 2] == held_id and "--rm" not in call
+    commits = [call for call in docker.calls() if call[:1] == ["commit"]]
+    assert sorted(call[-1] for call in commits) == sorted(layered.values())
+    assert all(f'LABEL {OWNER_LABEL}="bisector"' in call for call in commits)
+    for sha, ref in layered.items():  # the tool's own image, labelled so, with the AITER commit and base in it
+        image = json.loads((docker.home / "local" / f"{image_key(ref)}.json").read_text())
+        assert image["Config"]["Labels"][OWNER_LABEL] == "bisector"
+        assert image["Config"]["Labels"]["org.bisector.aiter.commit"] == sha
+        assert image["Config"]["Labels"][REVISION_LABEL] == v[2]  # still the held vLLM commit's image
+        steps = [call for call in docker.runs() if held_id not in call and image["Id"] in call]
+        assert steps, f"no step ran in {ref}"
+    with Store(tmp_path / "state" / "bisector.sqlite") as store:
+        mine = {row["ref"] for row in store.pulled_images()}
+    assert set(layered.values()) <= mine  # recorded as the tool's own: pruned as the images it pulled
+
+    # the same hunt again: every layer is there, nothing built again, every verdict from the cache
+    docker.clear_calls()
+    again = hunt(vllm, tmp_path, WorldSettings(ImageSettings(TEMPLATE)))
+    assert again.levels[0].culprit.sha == a[3]
+    assert not [call for call in docker.calls() if call[:1] == ["commit"]]
+
+    # the continuation printed is this level with --image; the real CLI plans it as layered over the held image
+    assert result.pin_change.continuation.endswith(f"--option vllm_repo={repo} --image '{TEMPLATE}'")
+    plan = tmp_path / "plan.json"
+    out = cli(*shlex.split(result.pin_change.continuation)[1:], "--plan", "--json", str(plan), "--state-dir",
+              str(tmp_path / "state"), env=docker.env)
+    assert out.returncode == 0, out.stderr
+    for probe in json.loads(plan.read_text())["probes"]:
+        assert probe["world"] == f"AITER {probe['sha'][:12]} built and installed over image {refs[v[2]]} (the " \
+                                 f"held vLLM commit's)"
+
+
+def test_a_layer_that_cannot_be_built_is_a_skip_with_its_reason(world, tmp_path, monkeypatch, make_repo):
+    a, vllm_history = world
+    docker = FakeDocker(tmp_path / "fake")
+    docker.activate(monkeypatch)
+    repo, *v = vllm = vllm_history(broken_at_bump=False)
+    images_of(docker, vllm, a)
+    held = create(NAME, {"max_num_seqs": "4"}).follow_up("aiter").hold(str(repo), v[2])
+    first = WorldSettings(ImageSettings(TEMPLATE))
+    level = first.for_level(held, v[2])
+    assert level.aiter_at_step and level.image is first.image and level.held_commit == v[2]
     assert create("aiter-mla-probe", {}).aiter_sensitive is False and first.for_level(
-        create("aiter-mla-probe", {})) is first  # the probe reads AITER's source itself: its world is kept
+        create("aiter-mla-probe", {}), v[2]) is first  # the probe reads AITER's source itself: its world is kept
+    aiter = make_repo("broken-aiter")  # an AITER commit whose setup.py fails inside the image
+    broken = aiter.commit("AITER broken", {"setup.py": "raise SystemExit('no hipcc in this image')\n",
+                                           "requirements.txt": "torch==2.9.0\n"})
+    (tmp_path / "state").mkdir()
     opened = level.open(GitRepo(aiter.path), tmp_path / "state")
-    with opened.enter(StepAt(sha, aiter.path, tmp_path / "logs"), None, "python3") as place:
-        assert not place.ok and place.reason == LEVEL_IMAGE_SKIP
+    opened.resolve([broken])
+    step = StepAt(broken, aiter.path, tmp_path / "logs")
+    with opened.enter(step, None, sys.executable) as place:
+        assert not place.ok and "no hipcc in this image" in place.reason and "exited 1" in place.reason
+        assert place.details["aiter"]["commit"] == broken
+    assert not [call for call in docker.calls() if call[:1] == ["commit"]]
+    assert "torch" not in (Path(place.log_path).read_text())  # the image's torch left alone (requirement dropped)
+    built = len([call for call in docker.runs() if "bisector-aiter-image" in call])
+    with opened.enter(step, None, sys.executable) as again:  # remembered: skipped at once, with the same log
+        assert not again.ok and "failed to build in the image before" in again.reason
+        assert again.log_path == place.log_path
+    assert len([call for call in docker.runs() if "bisector-aiter-image" in call]) == built
+
+    fine = level.open(GitRepo(tmp_path / "aiter"), tmp_path / "state")  # a build cancelled is not remembered
+    fine.resolve([a[1]])
+    cancelled = threading.Event()
+    cancelled.set()
+    at = StepAt(a[1], tmp_path / "aiter", tmp_path / "logs", cancel=cancelled)
+    with pytest.raises(Cancelled), fine.enter(at, None, sys.executable):
+        pass
+    with fine.enter(dataclasses.replace(at, cancel=None), None, sys.executable) as place:
+        assert place.ok and place.details["image"]["layered"].startswith(LAYER_REPOSITORY), place.reason
+    layered = place.details["image"]["layered"]
+    docker.add_image(layered, {}, local=True)  # someone else's image under that name: never taken, never removed
+    with fine.enter(dataclasses.replace(at, cancel=None), None, sys.executable) as place:
+        assert not place.ok and place.reason.startswith(f"image {layered} is there but not the layer bisector made")
+    assert docker.is_local(layered) and ["image", "rm", layered] not in [call[:3] for call in docker.calls()]
+
+    docker.remove_from_registry(expand(TEMPLATE, v[1]))  # a held commit without an image: nothing to layer over
+    without = first.for_level(held, v[1]).open(GitRepo(aiter.path), tmp_path / "state")
+    without.resolve([broken])
+    with without.enter(step, None, sys.executable) as place:
+        assert not place.ok and place.reason == (f"held vLLM {v[1][:12]}: no image {expand(TEMPLATE, v[1])}: no "
+                                                 f"image to install AITER {broken[:12]} in")
 
 
 def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path, wait_for):
@@ -235,3 +391,29 @@ def test_held_vllm_options_are_checked_and_a_missing_held_commit_is_a_skip(tmp_p
     assert outcome.verdict is Verdict.SKIP and outcome.reason == f"held vLLM: vLLM ref {'f' * 40} not found in " \
                                                                   f"{vllm.path}"
     assert held.machine_check(ctx) == outcome.reason
+
+
+def test_the_plan_of_a_gpu_hunt_counts_the_aiter_builds_of_its_second_level(world, tmp_path, cli):
+    """The GPU scenario's level installs AITER per commit whatever --aiter the first level has: the plan says
+    so without --aiter pinned (and with --image, layered over the held commit's image)."""
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    bump = f"{v[2][:12]} moves AITER v0.1.12 → v0.1.13: 3 AITER commits after v0.1.12 up to v0.1.13 (ancestor); " \
+           f"level 2: about 4 steps (2 ends, then bisection)"
+    plan = tmp_path / "plan.json"
+    out = cli("run", "--plan", "--json", str(plan), "--repo", str(repo), "--good", v[0], "--bad", v[-1],
+              "--scenario", NAME, "--follow-pins", "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 0, out.stderr
+    line = bump + "; AITER installed per commit: about 4 AITER builds, one per AITER commit tested (JIT, ~5 min " \
+                  "each unless cached)"
+    assert json.loads(plan.read_text())["pin_levels"] == [line]
+    assert f"follow-pins: {line}" in out.stdout
+
+    docker = FakeDocker(tmp_path / "fake")
+    images_of(docker, [repo, *v], a)
+    out = cli("run", "--plan", "--json", str(plan), "--repo", str(repo), "--good", v[0], "--bad", v[-1],
+              "--scenario", NAME, "--follow-pins", "--state-dir", str(tmp_path / "state"), "--image", TEMPLATE,
+              env=docker.env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(plan.read_text())["pin_levels"] == [line.replace(
+        "AITER installed per commit:", "AITER installed per commit, each layered over the held commit's image:")]

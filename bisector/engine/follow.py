@@ -20,6 +20,7 @@ from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
+from bisector.perf import PerfSettings
 from bisector.picks import rewritten_equivalent
 from bisector.pins import (
     DEFAULT_AITER_REPO,
@@ -44,15 +45,36 @@ Bisect = Callable[[RunConfig, Handler], BisectResult]  # run_bisection, passed i
 def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | None:
     """When the answer moves a pinned dependency (AITER in docker/Dockerfile.rocm_base), say so and give
     the `bisector run` that continues inside the dependency with vLLM held at the answer; the scenario's
-    follow_up says which of its options and which dependency repository that run keeps."""
+    follow_up says which of its options and which dependency repository that run keeps. A held scenario whose
+    verdict depends on the AITER installed (the GPU scenario) continues as itself, with the level's world
+    options (level_argv); any other, with the CPU probe (continuation_argv)."""
     parents = repo.parents(culprit)
     change = pin_change(repo.root, parents[0], culprit) if parents else None
     if change is None or change.old is None or change.new is None:
         return change  # pinned on one side only: no range inside the dependency to continue in
     follow = scenario_follow_up(cfg.scenario, change.name) or FollowUp()
-    argv = continuation_argv(change, (str(repo.root), culprit), _dependency_source(repo, culprit, change.name, follow),
-                             dict(follow.options), cfg.find_fix, cfg.perf)
+    source = _dependency_source(repo, culprit, change.name, follow)
+    held = follow.hold(str(repo.root), culprit) if follow.hold else None
+    if held is not None and held.aiter_sensitive:
+        argv = level_argv(change, source, held, cfg.world.for_level(held, culprit).cli_args(), cfg.find_fix, cfg.perf)
+    else:
+        argv = continuation_argv(change, (str(repo.root), culprit), source, dict(follow.options), cfg.find_fix,
+                                 cfg.perf)
     return dataclasses.replace(change, continuation=shlex.join(argv))
+
+
+def level_argv(change: PinChange, source: str, held: Scenario, world_args: list[str], find_fix: bool = False,
+               perf: PerfSettings | None = None) -> list[str]:
+    """The `bisector run` of the level inside the dependency exactly as --follow-pins runs it: source bisected
+    between the pins, the held scenario with every option it is given (vllm_repo and vllm_ref among them), the
+    level's world options (world_args: WorldSettings.cli_args), the same --find-fix and metric."""
+    assert change.old and change.new
+    good, bad = (change.new, change.old) if find_fix else (change.old, change.new)
+    defaults = getattr(held, "option_defaults", {})
+    given = sorted((key, value) for key, value in getattr(held, "options", {}).items() if value != defaults.get(key))
+    return ["bisector", "run", *(["--find-fix"] if find_fix else []), "--repo", source, "--good", good, "--bad", bad,
+            "--scenario", held.name, *(arg for key, value in given for arg in ("--option", f"{key}={value}")),
+            *world_args, *(perf.cli_args() if perf is not None else [])]
 
 
 def scenario_follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
@@ -256,5 +278,5 @@ def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: Lev
     return dataclasses.replace(
         cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), state_dir=state_dir,
         verify_endpoints=True, executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None,
-        envs=EnvSettings(python=cfg.python), world=cfg.world.for_level(held), follow_pins=False, level=level,
-        chain=plan.chain)
+        envs=EnvSettings(python=cfg.python), world=cfg.world.for_level(held, level.held_commit), follow_pins=False,
+        level=level, chain=plan.chain)

@@ -27,7 +27,7 @@ from bisector.refs import GitRepo
 from bisector.results import PinChange, Plan, PlannedCommand, PlannedStep
 from bisector.seams import ChecksMachine, StepContext
 from bisector.search import Bisection, Term
-from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World
+from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World, WorldSettings
 
 
 def plan_bisection(cfg: RunConfig) -> Plan:
@@ -104,7 +104,8 @@ def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
     """--follow-pins: each AITER pin change in the range (read from git objects: only the commits that touch
     docker/Dockerfile.rocm_base) and what the second level would cost were the answer that commit: the AITER
     commits between the pins (from a local AITER repository; a URL is not cloned for a plan), the steps of a
-    bisection among them, and with --aiter pinned the AITER builds those steps make. One line each."""
+    bisection among them, and the AITER builds those steps make where the level installs AITER per commit
+    (the GPU scenario's level always does; others with --aiter pinned). One line each."""
     repo, ends = asked.repo, asked.ends
     touching = repo.range_commits(ends.olds, ends.new, paths=(DOCKERFILE,))
     changes = [(sha, change) for sha, _ in touching if (parents := repo.parents(sha))
@@ -122,7 +123,8 @@ def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
                 f"scenario {cfg.scenario.name} cannot judge AITER commits"
             lines.append(f"{moved}: no second level ({why})")
         else:
-            lines.append(f"{moved}: {_level_cost(cfg, change, follow.repo or _pinned_repo(repo, sha))}")
+            level_world = cfg.world.for_level(follow.hold(str(repo.root), sha), sha)
+            lines.append(f"{moved}: {_level_cost(change, follow.repo or _pinned_repo(repo, sha), level_world)}")
     return tuple(lines)
 
 
@@ -132,9 +134,10 @@ def _pinned_repo(repo: GitRepo, sha: str) -> str:
     return (pin.repo if pin else None) or DEFAULT_AITER_REPO
 
 
-def _level_cost(cfg: RunConfig, change: PinChange, source: str) -> str:
+def _level_cost(change: PinChange, source: str, world: WorldSettings) -> str:
     """The second level between change's pins in source, in words: how, how many AITER commits, the steps
-    (its verified ends and about log2 probes), and with --aiter pinned the AITER builds."""
+    (its verified ends and about log2 probes), and the AITER builds when the level's world (for_level) installs
+    AITER per commit: over --python's environment, or with --image layered over the held commit's image."""
     assert change.old and change.new
     if not Path(source).expanduser().exists():
         return f"AITER commits between the pins not counted ({source} is not local: give the scenario's " \
@@ -152,10 +155,12 @@ def _level_cost(cfg: RunConfig, change: PinChange, source: str) -> str:
     said = f"{what}; level 2: about {steps} steps ({len(level.olds) + 1} ends, then bisection)"
     if level.chain:
         said += ", then a level between the boundary tags"
-    if cfg.world.aiter == "pinned":
-        prebuild = cfg.world.aiter_settings.prebuild
+    if world.aiter == "pinned":
+        prebuild = world.aiter_settings.prebuild
         minutes = AITER_PREBUILD_MINUTES if prebuild else AITER_JIT_MINUTES
-        said += (f"; with --aiter pinned: about {steps} AITER builds, one per AITER commit tested "
+        how = "with --aiter pinned" if not world.aiter_at_step else \
+            "AITER installed per commit" + (", each layered over the held commit's image" if world.image else "")
+        said += (f"; {how}: about {steps} AITER builds, one per AITER commit tested "
                  f"({'prebuilt kernels' if prebuild else 'JIT'}, ~{minutes} min each unless cached)")
     return said
 

@@ -247,7 +247,8 @@ class DpaFp8KvScenario(BaseScenario):
     def follow_up(self, dependency: str) -> FollowUp | None:
         """Inside AITER this scenario runs the held vLLM commit (vllm_repo/vllm_ref) with the same options
         against each AITER commit, which the level's world installs per commit (WorldSettings.for_level). The
-        continuation printed for running by hand stays the CPU probe's (none of these options apply to it)."""
+        continuation printed for running by hand is that level: this scenario, these options, the level's world
+        options (bisector.engine.follow.level_argv)."""
         if dependency != "aiter":
             return None
         kept = {key: value for key, value in self.options.items() if key not in HELD_OPTIONS}
