@@ -831,6 +831,10 @@ def backport_json(result: BackportResult) -> str:
     return json.dumps(result.to_json(), indent=2) + "\n"
 
 
+def _minutes_text(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
 @published
 def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
@@ -840,6 +844,14 @@ def plan_text(plan: Plan) -> str:
         one = f" (one slot: about {plan.rounds_one_slot})" if plan.slots > 1 else ""
         lines.append(f"rounds: about {plan.rounds} after the endpoints with {plan.slots} "
                      f"{'slot' if plan.slots == 1 else 'slots'}{one}; a round takes about one step's time")
+        total = plan.seconds_to_answer
+        if total is not None:
+            lines.append(f"time: about {_minutes_text(total)} of scenario runs to the answer ({plan.endpoint_rounds} "
+                         f"endpoint round{'' if plan.endpoint_rounds == 1 else 's'} and {plan.rounds} more, "
+                         f"~{plan.step_seconds:.0f} s a step: the median of the last {plan.timed_steps} steps of "
+                         f"this scenario in this state dir; a first step that compiles or builds takes longer)")
+        else:
+            lines.append("time: no earlier step of this scenario in this state dir to time a round by")
     if plan.skipped_by_user:
         lines.append(f"skipped by --skip: {plan.skipped_by_user} commits")
     for probe in plan.probes:

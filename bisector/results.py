@@ -866,6 +866,16 @@ class Plan:
     rounds: int | None = None  # probe rounds expected with those slots (None: not estimated)
     rounds_one_slot: int | None = None  # and with one
     pin_levels: tuple[str, ...] = ()  # --follow-pins: each pin change in the range and its second level's cost
+    endpoint_rounds: int = 0   # rounds the endpoints take before the probes (0: not verified)
+    step_seconds: float | None = None  # a step's time: the median of the scenario's earlier steps here (None: none)
+    timed_steps: int = 0       # how many earlier steps that median is of
+
+    @property
+    def seconds_to_answer(self) -> float | None:
+        """The rounds (the endpoints' and the probes') times a step's time; None when either is unknown."""
+        if self.rounds is None or self.step_seconds is None:
+            return None
+        return (self.endpoint_rounds + self.rounds) * self.step_seconds
 
     @property
     def minutes(self) -> tuple[int, int]:
@@ -882,8 +892,10 @@ class Plan:
                 "probes": [probe.to_json() for probe in self.probes], "imaged": self.imaged,
                 "minutes": list(self.minutes), "warnings": list(self.warnings),
                 **({"skipped_by_user": self.skipped_by_user} if self.skipped_by_user else {}),
-                **({"slots": self.slots, "rounds": self.rounds, "rounds_one_slot": self.rounds_one_slot}
-                   if self.rounds is not None else {}),
+                **({"slots": self.slots, "rounds": self.rounds, "rounds_one_slot": self.rounds_one_slot,
+                    "endpoint_rounds": self.endpoint_rounds} if self.rounds is not None else {}),
+                **({"step_seconds": self.step_seconds, "timed_steps": self.timed_steps,
+                    "seconds_to_answer": self.seconds_to_answer} if self.step_seconds is not None else {}),
                 **({"names": dict(self.names)} if self.names else {}),
                 **({"pin_levels": list(self.pin_levels)} if self.pin_levels else {})}
 
@@ -894,6 +906,8 @@ class Plan:
                    skipped_by_user=data.get("skipped_by_user", 0), warnings=tuple(data.get("warnings", ())),
                    names=dict(data.get("names", {})), pin_levels=tuple(data.get("pin_levels", ())),
                    slots=data.get("slots", 1), rounds=data.get("rounds"), rounds_one_slot=data.get("rounds_one_slot"),
+                   endpoint_rounds=data.get("endpoint_rounds", 0), step_seconds=data.get("step_seconds"),
+                   timed_steps=data.get("timed_steps", 0),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),

@@ -388,6 +388,12 @@ class Store:
         self.db.execute("INSERT OR REPLACE INTO cache_keys (key, parts) VALUES (?, ?)",
                         (key, json.dumps(parts, sort_keys=True, default=str)))
 
+    def step_seconds(self, scenario: str, latest: int = 50) -> list[float]:
+        """How long the latest executions of scenario (its name, any options) ran, newest first."""
+        return [row[0] for row in self.db.execute(
+            "SELECT seconds FROM executions WHERE substr(scenario_key, 1, length(?) + 1) = ? || '/' "
+            "ORDER BY id DESC LIMIT ?", (scenario, scenario, latest))]
+
     def cached_verdicts(self, sha_prefix: str = "", scenario: str | None = None) -> list[sqlite3.Row]:
         """Per (commit, key): executions, verdicts seen, last recorded, the key's parts; filtered by a
         commit sha prefix and a scenario name."""

@@ -4,6 +4,7 @@ command, which wants one GPU per step) that records the environment each step sa
 import dataclasses
 import json
 import sqlite3
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -397,6 +398,39 @@ def test_plan_shows_the_rounds_the_slots_give(cli, history, tmp_path):
         result, _, _ = bisect(cli, history, tmp_path, f"plan-{gpus}", "--gpus", gpus)
         assert result["rounds"] <= rounds[gpus]
     assert result["rounds"] > rounds["0:4"]
+
+
+def test_plan_times_the_rounds_by_the_scenarios_earlier_steps_here(cli, history, tmp_path):
+    """--plan turns its rounds into a time once this state dir has timed steps of the scenario: the rounds
+    (the endpoints' and the probes') times the median of the latest steps; before any, it says it cannot."""
+    repo, shas = history
+    state = tmp_path / "timed-state"
+
+    def plan(gpus: str) -> tuple[dict, str]:
+        proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--gpus", gpus, "--plan",
+                   "--state-dir", str(state), "--json", str(tmp_path / "plan.json"), "--", "sh", "-c",
+                   "sleep 0.2; grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+        assert proc.returncode == 0, proc.stderr
+        return json.loads((tmp_path / "plan.json").read_text()), " ".join(proc.stdout.split())
+
+    untimed, text = plan("0:4")
+    assert "step_seconds" not in untimed
+    assert "time: no earlier step of this scenario in this state dir to time a round by" in text
+    ran = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+              "--", "sh", "-c", "sleep 0.2; grep -q good state", env={"HIP_VISIBLE_DEVICES": ""})
+    assert ran.returncode == 0, ran.stderr
+    with sqlite3.connect(state / "bisector.sqlite") as db:
+        seconds = sorted(row[0] for row in db.execute("SELECT seconds FROM executions"))
+    median = statistics.median(seconds)
+    assert median >= 0.2  # each step slept
+    for gpus, endpoint_rounds in (("0:4", 1), ("0", 2)):
+        timed, text = plan(gpus)
+        assert (timed["step_seconds"], timed["timed_steps"], timed["endpoint_rounds"]) == \
+            (pytest.approx(median), len(seconds), endpoint_rounds)
+        assert timed["seconds_to_answer"] == pytest.approx((endpoint_rounds + timed["rounds"]) * median)
+        assert (f"time: about {timed['seconds_to_answer']:.0f} s of scenario runs to the answer ({endpoint_rounds} "
+                f"endpoint round{'' if endpoint_rounds == 1 else 's'} and {timed['rounds']} more, ~{median:.0f} s a "
+                f"step: the median of the last {len(seconds)} steps") in text
 
 
 def test_a_gpu_step_waits_for_the_first_engine_start_of_its_settings(tmp_path, gpu_root, fake_python, records,

@@ -3,6 +3,7 @@ machine lacks to run them, and with --follow-pins what a second level inside AIT
 from __future__ import annotations
 
 import math
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from bisector.refs import GitRepo
 from bisector.results import PinChange, Plan, PlannedCommand, PlannedStep
 from bisector.seams import ChecksMachine, StepContext
 from bisector.search import Bisection, Term
+from bisector.store import Store
 from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World, WorldSettings
 
 
@@ -90,12 +92,15 @@ def plan_bisection(cfg: RunConfig) -> Plan:
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
     beside = bool(cfg.verify_endpoints and first and slots > len(ends.olds) + 1)  # the first probes, with the ends
+    timed = earlier_step_seconds(state_dir, cfg.scenario.name)
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
                 imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
                 skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world), slots=slots,
                 rounds=expected_rounds(first_search.testable_mask.bit_count(), slots) - beside,
                 rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
+                endpoint_rounds=math.ceil((len(ends.olds) + 1) / slots) if cfg.verify_endpoints else 0,
+                step_seconds=statistics.median(timed) if timed else None, timed_steps=len(timed),
                 names=asked.repo.names([probe.sha for probe in probes]),
                 pin_levels=planned_levels(cfg, asked) if cfg.follow_pins else ())
 
@@ -201,6 +206,16 @@ def machine_unfit(cfg: RunConfig) -> str | None:
     with tempfile.TemporaryDirectory(prefix="bisector-plan-") as bare:
         return scenario.machine_check(StepContext(checkout=Path(bare), log_path=Path(bare) / "plan.log",
                                                   python=cfg.python))
+
+
+def earlier_step_seconds(state_dir: Path, scenario: str) -> list[float]:
+    """How long the scenario's latest steps in this state dir ran (any options, any commit): what a round of
+    this run will take, roughly; none when the store is new."""
+    path = state_dir / "bisector.sqlite"
+    if not path.is_file():
+        return []
+    with Store(path) as store:
+        return store.step_seconds(scenario)
 
 
 def expected_rounds(testable: int, slots: int) -> int:
