@@ -114,7 +114,7 @@ class WorldSettings:
 
     @classmethod
     def from_options(cls, world: Mapping, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
-                     executor: str = "local") -> "WorldSettings":
+                     executor: str = "local", follow_pins: bool = False) -> "WorldSettings":
         """The settings of the world options as bisector.cli.options.world_options hands them over (None: not
         given; "configured": those that came from configuration), checked against the scenario (None:
         `backport` without one) and the other options: UsageError in one line for a combination that
@@ -124,14 +124,18 @@ class WorldSettings:
         given = [name for name in image_only if world[name] is not None]
         if given and not world["image"]:
             raise UsageError(f"--{given[0].replace('_', '-')} needs --image")
-        takes_aiter_repo = "aiter_repo" in getattr(scenario, "option_defaults", {})
+        aiter_sensitive = scenario is not None and scenario.aiter_sensitive
+        # AITER is cloned from --aiter-repo by --aiter pinned, and by --follow-pins for a level that installs
+        # each AITER commit (a scenario whose verdict depends on the AITER installed)
+        takes_aiter_repo = "aiter_repo" in getattr(scenario, "option_defaults", {}) or (follow_pins and aiter_sensitive)
         pinned_only = [name for name in ("aiter_cache_size", "aiter_prebuild", "aiter_repo")
                        if world[name] is not None and name not in configured
                        and not (name == "aiter_repo" and takes_aiter_repo)]
         if pinned_only and world["aiter"] != "pinned":
             name = pinned_only[0]
             raise UsageError(f"--{name.replace('_', '-')} needs --aiter pinned" + (
-                " (or a scenario that clones AITER itself, as aiter-mla-probe does)" if name == "aiter_repo" else ""))
+                " (or a scenario that clones AITER itself, as aiter-mla-probe does, or --follow-pins with a scenario "
+                "that judges AITER commits)" if name == "aiter_repo" else ""))
         image = None
         if world["image"]:
             if world["aiter"]:
@@ -144,9 +148,8 @@ class WorldSettings:
             image = ImageSettings(check_template(world["image"]), world["container_runtime"] or "docker",
                                   world["image_fallback"] or "skip", world["container_network"] or DEFAULT_NETWORK,
                                   cache)
-        aiter_sensitive = scenario is not None and scenario.aiter_sensitive
         aiter = world["aiter"] or ("installed" if aiter_sensitive and not image else "any")
-        repo = world["aiter_repo"] if aiter == "pinned" else None
+        repo = world["aiter_repo"] if aiter == "pinned" or (follow_pins and aiter_sensitive) else None
         settings = cls(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
                                                    bool(world["aiter_prebuild"]), repo, rocm_arch))
         settings.check(scenario, env_mode, executor)

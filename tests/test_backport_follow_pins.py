@@ -165,5 +165,5 @@ def test_plan_with_follow_pins_shows_each_pin_change_and_the_second_levels_cost(
     assert docs_only.pin_levels == ("no AITER pin change in the range: an answer there would have no second level",)
     elsewhere = plan("https://aiter.invalid/aiter.git", follow_pins=True)
     assert elsewhere.pin_levels == (f"{bump[:12]} moves AITER v1.0 → v2.0: AITER commits between the pins not "
-                                    f"counted (https://aiter.invalid/aiter.git is not local: give the scenario's "
-                                    f"aiter_repo option a clone)",)
+                                    f"counted (https://aiter.invalid/aiter.git is not local: give --aiter-repo a "
+                                    f"clone)",)

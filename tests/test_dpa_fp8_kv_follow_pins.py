@@ -103,16 +103,18 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "vllm-record.json"))
 
-    def vllm_history(broken_at_bump: bool) -> list[str]:
+    def vllm_history(broken_at_bump: bool, pinned_repo: str | None = None) -> list[str]:
+        """vLLM v0..v3 pinning AITER in pinned_repo (default: the local AITER repository)."""
         vllm = make_repo("vllm")
         shas = []
         for i in range(4):
-            pin = "v0.1.12" if i < 2 else "v0.1.13"
+            pin, source = "v0.1.12" if i < 2 else "v0.1.13", pinned_repo or aiter.path
             shas.append(vllm.commit(f"vLLM change {i}", {
-                "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{pin}"\nARG AITER_REPO="{aiter.path}"\n',
+                "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{pin}"\nARG AITER_REPO="{source}"\n',
                 **fake_vllm(broken_at_bump and i >= 2), "n": f"{i}\n"}))
         return [vllm.path, *shas]
 
+    vllm_history.aiter_path = aiter.path  # type: ignore[attr-defined]
     return a, vllm_history
 
 
@@ -417,3 +419,37 @@ def test_the_plan_of_a_gpu_hunt_counts_the_aiter_builds_of_its_second_level(worl
     assert out.returncode == 0, out.stderr
     assert json.loads(plan.read_text())["pin_levels"] == [line.replace(
         "AITER installed per commit:", "AITER installed per commit, each layered over the held commit's image:")]
+
+
+UNREACHABLE_AITER = "https://aiter.invalid/ROCm/aiter.git"  # what the Dockerfile pins; never reachable here
+
+
+def test_aiter_repo_serves_the_second_level_when_the_pinned_repository_is_out_of_reach(world, tmp_path, cli):
+    """An air-gapped ROCm box: the Dockerfile pins AITER upstream, the user has a mirror. --aiter-repo is
+    taken with --follow-pins for the GPU scenario (whose level installs AITER per commit) and the level, its
+    plan and its hand-run continuation all use the mirror instead of reaching for the pinned URL."""
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False, pinned_repo=UNREACHABLE_AITER)
+    mirror = str(vllm_history.aiter_path)
+    plan = tmp_path / "plan.json"
+    out = cli("run", "--plan", "--json", str(plan), "--repo", str(repo), "--good", v[0], "--bad", v[-1],
+              "--scenario", NAME, "--follow-pins", "--aiter-repo", mirror, "--state-dir", str(tmp_path / "plan-state"))
+    assert out.returncode == 0, out.stderr
+    [level] = json.loads(plan.read_text())["pin_levels"]
+    assert level.startswith(f"{v[2][:12]} moves AITER v0.1.12 → v0.1.13: 3 AITER commits after v0.1.12 up to "
+                            f"v0.1.13 (ancestor)"), level
+    result = hunt([repo, *v], tmp_path, WorldSettings(aiter="pinned", aiter_settings=AiterSettings(repo=mirror)))
+    assert result.culprit.sha == v[2] and result.follow_notes == ()
+    [inside] = result.levels
+    assert inside.culprit is not None and inside.culprit.sha == a[3], [(s.sha[:8], s.reason) for s in inside.steps]
+    continuation = shlex.split(result.pin_change.continuation)
+    assert continuation[continuation.index("--repo") + 1] == mirror and UNREACHABLE_AITER not in continuation
+
+
+def test_aiter_repo_without_a_level_that_uses_it_is_still_refused(world, tmp_path, cli):
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    out = cli("run", "--plan", "--repo", str(repo), "--good", v[0], "--bad", v[-1], "--scenario", NAME,
+              "--aiter-repo", str(vllm_history.aiter_path), "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("bisector: error: --aiter-repo needs --aiter pinned")

@@ -23,7 +23,8 @@ def world(configured: tuple[str, ...] = (), **given) -> dict:
     ({"image_fallback": "build"}, "--image-fallback needs --image"),
     ({"aiter_prebuild": True}, "--aiter-prebuild needs --aiter pinned"),
     ({"aiter_repo": "/src/aiter"}, "--aiter-repo needs --aiter pinned (or a scenario that clones AITER itself, as "
-                                   "aiter-mla-probe does)"),
+                                   "aiter-mla-probe does, or --follow-pins with a scenario that judges AITER "
+                                   "commits)"),
     ({"image": "r/v:{commit}", "aiter": "pinned"}, "--image brings each commit's own AITER (the one its image was "
                                                    "built with): --aiter is for bare metal"),
 ])

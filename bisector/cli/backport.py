@@ -87,7 +87,8 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
         raise UsageError("--follow-pins judges AITER commits with the scenario: give --scenario NAME")
     if world["image"] and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
-    world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)
+    world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch,
+                                              follow_pins=follow_pins)
     builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
         .allowing_install(allow_install_into_python)
     cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,

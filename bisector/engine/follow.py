@@ -53,7 +53,7 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     if change is None or change.old is None or change.new is None:
         return change  # pinned on one side only: no range inside the dependency to continue in
     follow = scenario_follow_up(cfg.scenario, change.name) or FollowUp()
-    source = _dependency_source(repo, culprit, change.name, follow)
+    source = _dependency_source(repo, culprit, change.name, follow, cfg.world.aiter_settings.repo)
     held = follow.hold(str(repo.root), culprit) if follow.hold else None
     if held is not None and held.aiter_sensitive:
         argv = level_argv(change, source, held, cfg.world.for_level(held, culprit).cli_args(), cfg.find_fix, cfg.perf)
@@ -82,11 +82,12 @@ def scenario_follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
     return scenario.follow_up(dependency) if isinstance(scenario, FollowsPins) else None
 
 
-def _dependency_source(repo: GitRepo, commit: str, name: str, follow: FollowUp) -> str:
-    """Where the dependency's repository is: the scenario's, else the pin's, else upstream."""
+def _dependency_source(repo: GitRepo, commit: str, name: str, follow: FollowUp, given: str | None) -> str:
+    """Where the dependency's repository is: the scenario's, else the one given (--aiter-repo: a mirror, a
+    local clone), else the pin's, else upstream."""
     parents = repo.parents(commit)
     pin = pins_at(repo.root, commit).get(name) or (pins_at(repo.root, parents[0]).get(name) if parents else None)
-    return follow.repo or (pin.repo if pin else None) or DEFAULT_AITER_REPO
+    return follow.repo or given or (pin.repo if pin else None) or DEFAULT_AITER_REPO
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,8 @@ def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, ha
     assert follow and follow.hold and change.old and change.new
     name = change.name.upper()
     try:
-        dependency = GitRepo(dependency_checkout(_dependency_source(repo, held_commit, change.name, follow),
+        dependency = GitRepo(dependency_checkout(_dependency_source(repo, held_commit, change.name, follow,
+                                                                            cfg.world.aiter_settings.repo),
                                                  (change.old, change.new)))
     except (DependencyUnavailable, GitError) as exc:
         return [], [f"no second level: {exc}"]

@@ -129,7 +129,8 @@ def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
             lines.append(f"{moved}: no second level ({why})")
         else:
             level_world = cfg.world.for_level(follow.hold(str(repo.root), sha), sha)
-            lines.append(f"{moved}: {_level_cost(change, follow.repo or _pinned_repo(repo, sha), level_world)}")
+            source = follow.repo or cfg.world.aiter_settings.repo or _pinned_repo(repo, sha)
+            lines.append(f"{moved}: {_level_cost(change, source, level_world)}")
     return tuple(lines)
 
 
@@ -145,8 +146,7 @@ def _level_cost(change: PinChange, source: str, world: WorldSettings) -> str:
     AITER per commit: over --python's environment, or with --image layered over the held commit's image."""
     assert change.old and change.new
     if not Path(source).expanduser().exists():
-        return f"AITER commits between the pins not counted ({source} is not local: give the scenario's " \
-               f"aiter_repo option a clone)"
+        return f"AITER commits between the pins not counted ({source} is not local: give --aiter-repo a clone)"
     try:
         dependency = GitRepo(dependency_checkout(source, (change.old, change.new)))
         level = plan_level(dependency, change.old, change.new, tags=True)
