@@ -1,6 +1,7 @@
 """dpa-fp8-kv-graph-capture --option check=perf, end to end with the real child.py against the fake vllm of
 test_dpa_fp8_kv_numerics.py, whose decode here takes FAKE_STEP_SECONDS per decode step (a planted speed), every
 FAKE_SLOW_EVERY-th engine step FAKE_SLOW_FACTOR times that (planted noise)."""
+import os
 import statistics
 import sys
 import textwrap
@@ -26,7 +27,13 @@ STEP = ("    def step(self):\n",
         "        self.steps = getattr(self, 'steps', 0) + 1\n"
         "        slow = self.steps % int(os.environ.get('FAKE_SLOW_EVERY') or self.steps + 1) == 0\n"
         "        factor = float(os.environ['FAKE_SLOW_FACTOR']) if slow else 1\n"
-        "        time.sleep(float(os.environ['FAKE_STEP_SECONDS']) * factor)\n")
+        "        seconds = float(os.environ['FAKE_STEP_SECONDS']) * factor\n"
+        "        if os.environ.get('FAKE_BUSY'):  # the step's time spent on the CPU, as a CPU-bound decode does\n"
+        "            end = time.process_time() + seconds\n"
+        "            while time.process_time() < end:\n"
+        "                pass\n"
+        "        else:\n"
+        "            time.sleep(seconds)\n")
 NO_STEP_API = ("        self.llm_engine = _Engine()\n", "")  # an older vLLM: LLM has no llm_engine.step()
 
 
@@ -85,6 +92,26 @@ def test_one_slow_step_in_ten_leaves_the_median_step_figure_where_it_was(tmp_pat
         # fifth lower or more (still with several ms of load added to every step)
         assert measurement["steps"] == 29 and measurement["step_ms_iqr"] < 0.5 * measurement["step_ms_median"]
         assert measurement["step_ms_mean"] > 1.2 * measurement["step_ms_median"]
+
+
+def test_each_repeat_says_what_the_machine_did_meanwhile(tmp_path, nvidia_root):  # noqa: F811
+    """Beside wall time, each repeat gives the CPU time per step of the engine's processes, the machine's steal
+    time and the GPU's SM clock read while it decodes: a decode that burns its 10 ms steps on the CPU shows
+    about 10 ms of CPU a step, one that waits (sleeps) through them far less."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(f"#!{sys.executable}\nimport sys\nprint('1980' if '--query-gpu=clocks.sm' in "
+                                      f"sys.argv else 'unexpected')\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    path = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    busy = measured(tmp_path, nvidia_root, "0.01", "busy", env={**path, "FAKE_BUSY": "1"})
+    waiting = measured(tmp_path, nvidia_root, "0.01", "waiting", env=path)
+    assert busy.verdict is waiting.verdict is Verdict.GOOD, (busy.reason, waiting.reason)
+    for measurement in busy.details["perf"]["measurements"]:
+        assert measurement["cpu_ms_per_step"] >= 9  # the CPU time the step spun (process time, not wall time)
+        assert measurement["steal_ms"] >= 0 and measurement["sm_clock_mhz"] == 1980
+    for measurement in waiting.details["perf"]["measurements"]:
+        assert measurement["cpu_ms_per_step"] < 5 and measurement["step_ms_median"] >= 10
 
 
 def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811

@@ -9,8 +9,10 @@ With --perf-repeats R it measures instead, R times after one warm-up, and prints
 object per repeat: decode throughput and time to first token (one prompt, one token). The batch of
 --perf-batch sequences is driven step by step through the engine (llm.llm_engine.add_request/step), each
 step timed: decode tok/s is the batch over the median step time, the prefill's and the warm-up's steps left
-out; the median and interquartile range of the step times say how noisy the repeat was. An engine without
-step() (older vLLM) is measured as the difference of two generates --perf-tokens steps apart instead.
+out; the median and interquartile range of the step times say how noisy the repeat was, and the CPU time per
+step (this process and the engine core), the machine's steal time and the GPU's SM clock (nvidia-smi, read
+once while it decodes) what the machine did meanwhile. An engine without step() (older vLLM) is measured as
+the difference of two generates --perf-tokens steps apart instead.
 With --start-gate PATH it waits, once vLLM is imported, until no other engine start compiles (pass_start_gate).
 """
 import argparse
@@ -27,6 +29,7 @@ NUMERICS_MARKER = "BISECTOR-NUMERICS"
 PERF_MARKER = "BISECTOR-PERF"
 MAX_TOKENS = 2  # the prefill's token, then one decode step
 UNTIMED_STEPS = 2  # of each timed batch: the prefill's step and one warm-up decode step
+CLOCK_AFTER_STEPS = 8  # the GPU's clock is read once this many timed steps have run
 
 
 def parse_args(argv):
@@ -124,8 +127,9 @@ def measure(llm, sampling_params, args, vocab_size):
 
 def stepped_decode(engine, batch, params, prefix):
     """The batch's decode timed step by step: {"method", "steps", "step_ms_median", "step_ms_iqr",
-    "step_ms_mean", "decode_tok_s"} (no figures when too few steps were timed). A step's time is the interval
-    between two returns of engine.step(), so whatever the engine does between them counts."""
+    "step_ms_mean", "decode_tok_s"} (no figures when too few steps were timed), and what else the machine did
+    meanwhile (machine_figures). A step's time is the interval between two returns of engine.step(), so
+    whatever the engine does between them counts."""
     try:
         from vllm.sampling_params import RequestOutputKind
         params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate has it: an output when a request ends
@@ -134,16 +138,100 @@ def stepped_decode(engine, batch, params, prefix):
     for n, prompt in enumerate(batch):
         engine.add_request(f"{prefix}{n}", prompt, params)
     returned = [time.perf_counter()]
+    before, clock = None, None
     while engine.has_unfinished_requests():
         engine.step()
         returned.append(time.perf_counter())
-    steps = [after - before for before, after in zip(returned, returned[1:])][UNTIMED_STEPS:]
+        if len(returned) == UNTIMED_STEPS + 1:  # the timed steps start
+            before = machine_counters()
+        elif len(returned) == UNTIMED_STEPS + CLOCK_AFTER_STEPS + 1:
+            clock = SmClockSampler()  # while the GPU decodes, in a thread of its own
+    steps = [after - start for start, after in zip(returned, returned[1:])][UNTIMED_STEPS:]
     measured = {"method": "engine-steps", "steps": len(steps)}
     if len(steps) >= 2:
         q1, median, q3 = statistics.quantiles(steps, n=4)
         measured.update(step_ms_median=round(median * 1e3, 4), step_ms_iqr=round((q3 - q1) * 1e3, 4),
                         step_ms_mean=round(statistics.fmean(steps) * 1e3, 4), decode_tok_s=len(batch) / median)
+        if before is not None:
+            measured.update(machine_figures(before, machine_counters(), len(steps)))
+    if clock is not None:
+        clock.join(10)
+        if clock.mhz is not None:
+            measured["sm_clock_mhz"] = clock.mhz
     return measured
+
+
+def machine_counters():
+    """(CPU seconds of this process and its descendants (the engine core), the machine's steal seconds (time
+    a VM's CPUs waited for the host), from /proc; None where /proc cannot say."""
+    return _tree_cpu_seconds(os.getpid()), _steal_seconds()
+
+
+def machine_figures(before, after, steps):
+    """What the timed steps cost besides wall time: {"cpu_ms_per_step", "steal_ms"} where /proc said. A
+    CPU-bound decode whose wall time drifts while its CPU time per step does not is waiting on the machine."""
+    figures = {}
+    if before[0] is not None and after[0] is not None:
+        figures["cpu_ms_per_step"] = round((after[0] - before[0]) * 1e3 / steps, 4)
+    if before[1] is not None and after[1] is not None:
+        figures["steal_ms"] = round((after[1] - before[1]) * 1e3, 1)
+    return figures
+
+
+def _tree_cpu_seconds(pid):
+    """User and system CPU seconds of pid and its live descendants (/proc/PID/task/*/children), or None."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, pending, seen = 0.0, [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            with open(f"/proc/{current}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError, IndexError):
+            if current == pid:
+                return None
+    return total
+
+
+def _steal_seconds():
+    """The machine's steal time so far (/proc/stat's cpu line, 8th value), or None."""
+    try:
+        with open("/proc/stat") as f:
+            values = f.readline().split()
+        return int(values[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class SmClockSampler:
+    """The first visible NVIDIA GPU's SM clock in MHz, read once by nvidia-smi in a thread (`mhz`: None where
+    there is no nvidia-smi or it says nothing usable). A GPU that has clocked down makes a short decode slower."""
+
+    def __init__(self):
+        import threading
+        self.mhz = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        import subprocess
+        device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        try:
+            out = subprocess.run(["nvidia-smi", "-i", device, "--query-gpu=clocks.sm",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+            self.mhz = int(out.split()[0])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            pass
+
+    def join(self, timeout):
+        self.thread.join(timeout)
 
 
 def generates_decode(timed, batch, tokens):

@@ -14,7 +14,8 @@ import statistics
 from scenarios.dpa_fp8_kv.child import PERF_MARKER
 
 METRICS = ("decode_tok_s", "ttft_ms")
-STEP_FIGURES = ("steps", "step_ms_median", "step_ms_iqr", "step_ms_mean")  # engine-steps: the timed steps
+# engine-steps: the timed steps, and what the machine did meanwhile (child.machine_figures, the GPU's clock)
+STEP_FIGURES = ("steps", "step_ms_median", "step_ms_iqr", "step_ms_mean", "cpu_ms_per_step", "steal_ms", "sm_clock_mhz")
 
 
 def measurements(output: str) -> list[dict]:
