@@ -26,7 +26,8 @@ steps() { python3 -c "
 import json, sys
 for m in json.load(open(sys.argv[1]))['details']['perf']['measurements']:
     print(' ', m.get('method'), 'median step', m.get('step_ms_median'), 'ms, IQR', m.get('step_ms_iqr'), 'ms, mean',
-          m.get('step_ms_mean'), 'ms over', m.get('steps'), 'steps:', round(m.get('decode_tok_s', 0)), 'tok/s')" "$@"; }
+          m.get('step_ms_mean'), 'ms over', m.get('steps'), 'steps:', round(m.get('decode_tok_s', 0)), 'tok/s; cpu',
+          m.get('cpu_ms_per_step'), 'ms/step, steal', m.get('steal_ms'), 'ms, SM', m.get('sm_clock_mhz'), 'MHz')" "$@"; }
 
 case "${1:-prepare}" in
 prepare)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 35 diagnosis: decode step time jumps between engine starts (~2.1 ms or ~3.2 ms at the same commit).
 # Are the engine's processes sharing a physical core? Runs v0.24.0's check=perf alternately pinned (one thread of
-# each of 4 physical cores) and unpinned, until LIMIT seconds have passed, printing each run's median steps.
+# each of 4 physical cores) and unpinned, until LIMIT seconds have passed, printing each run's median steps and,
+# since round 6, each repeat's CPU time per step, the machine's steal time and the GPU's SM clock.
 # perf_repeats differs per run so the stored verdict of the same question is not served (the build is reused).
 #   bash pin.sh LIMIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -32,6 +33,9 @@ while [ $(( $(date +%s) - START )) -lt ${1:-400} ]; do
   echo "run $n $how rc=$? wall=$(( $(date +%s) - t ))s: $(python3 -c "
 import json, sys
 d = json.load(open(sys.argv[1]))['details']['perf']
-print('median steps ms', [m.get('step_ms_median') for m in d['measurements']], 'tok/s', round(d['decode_tok_s']))" /tmp/pin-$n.json 2>&1 | tail -1)" | tee -a $OUT/pin-figures.txt
+print('median steps ms', [m.get('step_ms_median') for m in d['measurements']], 'tok/s', round(d['decode_tok_s']),
+      'cpu ms/step', [m.get('cpu_ms_per_step') for m in d['measurements']], 'steal ms',
+      [m.get('steal_ms') for m in d['measurements']], 'SM MHz', [m.get('sm_clock_mhz') for m in d['measurements']])
+" /tmp/pin-$n.json 2>&1 | tail -1)" | tee -a $OUT/pin-figures.txt
 done
 tail -5 /tmp/pin-1.out
