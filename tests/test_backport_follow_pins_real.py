@@ -33,3 +33,21 @@ def test_backport_follows_the_aiter_pin_at_gfx950(releases, tmp_path, cli):  # n
     assert level["culprit"].startswith("5e4c537c6b26"), level["answer"]  # what run --follow-pins finds too
     assert level["answer"].endswith(" Fold qh128 to qh16 in gfx950 (#2204)")
     assert f"inside AITER: {level['answer']}" in proc.stdout
+
+
+@needs_real
+def test_the_plan_of_a_gpu_follow_pins_hunt_on_the_real_repositories_counts_its_aiter_builds(releases, tmp_path,  # noqa: F811
+                                                                                            cli):
+    """The GPU scenario's plan over real v0.18.0..v0.24.0 with the AITER mirror given by --aiter-repo (no
+    --aiter pinned: the second level installs AITER per commit anyway): each of the three pin moves counted in
+    ROCm/aiter's own history, with the AITER builds its level would make. Nothing runs (no GPU here)."""
+    proc = cli("run", "--plan", "--repo", str(releases), "--good", "v0.18.0", "--bad", "v0.24.0", "--scenario",
+               "dpa-fp8-kv-graph-capture", "--follow-pins", "--aiter-repo", str(AITER), "--state-dir",
+               str(tmp_path / "state"), "--json", str(tmp_path / "plan.json"))
+    assert proc.returncode == 0, proc.stderr
+    levels = json.loads((tmp_path / "plan.json").read_text())["pin_levels"]
+    assert [line.split(": ")[0].split(" moves AITER ")[1] for line in levels] == [
+        "v0.1.10.post2 → v0.1.10.post3", "v0.1.10.post3 → v0.1.13", "v0.1.13 → v0.1.13.post1"]
+    assert "473 AITER commits after v0.1.10.post3 up to v0.1.13 (equivalent); level 2: about 12 steps" in levels[1]
+    for line in levels:
+        assert "AITER installed per commit: about " in line and " AITER builds, one per AITER commit tested" in line
