@@ -205,9 +205,10 @@ class WorldSettings:
         """The world of a level inside AITER judged by held, vLLM held at held_commit: a scenario whose verdict
         depends on AITER gets each step's AITER commit installed as `--aiter pinned` installs a pin (same arch,
         cache and prebuild; from the level's repository), with --image inside held_commit's image; any other
-        scenario (one that reads the checkout's AITER source itself) the first level's world."""
+        scenario (one that reads the checkout's AITER source itself) the plain world: an AITER commit has no
+        image and pins no AITER to install, so the first level's --image or --aiter would skip every step."""
         if not held.aiter_sensitive:
-            return self
+            return WorldSettings()
         return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True,
                              held_commit)
 

@@ -307,8 +307,10 @@ def test_a_layer_that_cannot_be_built_is_a_skip_with_its_reason(world, tmp_path,
     first = WorldSettings(ImageSettings(TEMPLATE))
     level = first.for_level(held, v[2])
     assert level.aiter_at_step and level.image is first.image and level.held_commit == v[2]
-    assert create("aiter-mla-probe", {}).aiter_sensitive is False and first.for_level(
-        create("aiter-mla-probe", {}), v[2]) is first  # the probe reads AITER's source itself: its world is kept
+    probe = create("aiter-mla-probe", {})
+    assert probe.aiter_sensitive is False  # it reads AITER's source itself: no image, no AITER install inside AITER
+    for world_asked in (first, WorldSettings(aiter="pinned"), WorldSettings()):
+        assert world_asked.for_level(probe, v[2]) == WorldSettings()
     aiter = make_repo("broken-aiter")  # an AITER commit whose setup.py fails inside the image
     broken = aiter.commit("AITER broken", {"setup.py": "raise SystemExit('no hipcc in this image')\n",
                                            "requirements.txt": "torch==2.9.0\n"})

@@ -160,11 +160,10 @@ def _level_cost(change: PinChange, source: str, world: WorldSettings) -> str:
     said = f"{what}; level 2: about {steps} steps ({len(level.olds) + 1} ends, then bisection)"
     if level.chain:
         said += ", then a level between the boundary tags"
-    if world.aiter == "pinned":
+    if world.aiter_at_step:
         prebuild = world.aiter_settings.prebuild
         minutes = AITER_PREBUILD_MINUTES if prebuild else AITER_JIT_MINUTES
-        how = "with --aiter pinned" if not world.aiter_at_step else \
-            "AITER installed per commit" + (", each layered over the held commit's image" if world.image else "")
+        how = "AITER installed per commit" + (", each layered over the held commit's image" if world.image else "")
         said += (f"; {how}: about {steps} AITER builds, one per AITER commit tested "
                  f"({'prebuilt kernels' if prebuild else 'JIT'}, ~{minutes} min each unless cached)")
     return said
