@@ -6,6 +6,8 @@ when first needed so the rest of bisector runs without it.
 The comparison is Chromium Pinpoint's (dashboard/pinpoint/models/compare): the p-value is the smaller of
 the Mann-Whitney U and the Kolmogorov-Smirnov tests'; at or below LOW_THRESHOLD the samples are different;
 above a high threshold that falls as samples grow they are the same; in between, more samples are needed.
+That decides whether the ends differ. Which end a commit is like is a sequential likelihood-ratio test
+(Student t likelihoods around each end's median) checked by the same rank tests (docs/perf.md).
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ LOW_THRESHOLD = 0.01
 # A commit is called like one end only while its samples are plainly consistent with that end's: a p-value
 # against it above this (between LOW_THRESHOLD and this, more samples are taken).
 CONSISTENT = 0.05
-# A commit is called like one end when its samples differ from the other end's at this p-value or below:
-# LOW_THRESHOLD halved (Bonferroni), as the commit is tested against both ends and the verdict picks one.
-LIKE_THRESHOLD = LOW_THRESHOLD / 2
+# A commit is called like one end when its samples are LIKELIHOOD_RATIO times likelier under that end's
+# distribution than under the other's (a sequential likelihood-ratio test: Student t likelihoods with
+# T_DEGREES degrees of freedom, heavy-tailed so that one outlier weighs little) and, as a check that needs
+# no model, they differ from the other end's at LOW_THRESHOLD (one-sided: in the direction the ends differ).
+LIKELIHOOD_RATIO = 10_000.0
+T_DEGREES = 10
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
 # p-value that already says "the same".
@@ -78,9 +83,26 @@ def p_value(a: Sequence[float], b: Sequence[float]) -> float:
     return min(found) if found else 1.0
 
 
-def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Pinpoint's verdict on two sets of samples: different, the same, or unknown (more samples)."""
-    p, high = p_value(a, b), high_threshold(a, b)
+def one_sided_p(a: Sequence[float], b: Sequence[float], lower: bool) -> float:
+    """The smaller of the one-sided Mann-Whitney U and Kolmogorov-Smirnov p-values that `a` lies below
+    `b` (lower) or above it."""
+    from scipy import stats
+
+    if not a or not b or len(set(a) | set(b)) == 1:
+        return 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mwu = stats.mannwhitneyu(a, b, alternative="less" if lower else "greater").pvalue
+        ks = stats.ks_2samp(a, b, alternative="greater" if lower else "less").pvalue
+    found = [float(p) for p in (mwu, ks) if not math.isnan(p)]
+    return min(found) if found else 1.0
+
+
+def compare(a: Sequence[float], b: Sequence[float], lower: bool | None = None) -> Comparison:
+    """Pinpoint's verdict on two sets of samples: different, the same, or unknown (more samples). With
+    `lower`, one-sided: whether `a` lies below `b` (lower=True) or above it (False)."""
+    p = p_value(a, b) if lower is None else one_sided_p(a, b, lower)
+    high = high_threshold(a, b)
     if p <= LOW_THRESHOLD:
         return Comparison(Result.DIFFERENT, p, high)
     return Comparison(Result.SAME if p > high else Result.UNKNOWN, p, high)
@@ -152,23 +174,60 @@ class Likeness:
     versus_old: Comparison
     versus_new: Comparison
     reason: str
+    doubted: str | None = None  # the end the samples are likelier under but not consistent with: its own
+                                # few samples may be off (more of them tell)
+
+
+def log_likelihood_ratio(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> float:
+    """log P(samples | like new) - log P(samples | like old): scipy.stats.t likelihoods located at each end's
+    median, with one scale for both, the MAD of every sample's deviation from its own end's median
+    (normal-consistent; at least 1 % of the distance between the medians, so identical samples still work)."""
+    import numpy as np
+    from scipy import stats
+
+    at_old, at_new = statistics.median(old), statistics.median(new)
+    deviations = [value - at_old for value in old] + [value - at_new for value in new]
+    scale = max(float(stats.median_abs_deviation(deviations, scale="normal")), abs(at_new - at_old) / 100,
+                math.ulp(max(abs(at_old), abs(at_new), 1.0)))
+    values = np.asarray(samples, dtype=float)
+    return float(np.sum(stats.t.logpdf(values, T_DEGREES, loc=at_new, scale=scale)
+                        - stats.t.logpdf(values, T_DEGREES, loc=at_old, scale=scale)))
 
 
 def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> Likeness:
-    """A commit is like one end when its samples differ from the other end's (p <= LIKE_THRESHOLD), are
-    consistent with this one's (p > CONSISTENT), and its median lies in the third of the way between the
-    ends' medians nearest this end's; otherwise not known (more samples, or a skip)."""
+    """A commit is like one end when its samples are LIKELIHOOD_RATIO times likelier under that end than
+    under the other, differ from the other end's (one-sided p <= LOW_THRESHOLD), are consistent with this
+    one's (two-sided p > CONSISTENT), and its median lies in the third of the way between the ends' medians
+    nearest this end's; otherwise not known (more samples, or a skip)."""
     versus_old, versus_new = compare(samples, old), compare(samples, new)
-    median = statistics.median(samples)
-    to_old, to_new = abs(median - statistics.median(old)), abs(median - statistics.median(new))
-    p = f"p = {versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end"
-    if versus_new.p_value <= LIKE_THRESHOLD and versus_old.p_value > CONSISTENT and to_old * 2 < to_new:
-        return Likeness("old", versus_old, versus_new, f"like the old end ({p})")
-    if versus_old.p_value <= LIKE_THRESHOLD and versus_new.p_value > CONSISTENT and to_new * 2 < to_old:
-        return Likeness("new", versus_old, versus_new, f"like the new end ({p})")
+    ratio = log_likelihood_ratio(samples, old, new)
+    median, at_old, at_new = statistics.median(samples), statistics.median(old), statistics.median(new)
+    to_old, to_new = abs(median - at_old), abs(median - at_new)
+    p = (f"likelihood ratio {math.exp(max(min(ratio, 700), -700)):.2g} for the new end; p = "
+         f"{versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end")
+    bound = math.log(LIKELIHOOD_RATIO)
+    towards = None
+    if ratio <= -bound and one_sided_p(samples, new, lower=at_old < at_new) <= LOW_THRESHOLD:
+        towards, consistent, nearer = "old", versus_old.p_value > CONSISTENT, to_old * 2 < to_new
+    elif ratio >= bound and one_sided_p(samples, old, lower=at_new < at_old) <= LOW_THRESHOLD:
+        towards, consistent, nearer = "new", versus_new.p_value > CONSISTENT, to_new * 2 < to_old
+    if towards and consistent and nearer:
+        return Likeness(towards, versus_old, versus_new, f"like the {towards} end ({p})")
+    doubted = towards if towards and not consistent else None
     if versus_old.result is Result.DIFFERENT and versus_new.result is Result.DIFFERENT:
-        return Likeness(None, versus_old, versus_new, f"differs from both ends ({p})")
-    return Likeness(None, versus_old, versus_new, f"not distinguishable from either end ({p})")
+        return Likeness(None, versus_old, versus_new, f"differs from both ends ({p})", doubted)
+    return Likeness(None, versus_old, versus_new, f"not distinguishable from either end ({p})", doubted)
+
+
+def first_samples(pool: int) -> int:
+    """A commit's first batch: the fewest samples that can differ from a pool of `pool` samples at one-sided
+    p <= LOW_THRESHOLD (the smallest Mann-Whitney p of k samples all beyond n is 1 / C(n + k, k): 4 against
+    6 or 7, 3 against 8 or more), and never fewer than 3 (two samples far out by chance pass the likelihood
+    ratio)."""
+    k = 3
+    while math.comb(pool + k, k) * LOW_THRESHOLD < 1:
+        k += 1
+    return k
 
 
 def median_spread(samples: Sequence[float]) -> tuple[float, float, float]:
@@ -192,8 +251,8 @@ class PerfSettings:
     parallel: int = 1          # runs of one commit side by side (free slots)
 
     ENDPOINT_START = 6         # samples of each end before they are first compared
-    PROBE_START = 3            # samples of a commit before it is first compared with the ends
     PROBE_STEP = 1             # more samples of an undecided commit, per round
+    ENDPOINT_REPEAT_EVERY = 3  # one end runs again with every third probe (alternating good and bad)
 
     @property
     def key_parts(self) -> dict:
@@ -214,6 +273,7 @@ class PerfSettings:
     def plan(self, testable: int) -> tuple[int, int]:
         """Runs a hunt over `testable` commits takes: (fewest, most)."""
         probes = math.ceil(math.log2(testable + 1)) if testable else 0
-        fewest = 2 * (self.warmup + self.ENDPOINT_START) + probes * (self.warmup + self.PROBE_START) + probes // 2
+        fewest = (2 * (self.warmup + self.ENDPOINT_START) + probes * (self.warmup + first_samples(self.ENDPOINT_START))
+                  + probes // self.ENDPOINT_REPEAT_EVERY)
         most = 2 * (self.warmup + self.max_samples) + probes * (self.warmup + 2 * self.max_samples)
         return fewest, most

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
 
 from bisector.errors import EndpointError, MergeBaseError, UsageError
-from bisector.perf import Direction, PerfSettings, Result, change, compare, likeness, median_spread
+from bisector.perf import (
+    Comparison,
+    Direction,
+    PerfSettings,
+    Result,
+    change,
+    compare,
+    first_samples,
+    likeness,
+    median_spread,
+)
 from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.steps import Step
@@ -303,13 +313,13 @@ class PerfPolicy:
     """--metric: a performance hunt. Each step is one run of a commit; its samples are the metric's values
     of its runs (the first `warmup` discarded). The ends are sampled first and must differ by at least
     min_change with significance (else an EndpointError: the endpoints do not differ); then each probe is
-    sampled (PROBE_START runs, then PROBE_STEP more at a time) until it is like the old end or like the new
-    one (bisector.perf.likeness, against the end's pool: its own samples and those of the probes already
-    decided like it), more runs only while it is undecided, up to max_samples (then a skip: not
-    distinguishable). Every second probe and every extra batch of an undecided probe also run one end
-    again, alternating, so the ends' samples span the hunt and drift cancels. A run that fails, skips or
-    reports no value of the metric makes its commit a skip (an end: an EndpointError). Every run is stored,
-    so a resumed or repeated run starts from all earlier samples (`history`)."""
+    sampled (first as many runs as can differ from the ends' pools at all, then PROBE_STEP more at a time)
+    until it is like the old end or like the new one (bisector.perf.likeness, against the end's pool: its
+    own samples and those of the probes already decided like it), up to max_samples (then a skip: not
+    distinguishable). Every third probe's first batch also runs one end again, alternating, so the ends'
+    samples span the hunt and drift falls on them too. A run that fails, skips or reports no value of the
+    metric makes its commit a skip (an end: an EndpointError). Every run is stored, so a resumed or
+    repeated run starts from all earlier samples (`history`)."""
 
     rerun = True
     confirmed = False
@@ -325,6 +335,7 @@ class PerfPolicy:
         self.failed: dict[str, str] = {}      # sha -> why its runs give no samples
         self.verdicts: dict[str, tuple[str | None, str]] = {}  # probe sha -> (its end, or None: skip; why)
         self.tested: list[str] = []           # probes in the order they were decided
+        self.doubted: str | None = None       # the end the probe being sampled is likelier under but unlike
 
     # -- samples ---------------------------------------------------------------------------------
     def runs(self, sha: str) -> int:
@@ -376,22 +387,28 @@ class PerfPolicy:
         while not self.search.done:
             self.rounds += 1
             sha = self.search.next_probes(1, cost=self.cost)[0]
-            wanted = settings.PROBE_START
-            first_batch = True
+            # the first batch: as many samples as can differ from the smaller pool at all
+            wanted = min(first_samples(min(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
+            need = self._more(sha, wanted, "probe")
+            end = (old, new)[extra % 2]
+            if self.rounds % settings.ENDPOINT_REPEAT_EVERY == 0 and \
+                    self.runs(end) - settings.warmup < 2 * settings.max_samples:
+                # one end runs again with every third probe: the ends' samples keep spanning the hunt
+                need.append((end, "endpoint"))
+                extra += 1
             while not self._decide(sha, wanted):
-                need = self._more(sha, wanted, "probe")
+                doubted = {"old": old, "new": new}.get(self.doubted or "")
+                if not need and doubted and len(self.samples(doubted)) < min(len(self.samples(sha)),
+                                                                             2 * settings.max_samples):
+                    # likelier under an end but not consistent with its samples, fewer than the probe's: that
+                    # end's few samples may be off, so it runs again (its pool serves every later probe too)
+                    need = [(doubted, "endpoint")]
+                need = need or self._more(sha, wanted, "probe")
                 if not need:
                     wanted = min(wanted + max(settings.PROBE_STEP, settings.parallel), settings.max_samples)
                     need = self._more(sha, wanted, "probe")
-                end = (old, new)[extra % 2]
-                # an end runs again with every second probe's first batch and with every batch of an
-                # undecided probe: the ends' samples keep spanning the hunt (drift falls on them too)
-                again = not first_batch or self.rounds % 2 == 0
-                if again and self.runs(end) - settings.warmup < 2 * settings.max_samples:
-                    need.append((end, "endpoint"))
-                    extra += 1
-                first_batch = False
                 yield Batch(self.rounds, tuple(need))
+                need = []
 
     def _ends_differ(self) -> bool:
         """True once the ends differ enough; False while more samples may tell; EndpointError when they do
@@ -399,6 +416,13 @@ class PerfPolicy:
         settings, ends = self.settings, self.ends
         before, after = self.samples(ends.old), self.samples(ends.new)
         seen = compare(before, after)
+        if seen.result is not Result.DIFFERENT and settings.direction is not Direction.ANY:
+            # the direction is known: the one-sided test (the new end worse than the old; a fix hunt: better)
+            # may call them different sooner, and they are the same only when both tests say so
+            one_sided = compare(after, before, lower=(settings.direction is Direction.HIGHER) != ends.find_fix)
+            if one_sided.result is Result.DIFFERENT or seen.result is not one_sided.result:
+                seen = Comparison(one_sided.result if one_sided.result is Result.DIFFERENT else Result.UNKNOWN,
+                                  one_sided.p_value, one_sided.high_threshold)
         moved = change(before, after)
         described = (f"{settings.metric} {moved.before:,.6g} at {ends.old_name} {ends.old_ref}, "
                      f"{moved.after:,.6g} at {ends.new_name} {ends.new_ref} ({moved.relative:+.1%}, "
@@ -424,6 +448,7 @@ class PerfPolicy:
         if len(samples) < wanted:
             return False
         like = likeness(samples, self.pool("old"), self.pool("new"))
+        self.doubted = like.doubted
         if like.end is not None:
             return self._record(sha, like.end, like.reason)
         if len(samples) >= self.settings.max_samples:

@@ -1,0 +1,173 @@
+"""dpa-fp8-kv-graph-capture --option check=perf as a performance hunt (--metric decode_tok_s) in the other worlds
+a step runs in: with --image, the real child.py in each commit's image through the fake container runtime
+(tests/fakes/docker); with --aiter pinned, against each commit's pinned AITER built into a wheel and installed
+for real. The fake vLLM's engine has vLLM's step API (add_request/has_unfinished_requests/step) and prints the
+recorded ROCm lines (dpa_fp8_kv_records); each engine step sleeps a planted time, half as long again where the
+vLLM (in its image) or the AITER it imports is slow. Sleeps under load only lengthen, so the planted 1.5x
+step stands out of a loaded machine's noise."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from dpa_fp8_kv_records import CAPTURE_47, PREFIX, ROCM_SELECTED
+from fake_docker import FakeDocker, vllm_site
+from test_dpa_fp8_kv_follow_pins import SETUP
+from test_dpa_fp8_kv_scenario import FAKE_TORCH
+from test_images_gpu import STACK, TEMPLATE, gpu_root  # noqa: F401
+
+from bisector.engine.config import RunConfig
+from bisector.engine.run import run_bisection
+from bisector.executor import LocalExecutor
+from bisector.gpus import gpu_env
+from bisector.images import ImageSettings, expand
+from bisector.perf import Direction, PerfSettings
+from bisector.world import WorldSettings
+from scenarios import create
+from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
+
+pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")
+
+pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan, pytest.mark.slow]
+
+NAME = "dpa-fp8-kv-graph-capture"
+OPTIONS = {"max_num_seqs": "4", "check": "perf", "perf_repeats": "1", "perf_tokens": "8", "perf_batch": "4"}
+STEP_SECONDS = 0.004
+# The fake vLLM. SLOW(): whether this vLLM's decode is slow (a module-level function each world defines).
+ENGINE = '''
+    import os, sys, time
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    class _Completion:
+        def __init__(self, count):
+            self.token_ids = list(range(count))
+
+    class _Output:
+        def __init__(self, count):
+            self.outputs = [_Completion(count)]
+
+    class _Engine:
+        """vLLM's step API: a step makes one token of every unfinished request, in a planted time."""
+        def __init__(self, seconds):
+            self.seconds, self.remaining = seconds, {{}}
+
+        def add_request(self, request_id, prompt, params):
+            self.remaining[request_id] = params.kwargs["max_tokens"]
+
+        def has_unfinished_requests(self):
+            return bool(self.remaining)
+
+        def step(self):
+            time.sleep(self.seconds)
+            self.remaining = {{request: left - 1 for request, left in self.remaining.items() if left > 1}}
+            return []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            print({selected!r}, flush=True)
+            print({capture!r}, file=sys.stderr, flush=True)
+            self.llm_engine = _Engine({seconds} * (1.5 if SLOW() else 1.0))
+
+        def generate(self, prompts, params, use_tqdm=True):
+            time.sleep(self.llm_engine.seconds * params.kwargs["max_tokens"])
+            return [_Output(params.kwargs["max_tokens"]) for _ in prompts]
+'''.format(selected=ROCM_SELECTED, capture=PREFIX + CAPTURE_47, seconds=STEP_SECONDS)
+
+
+def hunted(cfg: RunConfig):
+    """The hunt's result and its perf record; every run measured by the child (engine steps, decode_tok_s)."""
+    result = run_bisection(cfg)
+    perf = result.to_json()["perf"]
+    assert perf["metric"] == "decode_tok_s" and perf["direction"] == "higher-is-better"
+    for step in result.steps:
+        assert step.verdict == "good", step.reason  # every run measured
+        measured = step.details["perf"]
+        assert measured["method"] == "engine-steps" and measured["decode_tok_s"] > 0 and measured["ttft_ms"] > 0
+    # each run is one sample: the scenario's decode_tok_s
+    samples = sorted(round(value, 3) for entry in perf["commits"] for value in entry["samples"])
+    assert samples == sorted(step.details["perf"]["decode_tok_s"] for step in result.steps)
+    return result, perf
+
+
+def slow_from(perf: dict, shas: list[str], culprit: int) -> None:
+    """Every tested commit's median throughput: below the good end's by about a third from the culprit on."""
+    by_sha = {entry["sha"]: entry for entry in perf["commits"]}
+    fast = by_sha[shas[0]]["median"]
+    for sha, entry in by_sha.items():
+        assert (entry["median"] < 0.85 * fast) == (shas.index(sha) >= culprit), (shas.index(sha), entry["median"])
+    # 4 sequences per step of at least 4 ms: at most 1,000 tokens/s, whatever the load
+    assert fast <= 1000 * 1.02 and -0.45 < perf["change"]["relative"] < -0.2
+
+
+CULPRIT = 5
+
+
+def test_check_perf_in_each_commits_image_measures_decode_and_names_the_slow_commit(
+        make_repo, tmp_path, gpu_root, monkeypatch):  # noqa: F811
+    docker = FakeDocker(tmp_path / "fake")
+    docker.activate(monkeypatch)
+    repo = make_repo()
+    shas = [repo.commit(f"change {i}", {"docker/Dockerfile.rocm_base": 'ARG AITER_BRANCH="v0.1.13"\n',
+                                        "n": f"{i}\n"}) for i in range(8)]
+    for index, sha in enumerate(shas):
+        site = vllm_site(f"0.24.0.dev{index}+g{sha[:9]}.rocm700", index >= CULPRIT)
+        site["vllm/__init__.py"] = (f"SLOW = lambda: {index >= CULPRIT}\n" + textwrap.dedent(ENGINE))
+        docker.add_image(expand(TEMPLATE, sha), {**site, **STACK})
+    scenario = create(NAME, OPTIONS)
+    scenario.system_root = gpu_root
+    result, perf = hunted(RunConfig(
+        repo=repo.path, good=shas[0], bad=shas[-1], scenario=scenario, state_dir=tmp_path / "state",
+        executor=LocalExecutor([gpu_env([1])]), world=WorldSettings(ImageSettings(TEMPLATE)), timeout=120,
+        perf=PerfSettings("decode_tok_s", Direction.HIGHER)))
+    assert result.culprit and result.culprit.sha == shas[CULPRIT]
+    slow_from(perf, shas, CULPRIT)
+    # each run was the real child in its commit's image, measured there
+    children = [argv for argv in docker.runs() if any(arg.endswith("/child.py") for arg in argv)]
+    assert len(children) == len(result.steps)
+    for step in result.steps:
+        assert step.details["image"]["torch"] == "2.9.0+rocm7.0"
+        assert step.details["image"]["ref"] == expand(TEMPLATE, step.sha)
+
+
+def test_check_perf_with_aiter_pinned_measures_each_commit_with_its_pinned_aiter(
+        make_repo, tmp_path, monkeypatch, gpu_root, wheel_build):  # noqa: F811
+    """AITER a1 (v0.1.12, fast) .. a3 (v0.1.13, its decode slow); vLLM v0..v5 moves the pin at v3: the slowdown
+    is v3's, measured with the AITER each commit pins, built and installed for real."""
+    aiter = make_repo("aiter")
+    for n in range(1, 4):
+        files = {"aiter/__init__.py": f"SLOW_DECODE = {n == 3}\n"}
+        if n == 1:
+            files |= {"setup.py": SETUP, "VERSION": "0.1.12\n", "requirements.txt": ""}
+        if n == 3:
+            files["VERSION"] = "0.1.13\n"
+        aiter.commit(f"AITER a{n}", files)
+        if n in (1, 3):
+            aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
+    site = tmp_path / "site"
+    for name, text in FAKE_TORCH.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setattr(DpaFp8KvScenario, "system_root", gpu_root)
+    vllm = make_repo("vllm")
+    engine = "def SLOW():\n    import aiter\n    return aiter.SLOW_DECODE\n" + textwrap.dedent(ENGINE)
+    shas = [vllm.commit(f"vLLM change {i}", {
+        "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{"v0.1.12" if i < 3 else "v0.1.13"}"\n'
+                                       f'ARG AITER_REPO="{aiter.path}"\n',
+        "vllm/__init__.py": engine, "vllm/engine/__init__.py": "",
+        "vllm/engine/arg_utils.py": STACK["vllm/engine/arg_utils.py"], "n": f"{i}\n"}) for i in range(6)]
+    result, perf = hunted(RunConfig(repo=vllm.path, good=shas[0], bad=shas[-1], scenario=create(NAME, OPTIONS),
+                                    state_dir=tmp_path / "state", world=WorldSettings(aiter="pinned"), timeout=120,
+                                    perf=PerfSettings("decode_tok_s", Direction.HIGHER)))
+    assert result.culprit and result.culprit.sha == shas[3]
+    change = result.to_json()["pin_change"]
+    assert (change["from"], change["to"]) == ("v0.1.12", "v0.1.13")
+    slow_from(perf, shas, 3)
+    for step in result.steps:
+        want = "0.1.12" if shas.index(step.sha) < 3 else "0.1.13"
+        # the scenario saw the AITER the world installed: the pin's, in every run
+        assert step.details["aiter"] == {"pinned": f"v{want}", "installed": want}
+        assert f"AITER v{want} (" in step.build
