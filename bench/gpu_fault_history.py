@@ -30,9 +30,12 @@ so one set of compiled extensions (the 0.24.0 wheel's) serves every commit:
 --variant perf builds eight commits, one of which plants a slowdown: p5 makes the sampler sleep --pause-us
 (300) microseconds per step "to give the output thread the GIL" (outside the CUDA graphs, so each decode step
 pays it; tests/records/h200-scripts/perf.sh sizes it from the measured step time); p1–p4, p6–p8 harmless.
+With --pause-kind busy the sampler spins through the pause on the CPU instead of sleeping, as a Python
+regression does: check=perf's cpu_ms_per_step then shows it too, which a machine that drifts in wall time
+(the H200's VM, round 6) may not hide.
 
     python bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/history [--json FILE]
-                                      [--variant crash|silent|perf [--pause-us N]]
+                                      [--variant crash|silent|perf [--pause-us N] [--pause-kind sleep|busy]]
 
 Prints (and with --json writes) the commits with their roles. Commits have fixed authors and dates,
 so the same release repo gives the same shas.
@@ -140,15 +143,21 @@ VARIANTS = {"crash": COMMITS, "silent": SILENT_COMMITS}
 SAMPLER = "vllm/v1/sample/sampler.py"
 
 
-def perf_commits(pause_us: int) -> list:
+def perf_commits(pause_us: int, kind: str = "sleep") -> list:
     """--variant perf: the silent history's harmless edits around a planted slowdown (p5): the sampler pauses
-    pause_us microseconds each step. Sampling runs outside the CUDA graphs, so every decode step pays it."""
+    pause_us microseconds each step, asleep (kind "sleep": wall time only) or spinning on the CPU (kind
+    "busy": CPU time too, as a Python regression costs). Sampling runs outside the CUDA graphs, so every
+    decode step pays it."""
+    seconds = pause_us / 1e6
+    pause = (f"        time.sleep({seconds!r})\n" if kind == "sleep" else
+             f"        until = time.perf_counter() + {seconds!r}\n"
+             "        while time.perf_counter() < until:\n"
+             "            pass\n")
     slowdown = ("perf-slowdown", "[Core] sampler: let the output thread run before the next step", [
         (SAMPLER, "import torch\nimport torch.nn as nn\n", "import time\n\nimport torch\nimport torch.nn as nn\n"),
         (SAMPLER, "        sampled, processed_logprobs = self.sample(logits, sampling_metadata)\n",
          "        sampled, processed_logprobs = self.sample(logits, sampling_metadata)\n"
-         "        # Give the output-processing thread the GIL before the next step is scheduled.\n"
-         f"        time.sleep({pause_us / 1e6!r})\n")])
+         "        # Give the output-processing thread the GIL before the next step is scheduled.\n" + pause)])
     return [*COMMITS[:4], slowdown, *COMMITS[8:11]]
 
 
@@ -199,8 +208,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--variant", choices=sorted([*VARIANTS, "perf"]), default="crash")
     parser.add_argument("--pause-us", type=int, default=300, help="--variant perf: the planted pause per step")
+    parser.add_argument("--pause-kind", choices=("sleep", "busy"), default="sleep",
+                        help="--variant perf: the pause asleep (wall time only) or spinning on the CPU")
     args = parser.parse_args(argv)
-    planned = perf_commits(args.pause_us) if args.variant == "perf" else VARIANTS[args.variant]
+    planned = perf_commits(args.pause_us, args.pause_kind) if args.variant == "perf" else VARIANTS[args.variant]
     commits = build(args.release_repo, args.out, args.base, planned)
     for commit in commits:
         print(f"c{commit['n']:<2} {commit['sha'][:12]} {commit['role']:<14} {commit['message']}")

@@ -62,7 +62,7 @@ def measured(tmp_path, root, seconds_per_step: str, name: str, options=PERF, env
 def test_check_perf_reports_decode_throughput_and_time_to_first_token(tmp_path, nvidia_root):  # noqa: F811
     fast = measured(tmp_path, nvidia_root, "0.002", "fast")
     assert fast.verdict is Verdict.GOOD, fast.reason
-    assert set(fast.metrics) == {"decode_tok_s", "ttft_ms"}
+    assert set(fast.metrics) == {"decode_tok_s", "ttft_ms", "cpu_ms_per_step"}
     # 4 sequences per engine step of at least 2 ms (a sleep is never shorter; load only lengthens it): at most
     # 2,000 tokens/s; no lower bound, which a loaded machine could break
     assert 0 < fast.metrics["decode_tok_s"] <= 2000 * 1.02
@@ -112,6 +112,8 @@ def test_each_repeat_says_what_the_machine_did_meanwhile(tmp_path, nvidia_root):
         assert measurement["steal_ms"] >= 0 and measurement["sm_clock_mhz"] == 1980
     for measurement in waiting.details["perf"]["measurements"]:
         assert measurement["cpu_ms_per_step"] < 5 and measurement["step_ms_median"] >= 10
+    # the run's metric is the median of its repeats', for `run --metric cpu_ms_per_step --lower-is-better`
+    assert busy.metrics["cpu_ms_per_step"] >= 9 > 5 > waiting.metrics["cpu_ms_per_step"]
 
 
 def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811

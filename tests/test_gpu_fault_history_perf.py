@@ -42,3 +42,23 @@ def test_the_perf_variant_pauses_the_sampler_at_p5_only(tmp_path, git, vllm_sour
         compile(text, SAMPLER, "exec")
     changed = git(out, "diff", "--name-only", "v0.24.0", commits[-1]["sha"]).split()
     assert SAMPLER in changed and all(path.startswith("vllm/") and path.endswith(".py") for path in changed)
+
+
+def test_the_busy_pause_spins_on_the_cpu_instead_of_sleeping(tmp_path, git, vllm_sources):
+    release = tmp_path / "release"
+    subprocess.run(["cp", "-r", str(vllm_sources("0.24.0")), str(release)], check=True)
+    git(release, "init", "-q", "-b", "main")
+    git(release, "add", "-A")
+    git(release, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v0.24.0")
+    git(release, "tag", "v0.24.0")
+    out, summary = tmp_path / "perf", tmp_path / "perf.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo", str(release),
+                           "--out", str(out), "--json", str(summary), "--variant", "perf", "--pause-us", "450",
+                           "--pause-kind", "busy"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    planted = json.loads(summary.read_text())[5]["sha"]
+    text = subprocess.run(["git", "-C", str(out), "show", f"{planted}:{SAMPLER}"], check=True, capture_output=True,
+                          text=True).stdout
+    assert "time.sleep" not in text
+    assert "        until = time.perf_counter() + 0.00045\n        while time.perf_counter() < until:\n" in text
+    compile(text, SAMPLER, "exec")

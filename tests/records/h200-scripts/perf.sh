@@ -6,6 +6,9 @@
 # time to first token inside each engine start; `steps` prints each repeat's method, median step and its IQR;
 # `bisector run --metric decode_tok_s --higher-is-better` must name p5.
 #
+# PAUSE_KIND=busy plants the pause as CPU work; METRIC=cpu_ms_per_step DIRECTION=--lower-is-better hunts the CPU
+# time per step instead of wall-time throughput (round 6: the VM's wall time drifted ±25 % between engine starts).
+#
 # Phases, one device call each (a call is capped at 10 minutes; the machine must stay warm between them):
 #   bash perf.sh prepare   install vLLM 0.24.0 (prepare.sh), measure v0.24.0, build the history, measure p5
 #   bash perf.sh hunt [S]  the hunt, stopped at S seconds (540); call it again to resume: every stored sample is kept
@@ -47,7 +50,7 @@ prepare)
   echo "v0.24.0 decode $TOK_S tok/s, ttft $(median $OUT/perf-base.json ttft_ms) ms: planted pause ${PAUSE} us"
   rm -rf /tmp/perf-history
   python3 $SRC/bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/perf-history --variant perf \
-    --pause-us $PAUSE --json $OUT/perf-history.json || exit 1
+    --pause-us $PAUSE --pause-kind ${PAUSE_KIND:-sleep} --json $OUT/perf-history.json || exit 1
   W=/tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl
   for sha in $(python3 -c "import json; [print(c['sha']) for c in json.load(open('$OUT/perf-history.json'))]"); do
     mkdir -p /tmp/wheels/$sha && ln -sf $W /tmp/wheels/$sha/
@@ -62,7 +65,7 @@ prepare)
 hunt)
   t=$(date +%s)
   timeout ${2:-540} $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
-    "${GPU[@]}" "${BUILD[@]}" --gpus 0 --metric decode_tok_s --higher-is-better --min-change 2 --max-samples 12 \
+    "${GPU[@]}" "${BUILD[@]}" --gpus 0 --metric ${METRIC:-decode_tok_s} ${DIRECTION:---higher-is-better} --min-change 2 --max-samples 12 \
     --state-dir /tmp/pstate --json $OUT/perf-hunt.json --markdown $OUT/perf-hunt.md >> $OUT/perf-hunt.out 2>&1
   echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at ${2:-540} s; run this phase again to resume)"
   tail -25 $OUT/perf-hunt.out
