@@ -6,7 +6,8 @@ container flags. A commit without an image is skipped (`--image-fallback build`:
 On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
 its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
 what is there. In a level inside AITER (`run --follow-pins`, WorldSettings.for_level) the repository bisected
-is AITER itself and each step installs its own commit that way, the scenario holding vLLM; with `--image` the
+is AITER itself and each step installs its own commit that way, the scenario holding vLLM (on bare metal the held
+commit's tree with the first level's stored build, when there is one: `held_build`); with `--image` the
 AITER commit is built and installed inside a container of the held vLLM commit's image, committed as an image of
 the tool's own (one per AITER commit + image digest + arch, pruned with the images it pulled). Settings are
 opened per run (`WorldSettings.open`); the opened World also says what a step

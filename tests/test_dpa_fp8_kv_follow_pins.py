@@ -521,6 +521,8 @@ def test_the_second_level_runs_the_held_commit_with_the_build_the_first_level_st
                                               "said": f"native {native[:12]} built before (stand-in), 1 files reused"}
         assert step.verdict == ("bad" if step.sha in (a[3], a[4]) else "good"), (step.sha, step.reason)
     assert (tree / "vllm" / "_C.py").read_text() == f"NATIVE = {native!r}\n"
+    stored = tmp_path / "state" / "artifacts" / native / "vllm" / "_C.py"  # linked, not a second copy of the build
+    assert (tree / "vllm" / "_C.py").stat().st_ino == stored.stat().st_ino
     assert (tree / "vllm" / "engine" / "capture.py").is_file() and (tree / "docker" / "Dockerfile.rocm_base").is_file()
     assert not (tree / "csrc").exists()  # the held package and its pins, not the whole tree
 

@@ -239,7 +239,7 @@ class Builder:
             archive = self.repo.git.archive("--format=tar", sha, "--", *present, stdout_as_string=False)
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
                 tar.extractall(partial, filter="data")
-        self.cache.restore(native, partial)
+        self.cache.restore(native, partial, link=True)
 
     def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:
         """decision as it may run in environment. In --python itself (the shared environment, none of the

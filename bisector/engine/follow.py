@@ -280,7 +280,10 @@ def _held_build(cfg: RunConfig, repo: GitRepo, held: Scenario, commit: str) -> H
     if not held.aiter_sensitive or cfg.world.image is not None:
         return None
     assert cfg.state_dir is not None
-    builder = open_builder(cfg, repo, cfg.state_dir)
+    try:
+        builder = open_builder(cfg, repo, cfg.state_dir)
+    except BisectorError as exc:
+        return HeldBuild(commit, None, None, f"held build not found: {exc.message()}: the held commit's sources alone")
     if isinstance(builder, (Builder, NoBuild)):
         return builder.held_tree(commit, cfg.state_dir / "held")
     return HeldBuild(commit, None, None, f"held build not found: build {builder.name} keeps no artifacts: the "
