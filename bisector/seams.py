@@ -72,6 +72,7 @@ class StepContext:
     python: str = "python3"
     cancel: threading.Event | None = None  # set when the step's result is no longer wanted
     container: ContainerLauncher | None = None  # --image: every process of the step runs through it
+    held_tree: Path | None = None  # a level inside a dependency: the held commit's tree with its build (the world's)
 
 
 @runtime_checkable

@@ -6,7 +6,8 @@ container flags. A commit without an image is skipped (`--image-fallback build`:
 On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
 its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
 what is there. In a level inside AITER (`run --follow-pins`, WorldSettings.for_level) the repository bisected
-is AITER itself and each step installs its own commit that way, the scenario holding vLLM; with `--image` the
+is AITER itself and each step installs its own commit that way, the scenario holding vLLM (on bare metal the held
+commit's tree with the first level's stored build, when there is one: `held_build`); with `--image` the
 AITER commit is built and installed inside a container of the held vLLM commit's image, committed as an image of
 the tool's own (one per AITER commit + image digest + arch, pruned with the images it pulled). Settings are
 opened per run (`WorldSettings.open`); the opened World also says what a step
@@ -69,6 +70,7 @@ from bisector.probe_env import run_probe
 from bisector.process import run_process
 
 if TYPE_CHECKING:
+    from bisector.builds.base import HeldBuild
     from bisector.refs import GitRepo
     from bisector.seams import Scenario
 
@@ -96,6 +98,7 @@ class WorldSettings:
     aiter_settings: AiterSettings = field(default_factory=AiterSettings)
     aiter_at_step: bool = False  # a level inside AITER: each step installs the AITER commit it checks out
     held_commit: str | None = None  # that level's held vLLM commit (with --image: the image AITER is layered over)
+    held_build: HeldBuild | None = None  # on bare metal: that commit's tree with the first level's build, or why not
 
     @property
     def settings(self) -> "WorldSettings":
@@ -103,10 +106,13 @@ class WorldSettings:
 
     @property
     def key_parts(self) -> dict:
-        """What the verdict cache key adds: the image template; the AITER mode when it is not `any`."""
+        """What the verdict cache key adds: the image template; the AITER mode when it is not `any`; the native
+        hash of the held commit's build a level's steps run (none: its sources alone)."""
         parts: dict = {}
         if self.image:
             parts["image"] = self.image.template
+        if self.held_build is not None and self.held_build.native:
+            parts["held_build"] = self.held_build.native
         if self.aiter != "any":
             parts["aiter"] = self.aiter + ("+prebuild" if self.aiter == "pinned" and self.aiter_settings.prebuild
                                            else "")
@@ -201,16 +207,18 @@ class WorldSettings:
     def open(self, repo: GitRepo, state_dir: Path) -> "World":
         return World(self, repo, Path(state_dir))
 
-    def for_level(self, held: Scenario, held_commit: str) -> "WorldSettings":
+    def for_level(self, held: Scenario, held_commit: str, held_build: HeldBuild | None = None) -> "WorldSettings":
         """The world of a level inside AITER judged by held, vLLM held at held_commit: a scenario whose verdict
         depends on AITER gets each step's AITER commit installed as `--aiter pinned` installs a pin (same arch,
-        cache and prebuild; from the level's repository), with --image inside held_commit's image; any other
+        cache and prebuild; from the level's repository) and, on bare metal, held_build (the held commit's tree
+        with the first level's build, or why none) handed to each step; with --image inside held_commit's image
+        (which holds its build); any other
         scenario (one that reads the checkout's AITER source itself) the plain world: an AITER commit has no
         image and pins no AITER to install, so the first level's --image or --aiter would skip every step."""
         if not held.aiter_sensitive:
             return WorldSettings()
         return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True,
-                             held_commit)
+                             held_commit, held_build if self.image is None else None)
 
 
 @dataclass
@@ -228,6 +236,7 @@ class Place:
     summary: str = ""  # added to the step's build line
     details: dict = field(default_factory=dict)  # what a human reads of it (the step's details)
     image_digest: str | None = None  # the --image the step runs in: part of its verdict cache key
+    held_tree: Path | None = None  # a level inside AITER: the held commit's tree with its build (StepContext)
 
 
 @dataclass(frozen=True)
@@ -407,11 +416,19 @@ class World:
                 yield place
         elif self.settings.aiter == "pinned":
             with self._pinned(step, environment, python) as place:
-                yield place
+                yield self._holding(place)
         elif self.settings.aiter == "installed":
             yield self._installed(step.worktree, environment, python)
         else:
             yield Place(True)
+
+    def _holding(self, place: Place) -> Place:
+        """place with the held commit's build a level inside AITER hands its steps (said in the step's details,
+        found or not; not found: the scenario runs the held commit's sources alone)."""
+        held = self.settings.held_build
+        if held is None:
+            return place
+        return dataclasses.replace(place, held_tree=held.path, details={**place.details, "held_build": held.details})
 
     def _installed(self, worktree: Path, environment: Environment, python: str) -> Place:
         """The environment's AITER must be the commit's pin (on a ROCm torch; elsewhere AITER is not used)."""

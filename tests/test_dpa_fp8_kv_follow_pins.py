@@ -21,8 +21,11 @@ from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
 from fake_docker import FakeDocker, image_key
 from test_dpa_fp8_kv_scenario import FAKE_TORCH, FAKE_VLLM
 
-from bisector import report
+from bisector import builds, report
 from bisector.aiter import AiterSettings
+from bisector.builds import BuildSettings, parse_size
+from bisector.builds.artifacts import ArtifactCache
+from bisector.builds.base import COMPILE_COST, BuildResult, Decision, keep_outputs
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
@@ -63,9 +66,17 @@ ENGINE = '''
 '''.format(fault=ROCM_SELECTED + "\n" + FAULT)
 
 
-def fake_vllm(self_fault: bool) -> dict[str, str]:
+# A vLLM with a compiled part: its engine imports vllm/_C, which no commit holds and only its build writes.
+NATIVE = {"setup.py": "from setuptools import setup\nsetup(name='vllm')\n", "csrc/ops.c": "/* vLLM's kernels */\n"}
+
+
+def fake_vllm(self_fault: bool, native: bool = False) -> dict[str, str]:
     files = {name: textwrap.dedent(text) for name, text in FAKE_VLLM.items()}
-    files["vllm/engine/capture.py"] = textwrap.dedent(ENGINE)
+    files["vllm/engine/capture.py"] = textwrap.dedent(ENGINE).replace(
+        "import aiter\n", "import aiter\n    from vllm import _C  # the compiled part: the build's\n" if native
+        else "import aiter\n")
+    if native:
+        files |= NATIVE
     files["vllm/__init__.py"] = files["vllm/__init__.py"].replace(
         'print("INFO Using AITER MLA backend.", flush=True)',
         f'print("INFO Using AITER MLA backend.", flush=True)\n'
@@ -103,15 +114,16 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "vllm-record.json"))
 
-    def vllm_history(broken_at_bump: bool, pinned_repo: str | None = None) -> list[str]:
-        """vLLM v0..v3 pinning AITER in pinned_repo (default: the local AITER repository)."""
+    def vllm_history(broken_at_bump: bool, pinned_repo: str | None = None, native: bool = False) -> list[str]:
+        """vLLM v0..v3 pinning AITER in pinned_repo (default: the local AITER repository); native: with a compiled
+        part (setup.py, csrc/) its engine imports, which only a build writes (StandInBuild)."""
         vllm = make_repo("vllm")
         shas = []
         for i in range(4):
             pin, source = "v0.1.12" if i < 2 else "v0.1.13", pinned_repo or aiter.path
             shas.append(vllm.commit(f"vLLM change {i}", {
                 "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{pin}"\nARG AITER_REPO="{source}"\n',
-                **fake_vllm(broken_at_bump and i >= 2), "n": f"{i}\n"}))
+                **fake_vllm(broken_at_bump and i >= 2, native), "n": f"{i}\n"}))
         return [vllm.path, *shas]
 
     vllm_history.aiter_path = aiter.path  # type: ignore[attr-defined]
@@ -165,6 +177,10 @@ def test_the_second_level_installs_each_aiter_commit_under_the_held_vllm(world, 
         assert step.details["held_vllm"] == {"repo": str(repo), "ref": v[2], "pins_aiter": "v0.1.13",
                                              "aiter_installed": "0.1.13" if step.sha == a[4] else "0.1.12"}
         assert step.details["attention_backend"] == "ROCM_AITER_MLA"
+        assert step.details["held_build"] == {  # the first level built nothing: the held commit's sources, as said
+            "commit": v[2], "found": False, "native": None,
+            "said": "held build not found: the first level built nothing (--build none): the held commit's sources "
+                    "alone"}
         assert step.verdict == ("bad" if step.sha in (a[3], a[4]) else "good"), (step.sha, step.reason)
     bad = next(step for step in inside.steps if step.sha == a[4])
     assert "Memory access fault by GPU" in bad.reason or "SIGABRT" in bad.reason, bad.reason
@@ -455,3 +471,87 @@ def test_aiter_repo_without_a_level_that_uses_it_is_still_refused(world, tmp_pat
               "--aiter-repo", str(vllm_history.aiter_path), "--state-dir", str(tmp_path / "state"))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("bisector: error: --aiter-repo needs --aiter pinned")
+
+
+class StandInBuild:
+    """A build strategy defined here: "compiles" a vLLM commit by writing vllm/_C.py (its compiled part, which
+    no commit holds), kept in the artifact cache by native hash as vLLM's source build keeps its .so files."""
+
+    name = "stand-in"
+    cost = COMPILE_COST / 2  # cheaper than the source build, dearer than reusing stored artifacts
+
+    def __init__(self, context):
+        self.cache = context.cache
+
+    def can_serve(self, target):
+        return Decision(self.name, f"compiled {target.short}", target.native)
+
+    def prepare(self, target, decision, log_dir):
+        (target.worktree / "vllm" / "_C.py").write_text(f"NATIVE = {target.native!r}\n")
+        return keep_outputs(self.cache, target, BuildResult(self.name, True, decision.reason, None, target.env))
+
+
+def built_hunt(vllm: list, tmp_path: Path):
+    """hunt, the first level building each vLLM commit (--build auto: the stand-in build, then reuse)."""
+    repo, *v = vllm
+    return run_bisection(RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(NAME, {"max_num_seqs": "4"}),
+                                   state_dir=tmp_path / "state", follow_pins=True, world=WorldSettings(aiter="pinned"),
+                                   builder=BuildSettings("auto", sys.executable)))
+
+
+def test_the_second_level_runs_the_held_commit_with_the_build_the_first_level_stored(world, tmp_path, monkeypatch):
+    """vLLM with a compiled part: the first level builds its commits (one native hash: built once, then reused);
+    the level inside AITER runs the held commit's tree with that build restored from the artifact cache, so the
+    held vLLM imports its compiled part and the level finds the AITER commit."""
+    monkeypatch.setitem(builds.REGISTRY, StandInBuild.name, StandInBuild)
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False, native=True)
+    result = built_hunt([repo, *v], tmp_path)
+    assert result.culprit.sha == v[2], [(s.sha[:8], s.verdict, s.reason) for s in result.steps]
+    built = [step.build for step in result.steps]
+    assert [b.split(":")[0] for b in built].count("stand-in") == 1 and any("1 files reused" in b for b in built)
+    [inside] = result.levels
+    assert inside.culprit is not None, [(s.sha[:8], s.verdict, s.reason, s.details.get("held_build"))
+                                        for s in inside.steps]
+    assert inside.culprit.sha == a[3]
+    [native] = [p.name for p in (tmp_path / "state" / "artifacts").iterdir()]
+    tree = tmp_path / "state" / "held" / f"{v[2]}-{native[:16]}"
+    for step in inside.steps:  # each step: the held commit's tree with its compiled part, said in its details
+        assert step.details["held_build"] == {"commit": v[2], "found": True, "native": native,
+                                              "said": f"native {native[:12]} built before (stand-in), 1 files reused"}
+        assert step.verdict == ("bad" if step.sha in (a[3], a[4]) else "good"), (step.sha, step.reason)
+    assert (tree / "vllm" / "_C.py").read_text() == f"NATIVE = {native!r}\n"
+    stored = tmp_path / "state" / "artifacts" / native / "vllm" / "_C.py"  # linked, not a second copy of the build
+    assert (tree / "vllm" / "_C.py").stat().st_ino == stored.stat().st_ino
+    assert (tree / "vllm" / "engine" / "capture.py").is_file() and (tree / "docker" / "Dockerfile.rocm_base").is_file()
+    assert not (tree / "csrc").exists()  # the held package and its pins, not the whole tree
+
+
+def test_a_held_commit_without_a_stored_build_says_so_and_runs_its_sources(world, tmp_path, monkeypatch):
+    """The held commit's build evicted from the artifact cache: each level step says the held build was not found
+    and runs the held commit's sources alone, as before (this vLLM cannot import its compiled part there); the
+    level is asked again (its verdict cache key says which held build), not served the verdicts it had with it."""
+    monkeypatch.setitem(builds.REGISTRY, StandInBuild.name, StandInBuild)
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False, native=True)
+    first = built_hunt([repo, *v], tmp_path)
+    assert first.levels[0].culprit.sha == a[3]
+    state = tmp_path / "state"
+    [native] = [p.name for p in (state / "artifacts").iterdir()]
+    other = tmp_path / "other"  # another build stored past a 1-byte --cache-size evicts the held commit's
+    (other / "vllm").mkdir(parents=True)
+    (other / "vllm" / "_C.py").write_text("NATIVE = 'other'\n")
+    ArtifactCache(state, parse_size("1")).save("o" * 64, other, ["vllm/_C.py"], "stand-in", None)
+    assert [p.name for p in (state / "artifacts").iterdir()] == ["o" * 64]
+
+    again = built_hunt([repo, *v], tmp_path)
+    assert again.culprit.sha == v[2] and again.executions == 0  # the first level's verdicts from the cache
+    [inside] = again.levels
+    assert inside.steps and not any(step.cached for step in inside.steps)
+    for step in inside.steps:
+        assert step.details["held_build"] == {
+            "commit": v[2], "found": False, "native": None,
+            "said": f"held build not found: native {native[:12]} of {v[2][:12]} never stored here: not built, built "
+                    f"by a strategy that keeps no artifacts, or evicted past --cache-size: its sources alone"}
+        assert "cannot import name '_C' from 'vllm'" in Path(step.log).read_text(), step.reason
+    assert inside.culprit is None and inside.stopped

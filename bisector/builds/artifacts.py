@@ -32,14 +32,18 @@ class ArtifactCache:
         with self.lock:
             return self.records.get(native)
 
-    def restore(self, native: str, worktree: Path) -> list[str]:
-        """Copy the stored outputs into the worktree (a native hash stored ok); marks them used."""
+    def restore(self, native: str, worktree: Path, link: bool = False) -> list[str]:
+        """Copy the stored outputs into the worktree (a native hash stored ok); marks them used. link: hard links
+        where the file system allows (for a tree nothing builds in: no second copy of the build on disk)."""
         with self.lock:
             record = self.records[native]
         for rel in record.files:
             target = worktree / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(Path(record.artifact_dir) / rel, target)
+            stored = Path(record.artifact_dir) / rel
+            if link and _linked(stored, target):
+                continue
+            shutil.copy2(stored, target)
         now = time.time()
         with self.lock, self._store() as store:
             store.touch_build(native, now)
@@ -84,3 +88,12 @@ class ArtifactCache:
 
         evict([r for r in self.records.values() if r.status == "ok"], self.cap, remove,
               used=lambda r: r.last_used, size=lambda r: r.size)
+
+
+def _linked(stored: Path, target: Path) -> bool:
+    """Whether target is now a hard link to stored (False: another file system, or links not allowed)."""
+    try:
+        os.link(stored, target)
+    except OSError:
+        return False
+    return True

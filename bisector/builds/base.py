@@ -57,6 +57,23 @@ class BuildResult:
 
 
 @dataclass(frozen=True)
+class HeldBuild:
+    """A commit held while a level bisects a dependency (run --follow-pins), as the first level's build left it:
+    its tree (the vllm/ package and docker/Dockerfile.rocm_base) with the stored build restored beside it, or
+    why there is none (path None: the held commit runs from its sources alone)."""
+
+    commit: str
+    path: Path | None  # the held tree with its build, made once under <state dir>/held/
+    native: str | None  # the native hash of the build restored (part of the level's verdict cache key)
+    said: str  # in words: the build restored, or why none was found
+
+    @property
+    def details(self) -> dict:
+        """What a level step's details say of it (`"held_build"`)."""
+        return {"commit": self.commit, "found": self.path is not None, "native": self.native, "said": self.said}
+
+
+@dataclass(frozen=True)
 class Target:
     """The commit a strategy is asked to serve, and the worktree it would build in."""
 

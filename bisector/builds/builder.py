@@ -3,6 +3,10 @@ over the artifact cache of one state dir; NoBuild when the tree runs as checked 
 from __future__ import annotations
 
 import dataclasses
+import io
+import os
+import shutil
+import tarfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
@@ -17,6 +21,7 @@ from bisector.builds.base import (
     BuildResult,
     BuildStrategy,
     Decision,
+    HeldBuild,
     Target,
     remove_outputs,
 )
@@ -31,6 +36,8 @@ if TYPE_CHECKING:
 # Worse than any compile: the commit cannot be built (it failed before, or the chosen strategy cannot serve).
 KNOWN_FAILURE_COST = 2.0
 FAILED_BEFORE = "failed-before"
+# What a held commit's tree holds besides its build: what the held scenario reads of vLLM (its package, its pins).
+HELD_PATHS = ("vllm", "docker/Dockerfile.rocm_base")
 
 
 def installs_packages(argv: tuple[str, ...]) -> bool:
@@ -64,6 +71,10 @@ class NoBuild:
     def prepare(self, worktree: Path, sha: str, log_dir: Path,
                 environment: Environment | None = None) -> BuildResult:
         return BuildResult("none", True, "no build")
+
+    def held_tree(self, sha: str, root: Path) -> HeldBuild:
+        return HeldBuild(sha, None, None, "held build not found: the first level built nothing (--build none): "
+                                          "the held commit's sources alone")
 
 
 class Builder:
@@ -187,6 +198,48 @@ class Builder:
                 return failed[0]
             ran = next((f for f in failed if f.log_path), failed[-1])  # the log the step names
             return BuildResult(self.name, False, "; ".join(tried(f) for f in failed), ran.log_path)
+
+    def held_tree(self, sha: str, root: Path) -> HeldBuild:
+        """sha held while a level bisects a dependency: its tree (HELD_PATHS) exported under root with the build
+        the first level's steps reused restored beside it (by native hash, as `reuse` restores it), made once per
+        commit and native hash; or why there is none (nothing stored, a failed build, no setup.py)."""
+        target = self.target(sha)
+        if "setup.py" not in target.trees:
+            return HeldBuild(sha, None, None, "held build not found: no setup.py at the held commit (nothing to "
+                                              "build): its sources alone")
+        record = self.cache.get(target.native)
+        if record is None or record.status != "ok":
+            why = (f"it failed to build before ({record.strategy})" if record else
+                   "never stored here: not built, built by a strategy that keeps no artifacts, or evicted past "
+                   "--cache-size")
+            return HeldBuild(sha, None, None, f"held build not found: native {target.short} of {sha[:12]} {why}: "
+                                              f"its sources alone")
+        dest = root / f"{sha}-{target.native[:16]}"
+        if not dest.is_dir():
+            partial = root / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
+            try:
+                self._export_held(sha, target.native, partial)
+            except (git.GitCommandError, OSError, tarfile.TarError) as exc:
+                shutil.rmtree(partial, ignore_errors=True)
+                return HeldBuild(sha, None, None, f"held build not restored: native {target.short} of {sha[:12]}: "
+                                                  f"{exc}: its sources alone")
+            try:
+                partial.rename(dest)
+            except OSError:  # another level made it first: keep theirs
+                shutil.rmtree(partial, ignore_errors=True)
+        return HeldBuild(sha, dest, target.native, f"native {target.short} built before ({record.strategy}), "
+                                                   f"{len(record.files)} files reused")
+
+    def _export_held(self, sha: str, native: str, partial: Path) -> None:
+        """sha's HELD_PATHS exported into partial (made here), the stored build of native restored over them."""
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        present = list(self.repo.tree_ids(sha, HELD_PATHS))
+        if present:
+            archive = self.repo.git.archive("--format=tar", sha, "--", *present, stdout_as_string=False)
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(partial, filter="data")
+        self.cache.restore(native, partial, link=True)
 
     def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:
         """decision as it may run in environment. In --python itself (the shared environment, none of the

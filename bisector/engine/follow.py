@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bisector.builds.builder import NoBuild
+from bisector.builds.base import HeldBuild
+from bisector.builds.builder import Builder, NoBuild
 from bisector.engine.config import RunConfig
+from bisector.engine.state import open_builder
 from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
 from bisector.perf import PerfSettings
@@ -244,6 +246,7 @@ def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, ha
     except (DependencyUnavailable, GitError) as exc:
         return [], [f"no second level: {exc}"]
     held = follow.hold(str(repo.root), held_commit)
+    held_build = _held_build(cfg, repo, held, held_commit)
     label = repo.git.describe("--tags", "--always", held_commit)
     levels: list[BisectResult] = []
     old_ref, new_ref, tags_allowed = change.old, change.new, True
@@ -259,7 +262,7 @@ def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, ha
                          tags=tuple((ref, dependency.resolve(ref)) for ref in plan.chain))
         handler.level(level.said())
         try:
-            result = bisect(_level_config(cfg, dependency, held, plan, level, cfg.state_dir), handler)
+            result = bisect(_level_config(cfg, dependency, held, plan, level, held_build), handler)
         except BisectorError as exc:
             return levels, [f"level {level.number} inside {name} failed: {exc.message()}"]
         levels.append(result)
@@ -270,15 +273,33 @@ def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, ha
         parent, old_ref, new_ref, tags_allowed = result.run_id, level.tags[at - 1][0], level.tags[at][0], False
 
 
+def _held_build(cfg: RunConfig, repo: GitRepo, held: Scenario, commit: str) -> HeldBuild | None:
+    """The held commit's tree with the build the first level's steps used (restored from the artifact cache by
+    its native hash), or why there is none, for a level whose steps run the held commit on bare metal (a held
+    scenario whose verdict depends on AITER); None for any other level, and with --image (the image holds it)."""
+    if not held.aiter_sensitive or cfg.world.image is not None:
+        return None
+    assert cfg.state_dir is not None
+    try:
+        builder = open_builder(cfg, repo, cfg.state_dir)
+    except BisectorError as exc:
+        return HeldBuild(commit, None, None, f"held build not found: {exc.message()}: the held commit's sources alone")
+    if isinstance(builder, (Builder, NoBuild)):
+        return builder.held_tree(commit, cfg.state_dir / "held")
+    return HeldBuild(commit, None, None, f"held build not found: build {builder.name} keeps no artifacts: the "
+                                         f"held commit's sources alone")
+
+
 def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: LevelPlan, level: PinLevel,
-                  state_dir: Path) -> RunConfig:
+                  held_build: HeldBuild | None) -> RunConfig:
     """The first level's settings for a level inside the dependency: its repository and ends, the held
     scenario, no build (the scenario installs what it needs), the world for_level (AITER per commit where the
-    held scenario's verdict depends on it), verified ends, the same record."""
+    held scenario's verdict depends on it, with the held commit's build: held_build), verified ends, the same
+    record (cfg.state_dir)."""
     olds, new = (plan.olds[0] if len(plan.olds) == 1 else plan.olds), plan.new
     good, bad = (new, olds) if cfg.find_fix else (olds, new)
     return dataclasses.replace(
-        cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), state_dir=state_dir,
-        verify_endpoints=True, executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None,
-        envs=EnvSettings(python=cfg.python), world=cfg.world.for_level(held, level.held_commit), follow_pins=False,
-        level=level, chain=plan.chain)
+        cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), verify_endpoints=True,
+        executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None, envs=EnvSettings(python=cfg.python),
+        world=cfg.world.for_level(held, level.held_commit, held_build), follow_pins=False, level=level,
+        chain=plan.chain)

@@ -198,7 +198,7 @@ class Judge:
                                        env={**(place.slot_env if place.slot_env is not None else slot_env),
                                             **stands_on.env},
                                        python=place.python or stands_on.python or self.spec.python, cancel=cancel,
-                                       container=place.container)
+                                       container=place.container, held_tree=place.held_tree)
                 fresh = self._runs(sha, done, template, stands_on, place)
             if environment.key is None:
                 return fresh

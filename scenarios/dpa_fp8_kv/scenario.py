@@ -266,9 +266,12 @@ class DpaFp8KvScenario(BaseScenario):
 
     def _held(self, ctx: StepContext) -> StepContext | str:
         """The step as it runs: in a level inside AITER (vllm_ref given) the checkout is the AITER commit (the
-        world installed it), and vLLM is the held commit's sources; else ctx itself. A string: why not."""
+        world installed it), and vLLM is the held commit's tree with its build when the world hands one over
+        (ctx.held_tree), else its sources; else ctx itself. A string: why not."""
         if not self.options["vllm_ref"]:
             return ctx
+        if ctx.held_tree is not None:
+            return dataclasses.replace(ctx, checkout=ctx.held_tree)
         try:
             tree = held_vllm(self.options["vllm_repo"], self.options["vllm_ref"])
         except SourceUnavailable as exc:
