@@ -20,6 +20,7 @@ import posixpath
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ class EnvSettings:
     """What the user asked for (--env, --python, --env-cache-size); `open` binds it to a state dir."""
 
     mode: str = "shared"
-    python: str = "python3"
+    python: str = sys.executable  # as the CLI's --python: this interpreter
     cache_size: int = DEFAULT_ENV_CACHE_SIZE
 
     def open(self, state_dir: Path) -> "SharedEnv | EnvStore":
