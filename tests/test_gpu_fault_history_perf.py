@@ -16,13 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLER = "vllm/v1/sample/sampler.py"
 
 
-def test_the_perf_variant_pauses_the_sampler_at_p5_only(tmp_path, git, vllm_sources):
+@pytest.fixture
+def release(tmp_path, git, vllm_sources) -> Path:
+    """A one-commit release repo of real vLLM 0.24.0 source, tagged v0.24.0."""
     release = tmp_path / "release"
     subprocess.run(["cp", "-r", str(vllm_sources("0.24.0")), str(release)], check=True)
     git(release, "init", "-q", "-b", "main")
     git(release, "add", "-A")
     git(release, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v0.24.0")
     git(release, "tag", "v0.24.0")
+    return release
+
+
+def test_the_perf_variant_pauses_the_sampler_at_p5_only(tmp_path, git, release):
     out, summary = tmp_path / "perf", tmp_path / "perf.json"
     done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo", str(release),
                            "--out", str(out), "--json", str(summary), "--variant", "perf", "--pause-us", "450"],
@@ -44,13 +50,7 @@ def test_the_perf_variant_pauses_the_sampler_at_p5_only(tmp_path, git, vllm_sour
     assert SAMPLER in changed and all(path.startswith("vllm/") and path.endswith(".py") for path in changed)
 
 
-def test_the_busy_pause_spins_on_the_cpu_instead_of_sleeping(tmp_path, git, vllm_sources):
-    release = tmp_path / "release"
-    subprocess.run(["cp", "-r", str(vllm_sources("0.24.0")), str(release)], check=True)
-    git(release, "init", "-q", "-b", "main")
-    git(release, "add", "-A")
-    git(release, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v0.24.0")
-    git(release, "tag", "v0.24.0")
+def test_the_busy_pause_spins_on_the_cpu_instead_of_sleeping(tmp_path, release):
     out, summary = tmp_path / "perf", tmp_path / "perf.json"
     done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo", str(release),
                            "--out", str(out), "--json", str(summary), "--variant", "perf", "--pause-us", "450",
