@@ -2,6 +2,7 @@
 over the artifact cache of one state dir; NoBuild when the tree runs as checked out."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -27,6 +28,7 @@ from bisector.builds.base import (
 )
 from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
 from bisector.builds.version import release_version
+from bisector.cachedir import EXCLUSIVE, SHARED, evict, lock_file, locked, take
 from bisector.envs import Environment
 
 if TYPE_CHECKING:
@@ -75,6 +77,39 @@ class NoBuild:
     def held_tree(self, sha: str, root: Path) -> HeldBuild:
         return HeldBuild(sha, None, None, "held build not found: the first level built nothing (--build none): "
                                           "the held commit's sources alone")
+
+
+HELD_KEPT = 4  # held trees kept under <state dir>/held: the least recently used beyond it removed, one in use never
+
+
+@contextlib.contextmanager
+def holding(held: HeldBuild | None) -> Iterator[None]:
+    """While a level runs on held's tree: a shared lock beside it, so pruning leaves it alone, and the held
+    trees past HELD_KEPT, least recently used first, removed (those other levels hold are kept)."""
+    if held is None or held.path is None:
+        yield
+        return
+    tree = held.path
+    with lock_file(tree.parent / f".{tree.name}.lock") as handle:
+        take(handle, SHARED)
+        os.utime(tree)  # used now
+        _prune_held(tree.parent, HELD_KEPT)
+        yield
+
+
+def _prune_held(root: Path, kept: int) -> list[Path]:
+    """Remove held trees under root beyond kept, least recently used first, skipping any a level holds; the
+    removed. Their files are hard links into the artifact cache: removing a tree frees what the cache evicted."""
+    trees = [path for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")]
+
+    def remove(tree: Path) -> bool:
+        with locked(root / f".{tree.name}.lock", EXCLUSIVE, wait=False) as lock:
+            if lock is None:  # a level runs on it
+                return False
+            shutil.rmtree(tree, ignore_errors=True)
+            return True
+
+    return evict(trees, kept, remove, used=lambda tree: tree.stat().st_mtime)
 
 
 class Builder:

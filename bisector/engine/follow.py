@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bisector.builds.base import HeldBuild
-from bisector.builds.builder import Builder, NoBuild
+from bisector.builds.builder import Builder, NoBuild, holding
 from bisector.engine.config import RunConfig
 from bisector.engine.state import open_builder
 from bisector.envs import EnvSettings
@@ -248,29 +248,31 @@ def _levels(cfg: RunConfig, change: PinChange, held_commit: str, parent: int, ha
     held = follow.hold(str(repo.root), held_commit)
     held_build = _held_build(cfg, repo, held, held_commit)
     label = repo.git.describe("--tags", "--always", held_commit)
-    levels: list[BisectResult] = []
-    old_ref, new_ref, tags_allowed = change.old, change.new, True
-    while True:
-        try:
-            plan = plan_level(dependency, old_ref, new_ref, tags_allowed, single_old=cfg.flaky or cfg.perf is not None)
-        except NoLevel as why:
-            return levels, [f"{'no second level' if not levels else 'the levels end here'}: {why}"]
-        level = PinLevel(number=len(levels) + 2, parent_run=parent, dependency=change.name,
-                         repo=str(dependency.root), held_repo=str(repo.root), held_commit=held_commit,
-                         held_label=label, old_ref=old_ref, new_ref=new_ref, how=plan.how,
-                         equivalent=plan.equivalent, matched_by=plan.matched_by,
-                         tags=tuple((ref, dependency.resolve(ref)) for ref in plan.chain))
-        handler.level(level.said())
-        try:
-            result = bisect(_level_config(cfg, dependency, held, plan, level, held_build), handler)
-        except BisectorError as exc:
-            return levels, [f"level {level.number} inside {name} failed: {exc.message()}"]
-        levels.append(result)
-        if result.culprit is None or plan.how != "release tags":  # inconclusive, or stopped
-            return levels, []
-        chain = [sha for _, sha in level.tags]
-        at = chain.index(result.culprit.sha)
-        parent, old_ref, new_ref, tags_allowed = result.run_id, level.tags[at - 1][0], level.tags[at][0], False
+    with holding(held_build):  # no other run prunes the held tree while these levels run on it
+        levels: list[BisectResult] = []
+        old_ref, new_ref, tags_allowed = change.old, change.new, True
+        while True:
+            try:
+                plan = plan_level(dependency, old_ref, new_ref, tags_allowed,
+                                  single_old=cfg.flaky or cfg.perf is not None)
+            except NoLevel as why:
+                return levels, [f"{'no second level' if not levels else 'the levels end here'}: {why}"]
+            level = PinLevel(number=len(levels) + 2, parent_run=parent, dependency=change.name,
+                             repo=str(dependency.root), held_repo=str(repo.root), held_commit=held_commit,
+                             held_label=label, old_ref=old_ref, new_ref=new_ref, how=plan.how,
+                             equivalent=plan.equivalent, matched_by=plan.matched_by,
+                             tags=tuple((ref, dependency.resolve(ref)) for ref in plan.chain))
+            handler.level(level.said())
+            try:
+                result = bisect(_level_config(cfg, dependency, held, plan, level, held_build), handler)
+            except BisectorError as exc:
+                return levels, [f"level {level.number} inside {name} failed: {exc.message()}"]
+            levels.append(result)
+            if result.culprit is None or plan.how != "release tags":  # inconclusive, or stopped
+                return levels, []
+            chain = [sha for _, sha in level.tags]
+            at = chain.index(result.culprit.sha)
+            parent, old_ref, new_ref, tags_allowed = result.run_id, level.tags[at - 1][0], level.tags[at][0], False
 
 
 def _held_build(cfg: RunConfig, repo: GitRepo, held: Scenario, commit: str) -> HeldBuild | None:
