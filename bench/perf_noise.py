@@ -3,7 +3,9 @@ bisector's adaptive hunt (the real PerfPolicy over the real Bisection) against a
 
 Synthetic linear history of --commits commits; from a random culprit on, the metric (a throughput) is
 --slowdown lower. Each run's value is 1000 x (1 - slowdown if slow) x (1 + N(0, --noise)), and with
-probability --outliers it is halved (a 2x slow outlier: a busy machine). Seeded per hunt.
+probability --outliers it is halved (a 2x slow outlier: a busy machine); with probability --slow-phase the
+machine is in its slow phase for that run, --phase-factor slower (what the H200's VM did to the GPU scenario's
+CPU-bound decode in round 6: a 2.1 ms step or a ~3.2 ms one, about half the engine starts each). Seeded per hunt.
 
 - adaptive: `bisector run --metric M --higher-is-better` as it runs (PerfPolicy: endpoints first, Pinpoint's
   comparison, more samples only while a commit is undecided, skips at the cap, endpoint repeats interleaved);
@@ -18,6 +20,7 @@ A hunt is right when it names the culprit, wrong when it names another commit, a
 
     python bench/perf_noise.py [--seeds 50] [--noise 0.03] [--slowdown 0.08] [--outliers 0.05]
     python bench/perf_noise.py --goal --seeds 300      # every setting of the goal, and whether it is met
+    python bench/perf_noise.py --noise 0.01 --slowdown 0.06 --slow-phase 0.5 --phase-factor 1.5   # the H200's VM
 """
 from __future__ import annotations
 
@@ -40,17 +43,21 @@ from bisector.store import Execution  # noqa: E402
 class Bench:
     """One seeded history: the culprit's index and a sampler of runs."""
 
-    def __init__(self, seed: int, commits: int, noise: float, slowdown: float, outliers: float):
+    def __init__(self, seed: int, commits: int, noise: float, slowdown: float, outliers: float,
+                 slow_phase: float = 0.0, phase_factor: float = 1.5):
         self.rng = random.Random(seed)
         self.shas = [f"c{i:04d}" for i in range(commits)]
         self.culprit = self.rng.randrange(1, commits)
         self.noise, self.slowdown, self.outliers = noise, slowdown, outliers
+        self.slow_phase, self.phase_factor = slow_phase, phase_factor
         self.runs = 0
 
     def run(self, sha: str) -> float:
         self.runs += 1
         slow = self.shas.index(sha) >= self.culprit
         value = 1000 * (1 - self.slowdown if slow else 1) * (1 + self.rng.gauss(0, self.noise))
+        if self.rng.random() < self.slow_phase:  # the machine in its slow phase for this run (the H200's VM)
+            value /= self.phase_factor
         return value / 2 if self.rng.random() < self.outliers else value
 
 
@@ -122,11 +129,12 @@ def oracle(bench: Bench, error: float = 1e-4) -> str | None:
 GOAL_SETTINGS = ((0.03, 0.08, 0.0), (0.03, 0.08, 0.05), (0.03, 0.08, 0.10), (0.02, 0.05, 0.0))
 
 
-def tally(hunt, seeds: int, commits: int, noise: float, slowdown: float, outliers: float) -> dict:
+def tally(hunt, seeds: int, commits: int, noise: float, slowdown: float, outliers: float,
+          phases: tuple[float, float] = (0.0, 1.5)) -> dict:
     """right / wrong / skip counts and total runs of one strategy over seeds, and the seeds it was wrong on."""
     counts = {"right": 0, "wrong": 0, "skip": 0, "runs": 0, "wrong_seeds": []}
     for seed in range(seeds):
-        bench = Bench(seed, commits, noise, slowdown, outliers)
+        bench = Bench(seed, commits, noise, slowdown, outliers, *phases)
         found = hunt(bench)
         verdict = "skip" if found is None else "right" if found == bench.shas[bench.culprit] else "wrong"
         counts[verdict] += 1
@@ -145,25 +153,33 @@ def main() -> None:
     parser.add_argument("--outliers", type=float, default=0.0)
     parser.add_argument("--goal", action="store_true",
                         help="every setting of issue 35's goal (3 %%/8 %% with 0, 5 and 10 %% outliers; 2 %%/5 %%)")
+    parser.add_argument("--slow-phase", type=float, default=0.0,
+                        help="the chance that a run finds the machine in its slow phase (the H200's VM: ~0.5)")
+    parser.add_argument("--phase-factor", type=float, default=1.5,
+                        help="how much slower the slow phase is (the H200's VM: a 2.1 ms step became ~3.2 ms)")
     parser.add_argument("--max-samples", type=int, default=20)
     parser.add_argument("--fixed-repeat", type=int, default=10)
     args = parser.parse_args()
     settings = GOAL_SETTINGS if args.goal else ((args.noise, args.slowdown, args.outliers),)
+    phases = (0.0, args.phase_factor) if args.goal else (args.slow_phase, args.phase_factor)
     print(f"{args.seeds} seeds, {args.commits} commits; goal: the adaptive hunt in at most half of fixed "
-          f"x{args.fixed_repeat}'s runs, as many right answers, no wrong one")
+          f"x{args.fixed_repeat}'s runs, as many right answers, no wrong one" +
+          (f"; slow phase in {phases[0]:.0%} of runs, {phases[1]}x slower" if phases[0] else ""))
     print(f"{'noise, slowdown, outliers':<26} {'strategy':<10} {'right':>6} {'wrong':>6} {'skip':>5} "
           f"{'runs/hunt':>10} {'vs fixed':>9}  goal")
     for noise, slowdown, outliers in settings:
         label = f"{noise:.0%}, {slowdown:.0%}, {outliers:.0%}"
         fixed_counts = tally(lambda bench: fixed(bench, args.fixed_repeat), args.seeds, args.commits, noise,
-                             slowdown, outliers)
+                             slowdown, outliers, phases)
         ours = tally(lambda bench: adaptive(bench, args.max_samples), args.seeds, args.commits, noise, slowdown,
-                     outliers)
-        known = tally(oracle, args.seeds, args.commits, noise, slowdown, outliers)
+                     outliers, phases)
+        # the oracle's model has no slow phase: it is no reference there
+        known = tally(oracle, args.seeds, args.commits, noise, slowdown, outliers) if not phases[0] else None
         share = ours["runs"] / fixed_counts["runs"]
         missed = [why for why, failed in (("runs", share > 0.5), ("right", ours["right"] < fixed_counts["right"]),
                                           ("wrong", ours["wrong"] > 0)) if failed]
-        for name, counts in ((f"fixed x{args.fixed_repeat}", fixed_counts), ("adaptive", ours), ("oracle", known)):
+        for name, counts in ((f"fixed x{args.fixed_repeat}", fixed_counts), ("adaptive", ours),
+                             *((("oracle", known),) if known else ())):
             mark = "" if name != "adaptive" else "met" if not missed else "missed: " + ", ".join(missed)
             wrong = f" (seeds {', '.join(map(str, counts['wrong_seeds'][:5]))})" if counts["wrong"] and mark else ""
             print(f"{label:<26} {name:<10} {counts['right']:>6} {counts['wrong']:>6} {counts['skip']:>5} "
