@@ -20,7 +20,6 @@ import posixpath
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -208,7 +207,7 @@ class EnvSettings:
     """What the user asked for (--env, --python, --env-cache-size); `open` binds it to a state dir."""
 
     mode: str = "shared"
-    python: str = sys.executable  # as the CLI's --python: this interpreter
+    python: str = "python3"
     cache_size: int = DEFAULT_ENV_CACHE_SIZE
 
     def open(self, state_dir: Path) -> "SharedEnv | EnvStore":

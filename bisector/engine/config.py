@@ -1,7 +1,6 @@
 """What `bisector run` was asked: the settings one bisection runs with."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -31,7 +30,7 @@ class RunConfig:
     verify_endpoints: bool = True
     jobs: int = 1
     repeat: int = 1
-    python: str = sys.executable  # as the CLI's --python: this interpreter
+    python: str = "python3"
     executor: Executor | None = None  # default: LocalExecutor on `jobs` CPU slots
     builder: BuildConfig = field(default_factory=NoBuild)
     fix: str | None = None             # seed the search with the commits the fix's lines blame to
