@@ -125,13 +125,18 @@ def test_a_resumed_hunt_keeps_the_samples_of_the_killed_one(make_repo, tmp_path,
     shas = repo.linear(10, 6)
     argv = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0], "--bad",
             shas[-1], "--state-dir", str(tmp_path / "state"), "--metric", "tok_s", *bench(tmp_path, "--seed", "7")]
+    hold = tmp_path / "runs" / "hold-after"
+    hold.parent.mkdir()
+    hold.write_text("14\n")  # the first hunt is held in its 15th run (the ends' 12 and some of a probe's stored)
     killed = subprocess.Popen(argv, env={**os.environ, **git_env, "PYTHONPATH": str(ROOT)}, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: invocations(tmp_path, 0) >= 7 or killed.poll() is not None)
+        assert wait_for(lambda: (hold.parent / "held").exists() or killed.poll() is not None)
+        assert killed.poll() is None, "the hunt ended before its 15th run"
         os.killpg(killed.pid, signal.SIGKILL)
     finally:
         killed.wait()
+    hold.unlink()
     before = invocations(tmp_path, 0)
     with sqlite3.connect(tmp_path / "state" / "bisector.sqlite") as db:
         stored = db.execute("SELECT COUNT(*) FROM executions WHERE sha = ? AND json_extract(metrics, '$.tok_s')",

@@ -3,7 +3,8 @@
 Run in a checkout made by RepoBuilder.linear: its `state` file says good or bad; a bad commit is `--slower`
 (a fraction) slower. Each run prints `BISECTOR_METRIC tok_s=VALUE` (throughput) and `latency_ms=VALUE`;
 the value's noise is a pseudo-random draw from the seed, the commit's counter and the run's number (kept
-per commit under --runs-dir), so the same history, seed and run order give the same samples.
+per commit under --runs-dir), so the same history, seed and run order give the same samples. With
+RUNS_DIR/hold-after holding N the run after N runs (of any commit) creates RUNS_DIR/held and waits.
 """
 import argparse
 import fcntl
@@ -18,6 +19,10 @@ parser.add_argument("--slower", type=float, default=0.08)     # a bad commit's s
 parser.add_argument("--outliers", type=float, default=0.0)    # probability of a 2x slower run
 parser.add_argument("--file", action="store_true")            # write $BISECTOR_METRIC_FILE instead of lines
 args = parser.parse_args()
+# RUNS_DIR/hold-after holding N: the run after N runs (all commits) creates RUNS_DIR/held and waits to be killed
+# (a file, so that the command and its environment, which the hunt's identity holds, stay the same)
+hold_file = args.runs_dir / "hold-after"
+hold_after = hold_file.read_text().strip() if hold_file.exists() else None
 
 commit = Path("counter.txt").read_text().strip()
 bad = Path("state").read_text().strip() == "bad"
@@ -27,6 +32,16 @@ with open(args.runs_dir / f"{commit}.runs", "a+") as fh:  # this run's number fo
     fh.seek(0)
     run = len(fh.read())
     fh.write(".")
+if hold_after is not None:
+    with open(args.runs_dir / "all.runs", "a+") as fh:  # runs of every commit so far
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        so_far = len(fh.read())
+        fh.write(".")
+    if so_far == int(hold_after):
+        import time
+        (args.runs_dir / "held").touch()
+        time.sleep(600)
 rng = random.Random(f"{args.seed}/{commit}/{run}")
 speed = 1000.0 * (1 - args.slower if bad else 1.0) * (1 + rng.gauss(0, args.noise))
 if rng.random() < args.outliers:
