@@ -56,7 +56,7 @@ class Bench:
         self.runs += 1
         slow = self.shas.index(sha) >= self.culprit
         value = 1000 * (1 - self.slowdown if slow else 1) * (1 + self.rng.gauss(0, self.noise))
-        if self.rng.random() < self.slow_phase:  # the machine in its slow phase for this run (the H200's VM)
+        if self.slow_phase and self.rng.random() < self.slow_phase:  # the machine's slow phase (the H200's VM)
             value /= self.phase_factor
         return value / 2 if self.rng.random() < self.outliers else value
 
