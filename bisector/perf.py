@@ -28,6 +28,10 @@ CONSISTENT = 0.05
 # no model, they differ from the other end's at LOW_THRESHOLD (one-sided: in the direction the ends differ).
 LIKELIHOOD_RATIO = 10_000.0
 T_DEGREES = 10
+# Where the ends' runs overlap (`overlapping`), a commit is like one end only when it differs from the other at
+# this one-sided p: LOW_THRESHOLD shared among the up to 20 looks a capped commit gets.
+STRICT_THRESHOLD = LOW_THRESHOLD / 20
+FAR = 4.0  # scales from an end's median: a run this far out is an outlier, or of a second mode when many are
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
 # p-value that already says "the same".
@@ -178,27 +182,52 @@ class Likeness:
                                 # few samples may be off (more of them tell)
 
 
-def log_likelihood_ratio(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> float:
-    """log P(samples | like new) - log P(samples | like old): scipy.stats.t likelihoods located at each end's
-    median, with one scale for both, the MAD of every sample's deviation from its own end's median
-    (normal-consistent; at least 1 % of the distance between the medians, so identical samples still work)."""
-    import numpy as np
+def pooled_scale(old: Sequence[float], new: Sequence[float]) -> float:
+    """One spread for both ends: the MAD of every sample's deviation from its own end's median (normal-
+    consistent; at least 1 % of the distance between the medians, so identical samples still work)."""
     from scipy import stats
 
     at_old, at_new = statistics.median(old), statistics.median(new)
     deviations = [value - at_old for value in old] + [value - at_new for value in new]
-    scale = max(float(stats.median_abs_deviation(deviations, scale="normal")), abs(at_new - at_old) / 100,
-                math.ulp(max(abs(at_old), abs(at_new), 1.0)))
+    return max(float(stats.median_abs_deviation(deviations, scale="normal")), abs(at_new - at_old) / 100,
+               math.ulp(max(abs(at_old), abs(at_new), 1.0)))
+
+
+def overlapping(old: Sequence[float], new: Sequence[float]) -> bool:
+    """Whether the ends' runs are no single peak each that a few runs of a commit can be weighed against:
+    more than a quarter of the ends' runs lie over FAR scales (pooled_scale) from their end's median, a second
+    mode rather than outliers (10 % outliers put 4 of 12 runs that far 1 time in 40), as on a machine whose
+    runs fall into fast and slow phases (the H200's VM in round 6: a robust scale sees only the mode the
+    median fell in); or the scale is at least the distance between the ends' medians (noise larger than the
+    change). Which end a commit is like is then left to the rank tests alone, at STRICT_THRESHOLD, against
+    the ends' own runs: no model of the runs is trusted, nor a pool of probes picked by their runs' phase."""
+    at_old, at_new = statistics.median(old), statistics.median(new)
+    scale = pooled_scale(old, new)
+    if scale >= abs(at_new - at_old):
+        return True
+    far = sum(abs(value - centre) > FAR * scale for end, centre in ((old, at_old), (new, at_new)) for value in end)
+    return far * 4 > len(old) + len(new)
+
+
+def log_likelihood_ratio(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> float:
+    """log P(samples | like new) - log P(samples | like old): scipy.stats.t likelihoods located at each end's
+    median, with one scale for both (pooled_scale)."""
+    import numpy as np
+    from scipy import stats
+
+    at_old, at_new = statistics.median(old), statistics.median(new)
+    scale = pooled_scale(old, new)
     values = np.asarray(samples, dtype=float)
     return float(np.sum(stats.t.logpdf(values, T_DEGREES, loc=at_new, scale=scale)
                         - stats.t.logpdf(values, T_DEGREES, loc=at_old, scale=scale)))
 
 
-def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> Likeness:
+def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float], strict: bool = False) -> Likeness:
     """A commit is like one end when its samples are LIKELIHOOD_RATIO times likelier under that end than
     under the other, differ from the other end's (one-sided p <= LOW_THRESHOLD), are consistent with this
     one's (two-sided p > CONSISTENT), and its median lies in the third of the way between the ends' medians
-    nearest this end's; otherwise not known (more samples, or a skip)."""
+    nearest this end's; otherwise not known (more samples, or a skip). `strict` (the ends overlap): no
+    likelihood ratio, the one-sided rank test at STRICT_THRESHOLD instead."""
     versus_old, versus_new = compare(samples, old), compare(samples, new)
     ratio = log_likelihood_ratio(samples, old, new)
     median, at_old, at_new = statistics.median(samples), statistics.median(old), statistics.median(new)
@@ -207,7 +236,13 @@ def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float
          f"{versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end")
     bound = math.log(LIKELIHOOD_RATIO)
     towards = None
-    if ratio <= -bound and one_sided_p(samples, new, lower=at_old < at_new) <= LOW_THRESHOLD:
+    if strict:  # the ends overlap (`overlapping`): the rank tests alone, every look of a capped commit counted
+        p += "; the ends' runs overlap: rank tests alone"
+        if one_sided_p(samples, new, lower=at_old < at_new) <= STRICT_THRESHOLD:
+            towards, consistent, nearer = "old", versus_old.p_value > CONSISTENT, to_old * 2 < to_new
+        elif one_sided_p(samples, old, lower=at_new < at_old) <= STRICT_THRESHOLD:
+            towards, consistent, nearer = "new", versus_new.p_value > CONSISTENT, to_new * 2 < to_old
+    elif ratio <= -bound and one_sided_p(samples, new, lower=at_old < at_new) <= LOW_THRESHOLD:
         towards, consistent, nearer = "old", versus_old.p_value > CONSISTENT, to_old * 2 < to_new
     elif ratio >= bound and one_sided_p(samples, old, lower=at_new < at_old) <= LOW_THRESHOLD:
         towards, consistent, nearer = "new", versus_new.p_value > CONSISTENT, to_new * 2 < to_old

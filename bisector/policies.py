@@ -22,6 +22,7 @@ from bisector.perf import (
     first_samples,
     likeness,
     median_spread,
+    overlapping,
 )
 from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
@@ -447,7 +448,11 @@ class PerfPolicy:
             return self._record(sha, None, self.failed[sha])
         if len(samples) < wanted:
             return False
-        like = likeness(samples, self.pool("old"), self.pool("new"))
+        ends = self.samples(self.ends.old), self.samples(self.ends.new)
+        # where the ends' runs overlap, a probe is weighed against the ends' own runs alone: the probes
+        # decided like an end are those whose few runs happened to fall in its phase, a biased pool
+        like = likeness(samples, *ends, strict=True) if overlapping(*ends) else \
+            likeness(samples, self.pool("old"), self.pool("new"))
         self.doubted = like.doubted
         if like.end is not None:
             return self._record(sha, like.end, like.reason)
