@@ -212,9 +212,9 @@ class WorldSettings:
         depends on AITER gets each step's AITER commit installed as `--aiter pinned` installs a pin (same arch,
         cache and prebuild; from the level's repository) and, on bare metal, held_build (the held commit's tree
         with the first level's build, or why none) handed to each step; with --image inside held_commit's image
-        (which holds its build); any other
-        scenario (one that reads the checkout's AITER source itself) the plain world: an AITER commit has no
-        image and pins no AITER to install, so the first level's --image or --aiter would skip every step."""
+        (which holds its build). Any other scenario (one that reads the checkout's AITER source itself) gets the
+        plain world: an AITER commit has no image and pins no AITER to install, so the first level's --image or
+        --aiter would skip every step."""
         if not held.aiter_sensitive:
             return WorldSettings()
         return WorldSettings(self.image, "pinned", dataclasses.replace(self.aiter_settings, repo=None), True,
