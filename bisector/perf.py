@@ -75,29 +75,26 @@ def high_threshold(a: Sequence[float], b: Sequence[float]) -> float:
 def p_value(a: Sequence[float], b: Sequence[float]) -> float:
     """The smaller of the two-sided Mann-Whitney U and Kolmogorov-Smirnov p-values (1.0 where a side is
     empty or every sample is equal)."""
-    from scipy import stats
-
-    if not a or not b or len(set(a) | set(b)) == 1:
-        return 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mwu = stats.mannwhitneyu(a, b, alternative="two-sided").pvalue
-        ks = stats.ks_2samp(a, b).pvalue
-    found = [float(p) for p in (mwu, ks) if not math.isnan(p)]
-    return min(found) if found else 1.0
+    return _rank_p(a, b, "two-sided", "two-sided")
 
 
 def one_sided_p(a: Sequence[float], b: Sequence[float], lower: bool) -> float:
     """The smaller of the one-sided Mann-Whitney U and Kolmogorov-Smirnov p-values that `a` lies below
     `b` (lower) or above it."""
+    # scipy names the KS alternative by the empirical distribution functions: a below b is F_a "greater"
+    return _rank_p(a, b, "less" if lower else "greater", "greater" if lower else "less")
+
+
+def _rank_p(a: Sequence[float], b: Sequence[float], mwu_alternative: str, ks_alternative: str) -> float:
+    """The smaller of the Mann-Whitney U and Kolmogorov-Smirnov p-values with those alternatives."""
     from scipy import stats
 
     if not a or not b or len(set(a) | set(b)) == 1:
         return 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mwu = stats.mannwhitneyu(a, b, alternative="less" if lower else "greater").pvalue
-        ks = stats.ks_2samp(a, b, alternative="greater" if lower else "less").pvalue
+        mwu = stats.mannwhitneyu(a, b, alternative=mwu_alternative).pvalue
+        ks = stats.ks_2samp(a, b, alternative=ks_alternative).pvalue
     found = [float(p) for p in (mwu, ks) if not math.isnan(p)]
     return min(found) if found else 1.0
 
@@ -234,17 +231,14 @@ def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float
     to_old, to_new = abs(median - at_old), abs(median - at_new)
     p = (f"likelihood ratio {math.exp(max(min(ratio, 700), -700)):.2g} for the new end; p = "
          f"{versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end")
-    bound = math.log(LIKELIHOOD_RATIO)
-    towards = None
-    if strict:  # the ends overlap (`overlapping`): the rank tests alone, every look of a capped commit counted
+    # strict (the ends overlap: `overlapping`): the rank tests alone, every look of a capped commit counted
+    bound, threshold = math.log(LIKELIHOOD_RATIO), STRICT_THRESHOLD if strict else LOW_THRESHOLD
+    if strict:
         p += "; the ends' runs overlap: rank tests alone"
-        if one_sided_p(samples, new, lower=at_old < at_new) <= STRICT_THRESHOLD:
-            towards, consistent, nearer = "old", versus_old.p_value > CONSISTENT, to_old * 2 < to_new
-        elif one_sided_p(samples, old, lower=at_new < at_old) <= STRICT_THRESHOLD:
-            towards, consistent, nearer = "new", versus_new.p_value > CONSISTENT, to_new * 2 < to_old
-    elif ratio <= -bound and one_sided_p(samples, new, lower=at_old < at_new) <= LOW_THRESHOLD:
+    towards = None
+    if (strict or ratio <= -bound) and one_sided_p(samples, new, lower=at_old < at_new) <= threshold:
         towards, consistent, nearer = "old", versus_old.p_value > CONSISTENT, to_old * 2 < to_new
-    elif ratio >= bound and one_sided_p(samples, old, lower=at_new < at_old) <= LOW_THRESHOLD:
+    elif (strict or ratio >= bound) and one_sided_p(samples, old, lower=at_new < at_old) <= threshold:
         towards, consistent, nearer = "new", versus_new.p_value > CONSISTENT, to_new * 2 < to_old
     if towards and consistent and nearer:
         return Likeness(towards, versus_old, versus_new, f"like the {towards} end ({p})")
