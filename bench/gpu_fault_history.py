@@ -32,10 +32,14 @@ so one set of compiled extensions (the 0.24.0 wheel's) serves every commit:
 pays it; tests/records/h200-scripts/perf.sh sizes it from the measured step time); p1–p4, p6–p8 harmless.
 With --pause-kind busy the sampler spins through the pause on the CPU instead of sleeping, as a Python
 regression does: check=perf's cpu_ms_per_step then shows it too, which a machine that drifts in wall time
-(the H200's VM, round 6) may not hide.
+(the H200's VM, round 6) may not hide. With --pause-kind gpu the pause is GPU work instead: the sampler
+enqueues torch.cuda._sleep for --pause-us at --gpu-clock-mhz (1980, the H200's SM clock) on the decode's stream,
+so a GPU-bound decode (check=perf with long prompts, scenarios/dpa_fp8_kv/options.py) is that much slower while
+its CPU work is unchanged.
 
     python bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/history [--json FILE]
-                                      [--variant crash|silent|perf [--pause-us N] [--pause-kind sleep|busy]]
+                                      [--variant crash|silent|perf [--pause-us N] [--pause-kind sleep|busy|gpu]
+                                       [--gpu-clock-mhz MHZ]]
 
 Prints (and with --json writes) the commits with their roles. Commits have fixed authors and dates,
 so the same release repo gives the same shas.
@@ -143,16 +147,18 @@ VARIANTS = {"crash": COMMITS, "silent": SILENT_COMMITS}
 SAMPLER = "vllm/v1/sample/sampler.py"
 
 
-def perf_commits(pause_us: int, kind: str = "sleep") -> list:
+def perf_commits(pause_us: int, kind: str = "sleep", gpu_clock_mhz: int = 1980) -> list:
     """--variant perf: the silent history's harmless edits around a planted slowdown (p5): the sampler pauses
-    pause_us microseconds each step, asleep (kind "sleep": wall time only) or spinning on the CPU (kind
-    "busy": CPU time too, as a Python regression costs). Sampling runs outside the CUDA graphs, so every
-    decode step pays it."""
+    pause_us microseconds each step, asleep (kind "sleep": wall time only), spinning on the CPU (kind
+    "busy": CPU time too, as a Python regression costs) or spinning on the GPU (kind "gpu": a kernel of
+    pause_us at gpu_clock_mhz on the decode's stream, GPU time only). Sampling runs outside the CUDA graphs,
+    so every decode step pays it."""
     seconds = pause_us / 1e6
-    pause = (f"        time.sleep({seconds!r})\n" if kind == "sleep" else
-             f"        until = time.perf_counter() + {seconds!r}\n"
-             "        while time.perf_counter() < until:\n"
-             "            pass\n")
+    pause = {"sleep": f"        time.sleep({seconds!r})\n",
+             "busy": f"        until = time.perf_counter() + {seconds!r}\n"
+                     "        while time.perf_counter() < until:\n"
+                     "            pass\n",
+             "gpu": f"        torch.cuda._sleep({pause_us * gpu_clock_mhz})\n"}[kind]
     slowdown = ("perf-slowdown", "[Core] sampler: let the output thread run before the next step", [
         (SAMPLER, "import torch\nimport torch.nn as nn\n", "import time\n\nimport torch\nimport torch.nn as nn\n"),
         (SAMPLER, "        sampled, processed_logprobs = self.sample(logits, sampling_metadata)\n",
@@ -208,10 +214,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--variant", choices=sorted([*VARIANTS, "perf"]), default="crash")
     parser.add_argument("--pause-us", type=int, default=300, help="--variant perf: the planted pause per step")
-    parser.add_argument("--pause-kind", choices=("sleep", "busy"), default="sleep",
-                        help="--variant perf: the pause asleep (wall time only) or spinning on the CPU")
+    parser.add_argument("--pause-kind", choices=("sleep", "busy", "gpu"), default="sleep",
+                        help="--variant perf: the pause asleep (wall time only), spinning on the CPU or on the GPU")
+    parser.add_argument("--gpu-clock-mhz", type=int, default=1980,
+                        help="--pause-kind gpu: the SM clock that turns --pause-us into GPU cycles")
     args = parser.parse_args(argv)
-    planned = perf_commits(args.pause_us, args.pause_kind) if args.variant == "perf" else VARIANTS[args.variant]
+    planned = (perf_commits(args.pause_us, args.pause_kind, args.gpu_clock_mhz) if args.variant == "perf"
+               else VARIANTS[args.variant])
     commits = build(args.release_repo, args.out, args.base, planned)
     for commit in commits:
         print(f"c{commit['n']:<2} {commit['sha'][:12]} {commit['role']:<14} {commit['message']}")

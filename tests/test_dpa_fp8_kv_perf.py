@@ -34,6 +34,10 @@ STEP = ("    def step(self):\n",
         "                pass\n"
         "        else:\n"
         "            time.sleep(seconds)\n")
+PROMPTS = ("    def add_request(self, request_id, prompt, params):\n",
+           "    def add_request(self, request_id, prompt, params):\n"
+           "        with open(os.environ['FAKE_PROMPTS'], 'a') as f:\n"
+           "            f.write(f\"{len(prompt['prompt_token_ids'])}\\n\")\n")
 NO_STEP_API = ("        self.llm_engine = _Engine()\n", "")  # an older vLLM: LLM has no llm_engine.step()
 
 
@@ -44,10 +48,10 @@ def measured(tmp_path, root, seconds_per_step: str, name: str, options=PERF, env
         (site / rel).write_text(text)
     checkout = tmp_path / name / "tree"
     fake = textwrap.dedent(FAKE_VLLM["vllm/__init__.py"])
-    assert TIMED[0] in fake and STEP[0] in fake and NO_STEP_API[0] in fake
+    assert TIMED[0] in fake and STEP[0] in fake and PROMPTS[0] in fake and NO_STEP_API[0] in fake
     for rel, text in FAKE_VLLM.items():
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
-        text = textwrap.dedent(text).replace(*TIMED).replace(*STEP)
+        text = textwrap.dedent(text).replace(*TIMED).replace(*STEP).replace(*PROMPTS)
         (checkout / rel).write_text(text if step_api else text.replace(*NO_STEP_API))
     scenario = create(NAME, options)
     scenario.system_root = root
@@ -56,6 +60,7 @@ def measured(tmp_path, root, seconds_per_step: str, name: str, options=PERF, env
                                     env={"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
                                          "BISECTOR_CACHE_DIR": str(tmp_path / "cache"),
                                          "FAKE_STEP_SECONDS": seconds_per_step, "FAKE_SLOW_FACTOR": "1",
+                                         "FAKE_PROMPTS": str(tmp_path / f"{name}-prompts.txt"),
                                          **(env or {})}))
 
 
@@ -116,6 +121,18 @@ def test_each_repeat_says_what_the_machine_did_meanwhile(tmp_path, nvidia_root):
     assert busy.metrics["cpu_ms_per_step"] >= 9 > 5 > waiting.metrics["cpu_ms_per_step"]
 
 
+def test_long_prompts_and_more_layers_ask_for_a_gpu_bound_decode(tmp_path, nvidia_root):  # noqa: F811
+    """perf_prompt_tokens sets the timed batch's prompt lengths (prompt n: perf_prompt_tokens + n tokens), so
+    every decode step reads a long KV cache; layers deepens the model the child loads."""
+    options = {**PERF, "perf_prompt_tokens": "300", "layers": "16", "max_model_len": "400"}
+    long = measured(tmp_path, nvidia_root, "0.002", "long", options)
+    assert long.verdict is Verdict.GOOD, long.reason
+    lengths = [int(line) for line in (tmp_path / "long-prompts.txt").read_text().split()]
+    assert lengths == [300, 301, 302, 303] * 3  # the batch of 4, once per repeat
+    config = next((tmp_path / "cache" / "models").glob("*/config.json")).read_text()
+    assert '"num_hidden_layers": 16' in config
+
+
 def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811
     old = measured(tmp_path, nvidia_root, "0.002", "old", step_api=False)
     assert old.verdict is Verdict.GOOD, old.reason
@@ -132,6 +149,10 @@ def test_check_perf_options_are_checked():
         create(NAME, {**PERF, "perf_batch": "8"})
     with pytest.raises(ScenarioError, match="needs max_model_len >= 1113"):
         create(NAME, {**PERF, "perf_tokens": "550"})
+    with pytest.raises(ScenarioError, match="perf_prompt_tokens=1000 needs max_model_len >= 1037"):
+        create(NAME, {**PERF, "perf_prompt_tokens": "1000"})
+    with pytest.raises(ScenarioError, match="option layers=65: must be at most 64"):
+        create(NAME, {**PERF, "layers": "65"})
 
 
 def test_measurements_are_read_from_the_childs_lines_and_their_medians_reported():

@@ -56,7 +56,7 @@ def test_gpus_per_run_is_dp_times_tp():
 @pytest.mark.parametrize("raw, message", [
     ({"dp": "two"}, "option dp='two': not an integer"),
     ({"dp": "0"}, "option dp=0: must be at least 1"),
-    ({"layers": "3"}, "option layers=3: must be 1 or 2"),
+    ({"layers": "65"}, "option layers=65: must be at most 64"),
     ({"heads": "128", "tp": "3"}, "option heads=128 is not divisible by tp=3"),
     ({"kv_cache_dtype": "int8"}, "option kv_cache_dtype='int8': must be one of"),
     ({"cudagraph_mode": "PIECEWISE"}, "option cudagraph_mode='PIECEWISE': must be one of"),

@@ -62,3 +62,19 @@ def test_the_busy_pause_spins_on_the_cpu_instead_of_sleeping(tmp_path, release):
     assert "time.sleep" not in text
     assert "        until = time.perf_counter() + 0.00045\n        while time.perf_counter() < until:\n" in text
     compile(text, SAMPLER, "exec")
+
+
+def test_the_gpu_pause_spins_a_kernel_on_the_decodes_stream(tmp_path, release):
+    """--pause-kind gpu: GPU cycles for the pause at the given SM clock (450 us at 1,980 MHz: 891,000 cycles),
+    no CPU-side pause; the history stays Python-only."""
+    out, summary = tmp_path / "perf", tmp_path / "perf.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_fault_history.py"), "--release-repo", str(release),
+                           "--out", str(out), "--json", str(summary), "--variant", "perf", "--pause-us", "450",
+                           "--pause-kind", "gpu", "--gpu-clock-mhz", "1980"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    planted = json.loads(summary.read_text())[5]["sha"]
+    text = subprocess.run(["git", "-C", str(out), "show", f"{planted}:{SAMPLER}"], check=True, capture_output=True,
+                          text=True).stdout
+    assert "time.sleep" not in text and "perf_counter" not in text
+    assert "        torch.cuda._sleep(891000)\n" in text
+    compile(text, SAMPLER, "exec")

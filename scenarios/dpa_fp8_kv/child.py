@@ -50,6 +50,7 @@ def parse_args(argv):
     parser.add_argument("--perf-repeats", type=int, default=0)
     parser.add_argument("--perf-tokens", type=int, default=64)
     parser.add_argument("--perf-batch", type=int, default=32)
+    parser.add_argument("--perf-prompt-tokens", type=int, default=8)
     parser.add_argument("--start-gate", default="")
     return parser.parse_args(argv)
 
@@ -80,9 +81,9 @@ def engine_kwargs(args, engine_fields):
     return kwargs
 
 
-def token_prompts(count, vocab_size):
-    """count prompts of distinct lengths, as token ids (there is no tokenizer)."""
-    return [{"prompt_token_ids": [(7 * i + j) % (vocab_size - 2) + 2 for j in range(8 + i)]}
+def token_prompts(count, vocab_size, shortest=8):
+    """count prompts of distinct lengths from `shortest` tokens up, as token ids (there is no tokenizer)."""
+    return [{"prompt_token_ids": [(7 * i + j) % (vocab_size - 2) + 2 for j in range(shortest + i)]}
             for i in range(count)]
 
 
@@ -103,7 +104,7 @@ def numerics_record(outputs, topk):
 def measure(llm, sampling_params, args, vocab_size):
     """One warm-up, then per repeat {"decode_tok_s", "ttft_ms", how the decode was measured} (prints each as it
     is measured)."""
-    batch = token_prompts(args.perf_batch, vocab_size)
+    batch = token_prompts(args.perf_batch, vocab_size, args.perf_prompt_tokens)
     engine = getattr(llm, "llm_engine", None)
     stepped = all(callable(getattr(engine, name, None)) for name in ("add_request", "step", "has_unfinished_requests"))
 

@@ -37,11 +37,15 @@ OPTION_DEFAULTS = {
     "perf_repeats": "5",  # check=perf: measurements inside one engine start (the run reports their medians)
     "perf_tokens": "64",  # check=perf: decode steps timed per measurement
     "perf_batch": "32",  # check=perf: sequences decoded together
+    # check=perf: prompt n holds perf_prompt_tokens + n tokens; long prompts make each decode step read a long
+    # KV cache, a GPU-bound step (with more layers) where the tiny model's short decode is CPU-bound
+    "perf_prompt_tokens": "8",
     # A level inside AITER (run --follow-pins): vLLM held at this commit of this repository, the repository
     # bisected being AITER (each step's AITER commit installed by the world, bisector.world.for_level).
     "vllm_repo": "",
     "vllm_ref": "",
 }
+MAX_LAYERS = 64  # the last layer is the MoE one, the others dense (config.deepseek_v3_config)
 PLATFORMS = ("auto", "rocm", "cuda")
 DEFAULT_BACKENDS = {"rocm": "ROCM_AITER_MLA", "cuda": "TRITON_MLA"}
 KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16")
@@ -79,6 +83,7 @@ class Options:
     perf_repeats: int = 5
     perf_tokens: int = 64
     perf_batch: int = 32
+    perf_prompt_tokens: int = 8
     enforce_eager: bool = False  # never an option: the eager reference run sets it
 
     def backend_for(self, platform: str) -> str:
@@ -148,19 +153,21 @@ def parse_options(raw: Mapping[str, str]) -> Options:
         perf_repeats=_int(raw, "perf_repeats", 1),
         perf_tokens=_int(raw, "perf_tokens", 1),
         perf_batch=_int(raw, "perf_batch", 1),
+        perf_prompt_tokens=_int(raw, "perf_prompt_tokens", 1),
     )
-    if options.layers > 2:
-        raise ScenarioError(f"option layers={options.layers}: must be 1 or 2")
+    if options.layers > MAX_LAYERS:
+        raise ScenarioError(f"option layers={options.layers}: must be at most {MAX_LAYERS}")
     if options.check == "numerics" and options.dp > 1:
         raise ScenarioError("option check=numerics compares one engine with another: it needs dp=1")
     if options.check == "perf" and options.dp > 1:
         raise ScenarioError("option check=perf measures one engine: it needs dp=1")
     if options.check == "perf" and options.perf_batch > options.max_num_seqs:
         raise ScenarioError(f"option perf_batch={options.perf_batch}: more than max_num_seqs={options.max_num_seqs}")
-    longest = 8 + options.perf_batch + 2 * options.perf_tokens + 1  # the longest prompt and its longer timed decode
+    # the longest prompt and its longer timed decode
+    longest = options.perf_prompt_tokens + options.perf_batch + 2 * options.perf_tokens + 1
     if options.check == "perf" and longest > options.max_model_len:
-        raise ScenarioError(f"option perf_tokens={options.perf_tokens} with perf_batch={options.perf_batch} needs "
-                            f"max_model_len >= {longest}")
+        raise ScenarioError(f"option perf_tokens={options.perf_tokens} with perf_batch={options.perf_batch} and "
+                            f"perf_prompt_tokens={options.perf_prompt_tokens} needs max_model_len >= {longest}")
     if options.reference and options.check != "numerics":
         raise ScenarioError("option reference is for check=numerics")
     if options.heads % options.tp:

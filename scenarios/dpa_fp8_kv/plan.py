@@ -41,7 +41,8 @@ def child_argv(python: str, child_script: Path, model_dir: Path, options: Option
     numerics = ["--load-format", load_format, "--numerics-tokens", str(options.numerics_tokens),
                 "--numerics-topk", str(options.numerics_topk)] if options.check == "numerics" else \
         ["--perf-repeats", str(options.perf_repeats), "--perf-tokens", str(options.perf_tokens),
-         "--perf-batch", str(options.perf_batch)] if options.check == "perf" else []
+         "--perf-batch", str(options.perf_batch), "--perf-prompt-tokens", str(options.perf_prompt_tokens)] \
+        if options.check == "perf" else []
     return [python, str(child_script),
             "--model", str(model_dir),
             "--tp", str(options.tp),

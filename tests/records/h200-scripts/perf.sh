@@ -6,13 +6,17 @@
 # time to first token inside each engine start; `steps` prints each repeat's method, median step and its IQR;
 # `bisector run --metric decode_tok_s --higher-is-better` must name p5.
 #
-# PAUSE_KIND=busy plants the pause as CPU work; METRIC=cpu_ms_per_step DIRECTION=--lower-is-better hunts the CPU
-# time per step instead of wall-time throughput (round 6: the VM's wall time drifted ±25 % between engine starts).
+# SHAPE=gpu (round 7, the default): a GPU-bound decode (16 layers, 128 sequences of 1,500+ prompt tokens: each
+# step reads a long KV cache) and the pause planted as GPU work (torch.cuda._sleep at the measured SM clock), so
+# the VM's CPU drift (round 6) hides behind the GPU under vLLM's async scheduling. SHAPE=cpu: round 6's tiny
+# CPU-bound decode (32 short sequences); there PAUSE_KIND=busy plants the pause as CPU work and
+# METRIC=cpu_ms_per_step DIRECTION=--lower-is-better hunts the CPU time per step instead of wall-time throughput.
 #
 # Phases, one device call each (a call is capped at 10 minutes; the machine must stay warm between them):
 #   bash perf.sh prepare   install vLLM 0.24.0 (prepare.sh), measure v0.24.0, build the history, measure p5
 #   bash perf.sh hunt [S]  the hunt, stopped at S seconds (540); call it again to resume: every stored sample is kept
 #   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
+#   bash perf.sh go [S]    prepare, then the hunt until S seconds (570) have passed since the call began
 # Each run starts an engine (about 30-40 s with the compile cache warm); the hunt takes 12 runs of the ends
 # and 5 or more per probe (3 probes): about 27-40 runs, so two or three `hunt` calls.
 set -x
@@ -21,8 +25,15 @@ ln -sfn "$PWD" .device/src 2>/dev/null
 SRC=$PWD/.device/src
 export PYTHONPATH=$SRC:/tmp/site PIP_NO_BUILD_ISOLATION=0 PIP_NO_DEPS=1 PIP_NO_INDEX=1 BISECTOR_CACHE_DIR=/tmp/bcache
 B="python3 -P -m bisector.cli"
-GPU=(--option platform=cuda --option max_num_seqs=64 --option check=perf --option perf_repeats=3
-     --option perf_tokens=64 --option perf_batch=32)
+BEGAN=$(date +%s)
+if [ "${SHAPE:-gpu}" = gpu ]; then
+  BATCH=128; PAUSE_KIND=${PAUSE_KIND:-gpu}
+  SHAPED=(--option layers=16 --option perf_prompt_tokens=1500 --option max_model_len=2048
+          --option kv_cache_memory_bytes=4G --option max_num_seqs=$BATCH --option perf_batch=$BATCH)
+else
+  BATCH=32; SHAPED=(--option max_num_seqs=64 --option perf_batch=$BATCH)
+fi
+GPU=(--option platform=cuda --option check=perf --option perf_repeats=3 --option perf_tokens=64 "${SHAPED[@]}")
 BUILD=(--build auto --wheels /tmp/wheels --allow-install-into-python)
 median() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['details']['perf'][sys.argv[2]])" "$@"; }
 steps() { python3 -c "
@@ -32,7 +43,15 @@ for m in json.load(open(sys.argv[1]))['details']['perf']['measurements']:
           m.get('step_ms_mean'), 'ms over', m.get('steps'), 'steps:', round(m.get('decode_tok_s', 0)), 'tok/s; cpu',
           m.get('cpu_ms_per_step'), 'ms/step, steal', m.get('steal_ms'), 'ms, SM', m.get('sm_clock_mhz'), 'MHz')" "$@"; }
 
-case "${1:-prepare}" in
+clock() { python3 -c "
+import json, statistics, sys
+mhz = [m['sm_clock_mhz'] for m in json.load(open(sys.argv[1]))['details']['perf']['measurements'] if m.get('sm_clock_mhz')]
+print(round(statistics.median(mhz)) if mhz else 1980)" "$@"; }
+
+PHASE=${1:-prepare}
+[ "$PHASE" = go ] && PHASES="prepare hunt" || PHASES=$PHASE
+for PHASE in $PHASES; do
+case "$PHASE" in
 prepare)
   if [ ! -f /tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl ]; then  # slots.sh prepared it already
     cp .device/repo/v024.bundle /tmp/v024.bundle
@@ -45,29 +64,35 @@ prepare)
   echo "base rc=$? wall=$(( $(date +%s) - t ))s"; tail -3 $OUT/perf-base.out
   TOK_S=$(median $OUT/perf-base.json decode_tok_s) || exit 1
   steps $OUT/perf-base.json
-  # a decode step makes perf_batch (32) tokens: its time is 32 / tok/s; the pause is 6 % of it
-  PAUSE=$(python3 -c "print(max(20, round(0.06 * 32 / $TOK_S * 1e6)))")
-  echo "v0.24.0 decode $TOK_S tok/s, ttft $(median $OUT/perf-base.json ttft_ms) ms: planted pause ${PAUSE} us"
+  # a decode step makes perf_batch tokens: its time is the batch / tok/s; the pause is 6 % of it
+  PAUSE=$(python3 -c "print(max(20, round(0.06 * $BATCH / $TOK_S * 1e6)))")
+  MHZ=$(clock $OUT/perf-base.json)
+  echo "v0.24.0 decode $TOK_S tok/s, ttft $(median $OUT/perf-base.json ttft_ms) ms, SM $MHZ MHz: planted pause" \
+       "${PAUSE} us (${PAUSE_KIND:-sleep})"
   rm -rf /tmp/perf-history
   python3 $SRC/bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/perf-history --variant perf \
-    --pause-us $PAUSE --pause-kind ${PAUSE_KIND:-sleep} --json $OUT/perf-history.json || exit 1
+    --pause-us $PAUSE --pause-kind ${PAUSE_KIND:-sleep} --gpu-clock-mhz $MHZ --json $OUT/perf-history.json || exit 1
+  cp $OUT/perf-history.json /tmp/perf-history.json  # for the report, a later call
   W=/tmp/whl/vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl
   for sha in $(python3 -c "import json; [print(c['sha']) for c in json.load(open('$OUT/perf-history.json'))]"); do
     mkdir -p /tmp/wheels/$sha && ln -sf $W /tmp/wheels/$sha/
   done
-  P5=$(python3 -c "import json; print(json.load(open('$OUT/perf-history.json'))[5]['sha'])")
-  t=$(date +%s)
-  $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/perf-history --ref $P5 "${GPU[@]}" "${BUILD[@]}" \
-    --state-dir /tmp/pstate --json $OUT/perf-p5.json > $OUT/perf-p5.out 2>&1
-  echo "p5 rc=$? wall=$(( $(date +%s) - t ))s: decode $(median $OUT/perf-p5.json decode_tok_s) tok/s"
-  steps $OUT/perf-p5.json
+  if [ "$PHASES" = prepare ]; then  # go: the hunt measures p5 among the others
+    P5=$(python3 -c "import json; print(json.load(open('$OUT/perf-history.json'))[5]['sha'])")
+    t=$(date +%s)
+    $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/perf-history --ref $P5 "${GPU[@]}" "${BUILD[@]}" \
+      --state-dir /tmp/pstate --json $OUT/perf-p5.json > $OUT/perf-p5.out 2>&1
+    echo "p5 rc=$? wall=$(( $(date +%s) - t ))s: decode $(median $OUT/perf-p5.json decode_tok_s) tok/s"
+    steps $OUT/perf-p5.json
+  fi
   ;;
 hunt)
   t=$(date +%s)
-  timeout ${2:-540} $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
+  [ "$PHASES" = hunt ] && LIMIT=${2:-540} || LIMIT=$(( ${2:-570} - (t - BEGAN) ))
+  timeout $LIMIT $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
     "${GPU[@]}" "${BUILD[@]}" --gpus 0 --metric ${METRIC:-decode_tok_s} ${DIRECTION:---higher-is-better} --min-change 2 --max-samples 12 \
     --state-dir /tmp/pstate --json $OUT/perf-hunt.json --markdown $OUT/perf-hunt.md >> $OUT/perf-hunt.out 2>&1
-  echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at ${2:-540} s; run this phase again to resume)"
+  echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at $LIMIT s; run this phase again to resume)"
   tail -25 $OUT/perf-hunt.out
   ;;
 report)
@@ -80,8 +105,9 @@ from bisector.perf_report import svg
 data = json.load(open('$OUT/perf-hunt.json'))
 culprit = (data.get('first_bad') or {}).get('sha')
 open('$OUT/perf-hunt.svg', 'w').write(svg(data['perf'], data['range'], culprit))
-print('culprit', culprit, 'planted', json.load(open('$OUT/perf-history.json'))[5]['sha'])"
+print('culprit', culprit, 'planted', json.load(open('/tmp/perf-history.json'))[5]['sha'])"
   head -20 $OUT/perf-hunt.txt
   tar czf $OUT/logs-perf.tar.gz -C /tmp/pstate logs 2>/dev/null; ls -la $OUT
   ;;
 esac
+done
