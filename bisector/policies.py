@@ -388,8 +388,9 @@ class PerfPolicy:
         while not self.search.done:
             self.rounds += 1
             sha = self.search.next_probes(1, cost=self.cost)[0]
-            # the first batch: as many samples as can differ from the smaller pool at all
-            wanted = min(first_samples(min(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
+            # the first batch: as many samples as can differ from the larger pool at all (decide like the end of
+            # the smaller pool); one like the other end takes a run or so more
+            wanted = min(first_samples(max(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
             need = self._more(sha, wanted, "probe")
             end = (old, new)[extra % 2]
             if self.rounds % settings.ENDPOINT_REPEAT_EVERY == 0 and \
@@ -398,18 +399,27 @@ class PerfPolicy:
                 need.append((end, "endpoint"))
                 extra += 1
             while not self._decide(sha, wanted):
-                doubted = {"old": old, "new": new}.get(self.doubted or "")
-                if not need and doubted and len(self.samples(doubted)) < min(len(self.samples(sha)),
-                                                                             2 * settings.max_samples):
-                    # likelier under an end but not consistent with its samples, fewer than the probe's: that
-                    # end's few samples may be off, so it runs again (its pool serves every later probe too)
-                    need = [(doubted, "endpoint")]
+                if not need:
+                    need = self._end_in_doubt(sha)
                 need = need or self._more(sha, wanted, "probe")
                 if not need:
                     wanted = min(wanted + max(settings.PROBE_STEP, settings.parallel), settings.max_samples)
                     need = self._more(sha, wanted, "probe")
                 yield Batch(self.rounds, tuple(need))
                 need = []
+
+    def _end_in_doubt(self, sha: str) -> list[tuple[str, str]]:
+        """An end to run again instead of the undecided probe sha: the end its samples are likelier under but
+        not consistent with, else the end whose pool is the smaller, while that end has fewer samples than
+        sha (its few samples may sit off by chance: a median from 5 can be a standard deviation off, and
+        every later probe is weighed against it)."""
+        ends = {"old": self.ends.old, "new": self.ends.new}
+        end = self.doubted or min(ends, key=lambda name: len(self.pool(name)))
+        if self.doubted is None and len(self.pool(end)) >= len(self.samples(sha)):
+            return []
+        if len(self.samples(ends[end])) < min(len(self.samples(sha)), 2 * self.settings.max_samples):
+            return [(ends[end], "endpoint")]
+        return []
 
     def _ends_differ(self) -> bool:
         """True once the ends differ enough; False while more samples may tell; EndpointError when they do
