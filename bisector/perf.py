@@ -32,6 +32,7 @@ T_DEGREES = 10
 # this one-sided p: LOW_THRESHOLD shared among the up to 20 looks a capped commit gets.
 STRICT_THRESHOLD = LOW_THRESHOLD / 20
 FAR = 4.0  # scales from an end's median: a run this far out is an outlier, or of a second mode when many are
+LONE = 6.2  # scales: a run this far from its end's median has 1 chance in 10,000 under the t model (T_DEGREES)
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
 # p-value that already says "the same".
@@ -204,20 +205,27 @@ def _spread_of(samples: Sequence[float]) -> list[float]:
 def overlapping(old: Sequence[float], new: Sequence[float]) -> bool:
     """Whether the ends' runs are no single peak each that a few runs of a commit can be weighed against, as on
     a machine whose runs fall into fast and slow phases (the H200's VM in round 6: a robust scale sees only the
-    mode the median fell in): two runs lie over FAR scales (pooled_scale) from their own end's median yet
-    within reach of the ends (`within_reach`: not outliers beyond both, which tell neither end), a second mode; or
-    more than a third of the ends' runs lie that far from their end's median, more than outliers make (10 %
-    outliers put 4 of 10 runs that far 1 time in 80); or the scale is at least the distance between the ends'
-    medians (noise larger than the change). Which end a commit is like is then left to the rank tests alone,
-    at STRICT_THRESHOLD, against the ends' own runs: no model of the runs is trusted, nor a pool of probes
-    picked by their runs' phase."""
+    mode the median fell in):
+    - the scale, pooled or of either end's own runs, is at least the distance between the ends' medians (noise
+      larger than the change, or an end's runs split between two modes, its median between them);
+    - runs within reach of the ends (`within_reach`: not outliers beyond both, which tell neither end) lie far
+      from their own end's median: two over FAR scales, or one over LONE scales (the t model gives such a run
+      1 chance in 10,000): a second mode;
+    - more than a third of the ends' runs lie over FAR scales from their end's median, more than outliers
+      make (10 % outliers put 4 of 10 runs that far 1 time in 80).
+    Which end a commit is like is then left to the rank tests alone, at STRICT_THRESHOLD, against the ends'
+    own runs: no model of the runs is trusted, nor a pool of probes picked by their runs' phase."""
     at_old, at_new = statistics.median(old), statistics.median(new)
-    scale = pooled_scale(old, new)
-    if scale >= abs(at_new - at_old):
+    scale, distance = pooled_scale(old, new), abs(at_new - at_old)
+    kept_old, kept_new = within_reach(old, old, new), within_reach(new, old, new)
+    if max(scale, pooled_scale(kept_old, kept_old), pooled_scale(kept_new, kept_new)) >= distance:
         return True
     far = [value for end, centre in ((old, at_old), (new, at_new)) for value in end
            if abs(value - centre) > FAR * scale]
-    return len(far) * 3 > len(old) + len(new) or len(within_reach(far, old, new)) >= 2
+    lone = [value for end, centre in ((old, at_old), (new, at_new)) for value in end
+            if abs(value - centre) > LONE * scale]
+    return len(far) * 3 > len(old) + len(new) or len(within_reach(far, old, new)) >= 2 or \
+        bool(within_reach(lone, old, new))
 
 
 def within_reach(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> list[float]:
@@ -226,6 +234,25 @@ def within_reach(samples: Sequence[float], old: Sequence[float], new: Sequence[f
     at_old, at_new = statistics.median(old), statistics.median(new)
     reach = FAR * pooled_scale(old, new)
     return [value for value in samples if min(at_old, at_new) - reach <= value <= max(at_old, at_new) + reach]
+
+
+def runs_to_tell(old: Sequence[float], new: Sequence[float]) -> float:
+    """About how many runs of a commit, and of the other end, the strict rank test (one-sided p <=
+    STRICT_THRESHOLD) needs to tell a commit like one end from the other, judged by the ends' own runs: A, the
+    share of pairs in which the better-placed end's run lies beyond the other's (Mann-Whitney U / (n m)), gives
+    k runs a side an expected z of (A - 1/2) sqrt(12 k^2 / (2k + 1)); the fewest k whose z reaches the
+    threshold's (inf when the ends' runs rank no way). Two clean peaks (A = 1) need 8; the H200's phases
+    (A about 3/4) about 30."""
+    from scipy import stats
+
+    higher, lower = (old, new) if statistics.median(old) > statistics.median(new) else (new, old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        share = float(stats.mannwhitneyu(higher, lower).statistic) / (len(higher) * len(lower))
+    if share <= 0.5:
+        return math.inf
+    z, c = float(stats.norm.isf(STRICT_THRESHOLD)), 12 * (share - 0.5) ** 2
+    return math.ceil((2 * z * z + math.sqrt(4 * z ** 4 + 4 * c * z * z)) / (2 * c))
 
 
 def log_likelihood_ratio(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Generator, Mapping, NoReturn, Protocol, Sequence
 
 from bisector.errors import EndpointError, MergeBaseError, UsageError
 from bisector.perf import (
@@ -23,6 +23,7 @@ from bisector.perf import (
     likeness,
     median_spread,
     overlapping,
+    runs_to_tell,
 )
 from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
@@ -385,7 +386,9 @@ class PerfPolicy:
                 break
             wanted += settings.PROBE_STEP
         extra = 0  # which end runs again next (alternating)
+        ends_ran = 0  # the last probe round in which an end ran
         while not self.search.done:
+            self._tellable()
             self.rounds += 1
             sha = self.search.next_probes(1, cost=self.cost)[0]
             # the first batch: as many samples as can differ from the larger pool at all (decide like the end of
@@ -393,9 +396,10 @@ class PerfPolicy:
             wanted = min(first_samples(max(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
             need = self._more(sha, wanted, "probe")
             end = (old, new)[extra % 2]
-            if self.rounds % settings.ENDPOINT_REPEAT_EVERY == 0 and \
+            if self.rounds - ends_ran >= settings.ENDPOINT_REPEAT_EVERY and \
                     self.runs(end) - settings.warmup < 2 * settings.max_samples:
-                # one end runs again with every third probe: the ends' samples keep spanning the hunt
+                # one end runs again when neither ran with the last three probes: the ends' samples keep
+                # spanning the hunt
                 need.append((end, "endpoint"))
                 extra += 1
             while not self._decide(sha, wanted):
@@ -405,8 +409,27 @@ class PerfPolicy:
                 if not need:
                     wanted = min(wanted + max(settings.PROBE_STEP, settings.parallel), settings.max_samples)
                     need = self._more(sha, wanted, "probe")
+                if any(role == "endpoint" for _, role in need):
+                    ends_ran = self.rounds
                 yield Batch(self.rounds, tuple(need))
                 need = []
+
+    def _tellable(self) -> None:
+        """EndpointError when the ends' runs overlap so that telling a commit apart needs more than
+        max_samples runs of it and of the ends (runs_to_tell, from the ends' own runs)."""
+        ends, cap = (self.samples(self.ends.old), self.samples(self.ends.new)), self.settings.max_samples
+        if overlapping(*ends) and runs_to_tell(*ends) > cap:
+            needed = runs_to_tell(*ends)
+            self._cannot_tell(f"needs about {'more' if math.isinf(needed) else needed} runs of it and of each "
+                              f"end, more than --max-samples {cap}")
+
+    def _cannot_tell(self, why: str) -> NoReturn:
+        """Stop the hunt: the ends' runs overlap, and a commit cannot be told apart within max_samples."""
+        left = self.search.answer().candidates
+        raise EndpointError(f"the ends' runs overlap: telling a commit apart {why}; the first {self.ends.new_name} "
+                            f"commit is one of the {len(left)} from {left[0][:12]} to {left[-1][:12]}; the "
+                            f"samples are kept: a run with a larger --max-samples (and --reuse-verdicts, for a "
+                            f"-- CMD) goes on from them")
 
     def _end_in_doubt(self, sha: str) -> list[tuple[str, str]]:
         """An end to run again instead of the undecided probe sha: the end its samples are likelier under but
@@ -461,13 +484,18 @@ class PerfPolicy:
         ends = self.samples(self.ends.old), self.samples(self.ends.new)
         # where the ends' runs overlap, a probe is weighed against the ends' own runs alone: the probes
         # decided like an end are those whose few runs happened to fall in its phase, a biased pool
-        like = likeness(samples, *ends, strict=True) if overlapping(*ends) else \
+        strict = overlapping(*ends)
+        like = likeness(samples, *ends, strict=True) if strict else \
             likeness(samples, self.pool("old"), self.pool("new"))
         self.doubted = like.doubted
         if like.end is not None:
             return self._record(sha, like.end, like.reason)
         if len(samples) >= self.settings.max_samples:
-            return self._record(sha, None, f"{like.reason} after {len(samples)} samples")
+            self._record(sha, None, f"{like.reason} after {len(samples)} samples")
+            if strict:
+                self._cannot_tell(f"needs more than --max-samples {len(samples)} runs ({sha[:12]} ran that many, "
+                                  f"told apart from neither end)")
+            return True
         return False
 
     def pool(self, end: str) -> list[float]:

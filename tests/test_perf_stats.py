@@ -1,6 +1,7 @@
 """The metric protocol's parsing, the performance statistics (Pinpoint's comparison over scipy.stats), and
 the record's metrics column (schema 6, migrated from 4)."""
 import json
+import math
 import random
 import sqlite3
 
@@ -274,3 +275,16 @@ def test_under_fast_and_slow_phases_the_adaptive_hunt_names_no_wrong_commit():
         bench = noise.Bench(seed, 16, 0.01, 0.06, 0.0, 0.5, 1.5)
         found = noise.adaptive(bench, 20)
         assert found in (None, bench.shas[bench.culprit]), f"seed {seed}: {found}, not {bench.shas[bench.culprit]}"
+
+
+def test_the_runs_a_commit_needs_against_overlapping_ends_come_from_how_the_ends_own_runs_rank():
+    """Two clean peaks (every good run above every bad one) need about 8 runs a side for the strict one-sided
+    rank test (7 beyond 7 give 1 / 3432); the H200's phases, half the runs of each end 1.5x slower, where a
+    fast bad run beats a slow good one (a good run beats a bad one in 3 pairs of 4), need about 30, more than
+    --max-samples 20; ends that rank no way cannot be told apart by any number."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import runs_to_tell
+
+    assert runs_to_tell([1000.0, 1010.0, 990.0, 1005.0, 995.0], [920.0, 925.0, 915.0, 930.0, 910.0]) == 8
+    assert runs_to_tell([1006.0, 675.0, 1005.0, 672.0, 996.0, 669.0], [936.0, 619.0, 951.0, 627.0, 609.0, 940.0]) == 30
+    assert runs_to_tell([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == math.inf
