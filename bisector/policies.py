@@ -318,10 +318,13 @@ class PerfPolicy:
     sampled (first as many runs as can differ from the ends' pools at all, then PROBE_STEP more at a time)
     until it is like the old end or like the new one (bisector.perf.likeness, against the end's pool: its
     own samples and those of the probes already decided like it), up to max_samples (then a skip: not
-    distinguishable). Every third probe's first batch also runs one end again, alternating, so the ends'
-    samples span the hunt and drift falls on them too. A run that fails, skips or reports no value of the
-    metric makes its commit a skip (an end: an EndpointError). Every run is stored, so a resumed or
-    repeated run starts from all earlier samples (`history`)."""
+    distinguishable); an undecided probe with more samples than an end's pool runs that end again first. An
+    end also runs again, alternating, with a probe's first batch when no end ran with the last three probes,
+    so the ends' samples span the hunt and drift falls on them too. When the ends' runs overlap so that no
+    commit can be told apart within max_samples, the hunt stops (an EndpointError naming the range left). A
+    run that fails, skips or reports no value of the metric makes its commit a skip (an end: an
+    EndpointError). Every run is stored, so a resumed or repeated run starts from all earlier samples
+    (`history`)."""
 
     rerun = True
     confirmed = False
@@ -420,8 +423,8 @@ class PerfPolicy:
         ends, cap = (self.samples(self.ends.old), self.samples(self.ends.new)), self.settings.max_samples
         if overlapping(*ends) and runs_to_tell(*ends) > cap:
             needed = runs_to_tell(*ends)
-            self._cannot_tell(f"needs about {'more' if math.isinf(needed) else needed} runs of it and of each "
-                              f"end, more than --max-samples {cap}")
+            self._cannot_tell("needs more runs of it and of each end than any --max-samples" if math.isinf(needed)
+                              else f"needs about {needed} runs of it and of each end, more than --max-samples {cap}")
 
     def _cannot_tell(self, why: str) -> NoReturn:
         """Stop the hunt: the ends' runs overlap, and a commit cannot be told apart within max_samples."""
@@ -493,8 +496,8 @@ class PerfPolicy:
         if len(samples) >= self.settings.max_samples:
             self._record(sha, None, f"{like.reason} after {len(samples)} samples")
             if strict:
-                self._cannot_tell(f"needs more than --max-samples {len(samples)} runs ({sha[:12]} ran that many, "
-                                  f"told apart from neither end)")
+                self._cannot_tell(f"needs more than --max-samples {self.settings.max_samples} runs ({sha[:12]} "
+                                  f"ran {len(samples)}, told apart from neither end)")
             return True
         return False
 

@@ -257,7 +257,7 @@ def test_a_commit_run_to_the_cap_against_overlapping_ends_stops_the_hunt_with_th
     assert result.returncode == 3, result.stderr
     assert data["stopped"] == (
         f"the ends' runs overlap: telling a commit apart needs more than --max-samples 20 runs ({shas[4][:12]} ran "
-        f"that many, told apart from neither end); the first bad commit is one of the 2 from {shas[4][:12]} to "
+        f"20, told apart from neither end); the first bad commit is one of the 2 from {shas[4][:12]} to "
         f"{shas[5][:12]}; the samples are kept: a run with a larger --max-samples (and --reuse-verdicts, for a -- "
         f"CMD) goes on from them")
     verdicts = {entry["sha"]: (entry["verdict"], len(entry["samples"])) for entry in data["perf"]["commits"]}
