@@ -99,9 +99,9 @@ def fixed(bench: Bench, repeat: int) -> str | None:
 
 
 def oracle(bench: Bench, error: float = 1e-4) -> str | None:
-    """A reference, not a strategy anyone can run: the ends' 6 runs each as bisector's, then each probe
-    sampled until Wald's sequential likelihood-ratio test passes log(1 / error), with the true means, noise and
-    outlier model (scipy.stats.norm). What a hunt costs when nothing has to be estimated."""
+    """A reference, not a strategy anyone can run: the ends' first runs as bisector's (ENDPOINT_START each),
+    then each probe sampled until Wald's sequential likelihood-ratio test passes log(1 / error), with the true
+    means, noise and outlier model (scipy.stats.norm). What a hunt costs when nothing has to be estimated."""
     import math
 
     from scipy import stats

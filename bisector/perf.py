@@ -26,12 +26,13 @@ CONSISTENT = 0.05
 # distribution than under the other's (a sequential likelihood-ratio test: Student t likelihoods with
 # T_DEGREES degrees of freedom, heavy-tailed so that one outlier weighs little) and, as a check that needs
 # no model, they differ from the other end's at LOW_THRESHOLD (one-sided: in the direction the ends differ).
-LIKELIHOOD_RATIO = 10_000.0
+LIKELIHOOD_RATIO = 1_000.0
 T_DEGREES = 10
 # Where the ends' runs overlap (`overlapping`), a commit is like one end only when it differs from the other at
 # this one-sided p: LOW_THRESHOLD shared among the up to 20 looks a capped commit gets.
 STRICT_THRESHOLD = LOW_THRESHOLD / 20
 FAR = 4.0  # scales from an end's median: a run this far out is an outlier, or of a second mode when many are
+LONE = 6.2  # scales: a run this far from its end's median has 1 chance in 10,000 under the t model (T_DEGREES)
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
 # p-value that already says "the same".
@@ -181,29 +182,77 @@ class Likeness:
 
 def pooled_scale(old: Sequence[float], new: Sequence[float]) -> float:
     """One spread for both ends: the MAD of every sample's deviation from its own end's median (normal-
-    consistent; at least 1 % of the distance between the medians, so identical samples still work)."""
+    consistent; at least 1 % of the distance between the medians, so identical samples still work). Of an
+    odd number of samples the median is one, whose deviation is 0 by construction, not a measured spread: it
+    is left out (else five samples a side would understate the spread by a fifth)."""
     from scipy import stats
 
     at_old, at_new = statistics.median(old), statistics.median(new)
-    deviations = [value - at_old for value in old] + [value - at_new for value in new]
+    deviations = [*_spread_of(old), *_spread_of(new)]
     return max(float(stats.median_abs_deviation(deviations, scale="normal")), abs(at_new - at_old) / 100,
                math.ulp(max(abs(at_old), abs(at_new), 1.0)))
 
 
+def _spread_of(samples: Sequence[float]) -> list[float]:
+    """samples' deviations from their median, without the median sample's own 0 (an odd number of them)."""
+    centre = statistics.median(samples)
+    ordered = sorted(samples)
+    if len(ordered) % 2:
+        del ordered[len(ordered) // 2]
+    return [value - centre for value in ordered]
+
+
 def overlapping(old: Sequence[float], new: Sequence[float]) -> bool:
-    """Whether the ends' runs are no single peak each that a few runs of a commit can be weighed against:
-    more than a quarter of the ends' runs lie over FAR scales (pooled_scale) from their end's median, a second
-    mode rather than outliers (10 % outliers put 4 of 12 runs that far 1 time in 40), as on a machine whose
-    runs fall into fast and slow phases (the H200's VM in round 6: a robust scale sees only the mode the
-    median fell in); or the scale is at least the distance between the ends' medians (noise larger than the
-    change). Which end a commit is like is then left to the rank tests alone, at STRICT_THRESHOLD, against
-    the ends' own runs: no model of the runs is trusted, nor a pool of probes picked by their runs' phase."""
+    """Whether the ends' runs are no single peak each that a few runs of a commit can be weighed against, as on
+    a machine whose runs fall into fast and slow phases (the H200's VM in round 6: a robust scale sees only the
+    mode the median fell in):
+    - the scale, pooled or of either end's own runs, is at least the distance between the ends' medians (noise
+      larger than the change, or an end's runs split between two modes, its median between them);
+    - runs within reach of the ends (`within_reach`: not outliers beyond both, which tell neither end) lie far
+      from their own end's median: two over FAR scales, or one over LONE scales (the t model gives such a run
+      1 chance in 10,000): a second mode;
+    - more than a third of the ends' runs lie over FAR scales from their end's median, more than outliers
+      make (10 % outliers put 4 of 10 runs that far 1 time in 80).
+    Which end a commit is like is then left to the rank tests alone, at STRICT_THRESHOLD, against the ends'
+    own runs: no model of the runs is trusted, nor a pool of probes picked by their runs' phase."""
     at_old, at_new = statistics.median(old), statistics.median(new)
-    scale = pooled_scale(old, new)
-    if scale >= abs(at_new - at_old):
+    scale, distance = pooled_scale(old, new), abs(at_new - at_old)
+    kept_old, kept_new = within_reach(old, old, new), within_reach(new, old, new)
+    if max(scale, pooled_scale(kept_old, kept_old), pooled_scale(kept_new, kept_new)) >= distance:
         return True
-    far = sum(abs(value - centre) > FAR * scale for end, centre in ((old, at_old), (new, at_new)) for value in end)
-    return far * 4 > len(old) + len(new)
+    far = [value for end, centre in ((old, at_old), (new, at_new)) for value in end
+           if abs(value - centre) > FAR * scale]
+    lone = [value for end, centre in ((old, at_old), (new, at_new)) for value in end
+            if abs(value - centre) > LONE * scale]
+    return len(far) * 3 > len(old) + len(new) or len(within_reach(far, old, new)) >= 2 or \
+        bool(within_reach(lone, old, new))
+
+
+def within_reach(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> list[float]:
+    """samples less than FAR scales (pooled_scale) beyond both ends' medians: a run further out (a 2x outlier,
+    a busy machine) is about as unlikely under either end, so it tells neither and is set aside."""
+    at_old, at_new = statistics.median(old), statistics.median(new)
+    reach = FAR * pooled_scale(old, new)
+    return [value for value in samples if min(at_old, at_new) - reach <= value <= max(at_old, at_new) + reach]
+
+
+def runs_to_tell(old: Sequence[float], new: Sequence[float]) -> float:
+    """About how many runs of a commit, and of the other end, the strict rank test (one-sided p <=
+    STRICT_THRESHOLD) needs to tell a commit like one end from the other, judged by the ends' own runs: A, the
+    share of pairs in which the better-placed end's run lies beyond the other's (Mann-Whitney U / (n m)), gives
+    k runs a side an expected z of (A - 1/2) sqrt(12 k^2 / (2k + 1)); the fewest k whose z reaches the
+    threshold's (inf when the ends' runs rank no way). Two clean peaks (A = 1) need 8; the H200's phases
+    (A about 3/4) about 30."""
+    from scipy import stats
+
+    higher, lower = (old, new) if statistics.median(old) > statistics.median(new) else (new, old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        share = float(stats.mannwhitneyu(higher, lower).statistic) / (len(higher) * len(lower))
+    if share <= 0.5:
+        return math.inf
+    z, c = float(stats.norm.isf(STRICT_THRESHOLD)), 12 * (share - 0.5) ** 2
+    return math.ceil((2 * z * z + math.sqrt(4 * z ** 4 + 4 * c * z * z)) / (2 * c))
 
 
 def log_likelihood_ratio(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> float:
@@ -225,9 +274,12 @@ def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float
     one's (two-sided p > CONSISTENT), and its median lies in the third of the way between the ends' medians
     nearest this end's; otherwise not known (more samples, or a skip). `strict` (the ends overlap): no
     likelihood ratio, the one-sided rank test at STRICT_THRESHOLD instead."""
+    if not strict:
+        samples, old, new = (within_reach(values, old, new) for values in (samples, old, new))
     versus_old, versus_new = compare(samples, old), compare(samples, new)
-    ratio = log_likelihood_ratio(samples, old, new)
-    median, at_old, at_new = statistics.median(samples), statistics.median(old), statistics.median(new)
+    ratio = log_likelihood_ratio(samples, old, new) if samples else 0.0
+    median = statistics.median(samples) if samples else math.nan
+    at_old, at_new = statistics.median(old), statistics.median(new)
     to_old, to_new = abs(median - at_old), abs(median - at_new)
     p = (f"likelihood ratio {math.exp(max(min(ratio, 700), -700)):.2g} for the new end; p = "
          f"{versus_old.p_value:.2g} against the old end, {versus_new.p_value:.2g} against the new end")
@@ -279,7 +331,7 @@ class PerfSettings:
     max_samples: int = 20      # samples of one commit at most before it is skipped as not distinguishable
     parallel: int = 1          # runs of one commit side by side (free slots)
 
-    ENDPOINT_START = 6         # samples of each end before they are first compared
+    ENDPOINT_START = 5         # samples of each end before they are first compared
     PROBE_STEP = 1             # more samples of an undecided commit, per round
     ENDPOINT_REPEAT_EVERY = 3  # one end runs again with every third probe (alternating good and bad)
 

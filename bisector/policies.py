@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Generator, Mapping, NoReturn, Protocol, Sequence
 
 from bisector.errors import EndpointError, MergeBaseError, UsageError
 from bisector.perf import (
@@ -23,6 +23,7 @@ from bisector.perf import (
     likeness,
     median_spread,
     overlapping,
+    runs_to_tell,
 )
 from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
@@ -317,10 +318,13 @@ class PerfPolicy:
     sampled (first as many runs as can differ from the ends' pools at all, then PROBE_STEP more at a time)
     until it is like the old end or like the new one (bisector.perf.likeness, against the end's pool: its
     own samples and those of the probes already decided like it), up to max_samples (then a skip: not
-    distinguishable). Every third probe's first batch also runs one end again, alternating, so the ends'
-    samples span the hunt and drift falls on them too. A run that fails, skips or reports no value of the
-    metric makes its commit a skip (an end: an EndpointError). Every run is stored, so a resumed or
-    repeated run starts from all earlier samples (`history`)."""
+    distinguishable); an undecided probe with more samples than an end's pool runs that end again first. An
+    end also runs again, alternating, with a probe's first batch when no end ran with the last three probes,
+    so the ends' samples span the hunt and drift falls on them too. When the ends' runs overlap so that no
+    commit can be told apart within max_samples, the hunt stops (an EndpointError naming the range left). A
+    run that fails, skips or reports no value of the metric makes its commit a skip (an end: an
+    EndpointError). Every run is stored, so a resumed or repeated run starts from all earlier samples
+    (`history`)."""
 
     rerun = True
     confirmed = False
@@ -385,31 +389,63 @@ class PerfPolicy:
                 break
             wanted += settings.PROBE_STEP
         extra = 0  # which end runs again next (alternating)
+        ends_ran = 0  # the last probe round in which an end ran
         while not self.search.done:
+            self._tellable()
             self.rounds += 1
             sha = self.search.next_probes(1, cost=self.cost)[0]
-            # the first batch: as many samples as can differ from the smaller pool at all
-            wanted = min(first_samples(min(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
+            # the first batch: as many samples as can differ from the larger pool at all (decide like the end of
+            # the smaller pool); one like the other end takes a run or so more
+            wanted = min(first_samples(max(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
             need = self._more(sha, wanted, "probe")
             end = (old, new)[extra % 2]
-            if self.rounds % settings.ENDPOINT_REPEAT_EVERY == 0 and \
+            if self.rounds - ends_ran >= settings.ENDPOINT_REPEAT_EVERY and \
                     self.runs(end) - settings.warmup < 2 * settings.max_samples:
-                # one end runs again with every third probe: the ends' samples keep spanning the hunt
+                # one end runs again when neither ran with the last three probes: the ends' samples keep
+                # spanning the hunt
                 need.append((end, "endpoint"))
                 extra += 1
             while not self._decide(sha, wanted):
-                doubted = {"old": old, "new": new}.get(self.doubted or "")
-                if not need and doubted and len(self.samples(doubted)) < min(len(self.samples(sha)),
-                                                                             2 * settings.max_samples):
-                    # likelier under an end but not consistent with its samples, fewer than the probe's: that
-                    # end's few samples may be off, so it runs again (its pool serves every later probe too)
-                    need = [(doubted, "endpoint")]
+                if not need:
+                    need = self._end_in_doubt(sha)
                 need = need or self._more(sha, wanted, "probe")
                 if not need:
                     wanted = min(wanted + max(settings.PROBE_STEP, settings.parallel), settings.max_samples)
                     need = self._more(sha, wanted, "probe")
+                if any(role == "endpoint" for _, role in need):
+                    ends_ran = self.rounds
                 yield Batch(self.rounds, tuple(need))
                 need = []
+
+    def _tellable(self) -> None:
+        """EndpointError when the ends' runs overlap so that telling a commit apart needs more than
+        max_samples runs of it and of the ends (runs_to_tell, from the ends' own runs)."""
+        ends, cap = (self.samples(self.ends.old), self.samples(self.ends.new)), self.settings.max_samples
+        if overlapping(*ends) and runs_to_tell(*ends) > cap:
+            needed = runs_to_tell(*ends)
+            self._cannot_tell("needs more runs of it and of each end than any --max-samples" if math.isinf(needed)
+                              else f"needs about {needed} runs of it and of each end, more than --max-samples {cap}")
+
+    def _cannot_tell(self, why: str) -> NoReturn:
+        """Stop the hunt: the ends' runs overlap, and a commit cannot be told apart within max_samples."""
+        left = self.search.answer().candidates
+        raise EndpointError(f"the ends' runs overlap: telling a commit apart {why}; the first {self.ends.new_name} "
+                            f"commit is one of the {len(left)} from {left[0][:12]} to {left[-1][:12]}; the "
+                            f"samples are kept: a run with a larger --max-samples (and --reuse-verdicts, for a "
+                            f"-- CMD) goes on from them")
+
+    def _end_in_doubt(self, sha: str) -> list[tuple[str, str]]:
+        """An end to run again instead of the undecided probe sha: the end its samples are likelier under but
+        not consistent with, else the end whose pool is the smaller, while that end has fewer samples than
+        sha (its few samples may sit off by chance: a median from 5 can be a standard deviation off, and
+        every later probe is weighed against it)."""
+        ends = {"old": self.ends.old, "new": self.ends.new}
+        end = self.doubted or min(ends, key=lambda name: len(self.pool(name)))
+        if self.doubted is None and len(self.pool(end)) >= len(self.samples(sha)):
+            return []
+        if len(self.samples(ends[end])) < min(len(self.samples(sha)), 2 * self.settings.max_samples):
+            return [(ends[end], "endpoint")]
+        return []
 
     def _ends_differ(self) -> bool:
         """True once the ends differ enough; False while more samples may tell; EndpointError when they do
@@ -451,13 +487,18 @@ class PerfPolicy:
         ends = self.samples(self.ends.old), self.samples(self.ends.new)
         # where the ends' runs overlap, a probe is weighed against the ends' own runs alone: the probes
         # decided like an end are those whose few runs happened to fall in its phase, a biased pool
-        like = likeness(samples, *ends, strict=True) if overlapping(*ends) else \
+        strict = overlapping(*ends)
+        like = likeness(samples, *ends, strict=True) if strict else \
             likeness(samples, self.pool("old"), self.pool("new"))
         self.doubted = like.doubted
         if like.end is not None:
             return self._record(sha, like.end, like.reason)
         if len(samples) >= self.settings.max_samples:
-            return self._record(sha, None, f"{like.reason} after {len(samples)} samples")
+            self._record(sha, None, f"{like.reason} after {len(samples)} samples")
+            if strict:
+                self._cannot_tell(f"needs more than --max-samples {self.settings.max_samples} runs ({sha[:12]} "
+                                  f"ran {len(samples)}, told apart from neither end)")
+            return True
         return False
 
     def pool(self, end: str) -> list[float]:

@@ -88,9 +88,9 @@ def test_plan_estimates_the_runs(cli, make_repo, tmp_path):
     result = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir",
                  str(tmp_path / "state"), "--metric", "tok_s", "--timeout", "60", "--plan", "--", "true")
     assert result.returncode == 0, result.stderr
-    # 7 commits between the ends: 3 probes; 2 x 6 endpoint runs + 3 x 4 (the fewest samples that can differ
-    # from an end's 6 at one-sided p <= 0.01) + 1 end repeat at least; 2 x 20 + 3 x 40 at most
-    assert ("performance hunt on tok_s: 7 commits to search; about 25 runs if each commit decides at its first "
+    # 7 commits between the ends: 3 probes; 2 x 5 endpoint runs + 3 x 4 (the fewest samples that can differ
+    # from an end's 5 at one-sided p <= 0.01) + 1 end repeat at least; 2 x 20 + 3 x 40 at most
+    assert ("performance hunt on tok_s: 7 commits to search; about 23 runs if each commit decides at its first "
             "samples, 160 at most; at most 160 × --timeout 60s = 2.7 h") in result.stdout
 
 

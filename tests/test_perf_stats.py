@@ -1,6 +1,7 @@
 """The metric protocol's parsing, the performance statistics (Pinpoint's comparison over scipy.stats), and
 the record's metrics column (schema 6, migrated from 4)."""
 import json
+import math
 import random
 import sqlite3
 
@@ -100,10 +101,11 @@ def test_the_adaptive_hunt_names_no_wrong_commit_over_seeds_with_outliers():
 def test_three_samples_decide_against_ends_of_eight_by_their_likelihood_ratio():
     """Three runs of a commit plainly like one end decide it against ends of 8 samples each (the rank tests
     alone, two-sided at 0.005, cannot: 3 samples beyond 8 give p = 0.012 at best); a 2x outlier among its
-    samples moves the likelihood ratio by less than one ordinary run (a heavy-tailed t likelihood), and the
-    rank check waits for two more runs; halfway between the ends nothing is decided."""
+    samples moves the likelihood ratio by less than one ordinary run (a heavy-tailed t likelihood), and, far
+    beyond both ends, it is set aside: the three ordinary runs decide (before, ranked below every sample of the
+    new end, it held the rank check back for two more runs); halfway between the ends nothing is decided."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import likeness, log_likelihood_ratio
+    from bisector.perf import likeness, log_likelihood_ratio, within_reach
 
     rng = random.Random(3)
     old = [1000 * (1 + rng.gauss(0, 0.03)) for _ in range(8)]
@@ -113,14 +115,16 @@ def test_three_samples_decide_against_ends_of_eight_by_their_likelihood_ratio():
     with_outlier = [1004.0, 502.0, 991.0, 1012.0]  # a busy machine's run: half the throughput
     outlier = log_likelihood_ratio([502.0], old, new)
     assert 0 < outlier < -log_likelihood_ratio([1004.0], old, new)
-    assert likeness(with_outlier, old, new).end is None  # ranked below every sample of the new end
-    assert likeness([*with_outlier, 1003.0, 998.0], old, new).end == "old"
+    assert within_reach(with_outlier, old, new) == [1004.0, 991.0, 1012.0]
+    assert likeness(with_outlier, old, new).end == "old"
+    assert likeness([502.0, 498.0, 505.0], old, new).end is None  # runs that tell neither end decide nothing
     assert likeness([960.0, 959.0, 961.0], old, new).end is None
 
 
-def test_the_adaptive_hunt_takes_well_under_two_thirds_of_fixed_10s_runs_and_names_no_wrong_commit():
+def test_the_adaptive_hunt_takes_at_most_half_of_fixed_10s_runs_and_names_no_wrong_commit():
     """bench/perf_noise.py, 3 % noise and an 8 % slowdown over 64 commits, 40 seeds: never a wrong commit, and
-    at most 56 % of the fixed 10-repeat strategy's runs (the rank-test policy before took about 60 %)."""
+    at most half of the fixed 10-repeat strategy's runs, issue 35's goal (before: 54 %; the rank-test policy
+    before that about 60 %)."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
     import importlib.util
     from pathlib import Path
@@ -131,7 +135,7 @@ def test_the_adaptive_hunt_takes_well_under_two_thirds_of_fixed_10s_runs_and_nam
     ours = noise.tally(lambda bench: noise.adaptive(bench, 20), 40, 64, 0.03, 0.08, 0.0)
     fixed = noise.tally(lambda bench: noise.fixed(bench, 10), 40, 64, 0.03, 0.08, 0.0)
     assert ours["wrong"] == 0 and ours["right"] >= 39
-    assert ours["runs"] <= 0.56 * fixed["runs"]
+    assert ours["runs"] <= 0.5 * fixed["runs"]
 
 
 def test_ends_with_outliers_are_sampled_further_when_the_direction_is_known():
@@ -186,6 +190,45 @@ def test_an_end_whose_few_samples_look_off_runs_again_before_the_probe_does():
     assert next(policy.batches()).commits == ((shas[2], "endpoint"),)
 
 
+def test_an_undecided_commit_with_more_samples_than_an_ends_pool_runs_that_end_again():
+    """bench/perf_noise.py seed 156: the good end's five runs came out high by chance (median 1058, the true
+    mean 1000), so a good commit's runs at about 990 sit between the ends' medians: likelier under neither end,
+    consistent with neither end's pool. Before, the commit ran to the cap of 20 and was skipped while the good
+    end kept its five runs; now, once the commit has more samples than an end's pool, that end runs again (the
+    smaller pool's: every later commit is weighed against it)."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import Direction, PerfSettings, likeness
+    from bisector.policies import Endpoints, PerfPolicy
+    from bisector.search import Bisection
+
+    good, bad = [957.0, 975.0, 1058.0, 1059.0, 1072.0], [878.0, 905.0, 926.0, 928.0, 942.0]
+    probe = [990.0, 1000.0, 978.0, 1011.0, 965.0, 997.0, 1016.0, 984.0]
+    seen = likeness(probe, good, bad)
+    assert seen.end is None and seen.doubted is None
+    shas = ["a" * 40, "b" * 40, "c" * 40]
+    history = {sha: [Execution(sha, Verdict.GOOD, "exit 0", None, 0.1, None, {}, metrics={"tok_s": value})
+                     for value in values] for sha, values in zip(shas, (good, probe, bad))}
+    ends = Endpoints(old=shas[0], new=shas[2], old_name="good", new_name="bad", old_ref="good", new_ref="bad")
+    policy = PerfPolicy(Bisection([(shas[1], [shas[0]]), (shas[2], [shas[1]])], shas[2]), ends,
+                        PerfSettings("tok_s", Direction.HIGHER), history.__getitem__)
+    assert next(policy.batches()).commits == ((shas[0], "endpoint"),)
+
+
+def test_two_runs_of_an_end_in_the_other_ends_phase_make_the_ends_overlap_and_2x_outliers_do_not():
+    """bench/perf_noise.py seed 11 under the H200's phases, five runs an end: the good end's all fast, the bad
+    end's three slow and two fast. Two runs far from their own end's median yet within reach of the ends are a
+    second mode: the ends overlap (before, 2 far runs of 10 were under the quarter that said so, and the hunt
+    named a wrong commit). 2x outliers lie beyond both ends: they are set aside, not a second mode."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import overlapping, within_reach
+
+    good, bad = [980.0, 999.0, 1004.0, 1010.0, 1013.0], [618.0, 620.0, 623.0, 926.0, 931.0]
+    assert overlapping(good, bad)
+    good, bad = [1002.0, 499.0, 985.0, 1011.0, 994.0], [921.0, 905.0, 460.0, 930.0, 917.0]
+    assert not overlapping(good, bad)
+    assert within_reach(good, good, bad) == [1002.0, 985.0, 1011.0, 994.0]
+
+
 def test_runs_in_fast_and_slow_phases_leave_a_commit_to_the_strict_rank_tests_against_the_ends_alone():
     """The H200's VM (round 6) ran each engine start in a fast or a slow phase, 1.5x apart, about half each.
     Ends whose runs sit in two such modes overlap: three slow-phase runs of a commit like the old end, a bit
@@ -232,3 +275,16 @@ def test_under_fast_and_slow_phases_the_adaptive_hunt_names_no_wrong_commit():
         bench = noise.Bench(seed, 16, 0.01, 0.06, 0.0, 0.5, 1.5)
         found = noise.adaptive(bench, 20)
         assert found in (None, bench.shas[bench.culprit]), f"seed {seed}: {found}, not {bench.shas[bench.culprit]}"
+
+
+def test_the_runs_a_commit_needs_against_overlapping_ends_come_from_how_the_ends_own_runs_rank():
+    """Two clean peaks (every good run above every bad one) need about 8 runs a side for the strict one-sided
+    rank test (7 beyond 7 give 1 / 3432); the H200's phases, half the runs of each end 1.5x slower, where a
+    fast bad run beats a slow good one (a good run beats a bad one in 3 pairs of 4), need about 30, more than
+    --max-samples 20; ends that rank no way cannot be told apart by any number."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import runs_to_tell
+
+    assert runs_to_tell([1000.0, 1010.0, 990.0, 1005.0, 995.0], [920.0, 925.0, 915.0, 930.0, 910.0]) == 8
+    assert runs_to_tell([1006.0, 675.0, 1005.0, 672.0, 996.0, 669.0], [936.0, 619.0, 951.0, 627.0, 609.0, 940.0]) == 30
+    assert runs_to_tell([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == math.inf

@@ -17,6 +17,8 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--noise", type=float, default=0.02)      # relative standard deviation
 parser.add_argument("--slower", type=float, default=0.08)     # a bad commit's slowdown
 parser.add_argument("--outliers", type=float, default=0.0)    # probability of a 2x slower run
+parser.add_argument("--slow-phase", type=float, default=0.0)  # probability of the machine's slow phase (H200 VM)
+parser.add_argument("--phase-factor", type=float, default=1.5)  # how much slower a slow-phase run is
 parser.add_argument("--file", action="store_true")            # write $BISECTOR_METRIC_FILE instead of lines
 args = parser.parse_args()
 # RUNS_DIR/hold-after holding N: the run after N runs (all commits) creates RUNS_DIR/held and waits to be killed
@@ -46,6 +48,8 @@ rng = random.Random(f"{args.seed}/{commit}/{run}")
 speed = 1000.0 * (1 - args.slower if bad else 1.0) * (1 + rng.gauss(0, args.noise))
 if rng.random() < args.outliers:
     speed /= 2
+if args.slow_phase and rng.random() < args.slow_phase:
+    speed /= args.phase_factor
 if args.file:
     import json
     import os
