@@ -22,6 +22,11 @@ LOW_THRESHOLD = 0.01
 # A commit is called like one end only while its samples are plainly consistent with that end's: a p-value
 # against it above this (between LOW_THRESHOLD and this, more samples are taken).
 CONSISTENT = 0.05
+# ... or the 95 % interval of the change of its median from that end's lies within SAME_SHIFT of the distance
+# between the ends' medians (an equivalence test): a shift that small is no difference that matters, however
+# steady the runs (the H200's GPU-bound decode in round 7: runs 0.2 % apart told apart at p = 0.013, by a third
+# of a per cent the ends' own runs drifted over the hunt); runs of two modes give no such narrow interval.
+SAME_SHIFT = 0.25
 # A commit is called like one end when its samples are LIKELIHOOD_RATIO times likelier under that end's
 # distribution than under the other's (a sequential likelihood-ratio test: Student t likelihoods with
 # T_DEGREES degrees of freedom, heavy-tailed so that one outlier weighs little) and, as a check that needs
@@ -271,9 +276,10 @@ def log_likelihood_ratio(samples: Sequence[float], old: Sequence[float], new: Se
 def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float], strict: bool = False) -> Likeness:
     """A commit is like one end when its samples are LIKELIHOOD_RATIO times likelier under that end than
     under the other, differ from the other end's (one-sided p <= LOW_THRESHOLD), are consistent with this
-    one's (two-sided p > CONSISTENT), and its median lies in the third of the way between the ends' medians
-    nearest this end's; otherwise not known (more samples, or a skip). `strict` (the ends overlap): no
-    likelihood ratio, the one-sided rank test at STRICT_THRESHOLD instead."""
+    one's (two-sided p > CONSISTENT, or `equivalent` within SAME_SHIFT of the ends' distance), and its median
+    lies in the third of the way between the ends' medians nearest this end's; otherwise not known (more
+    samples, or a skip). `strict` (the ends overlap): no likelihood ratio, the one-sided rank test at
+    STRICT_THRESHOLD instead."""
     if not strict:
         samples, old, new = (within_reach(values, old, new) for values in (samples, old, new))
     versus_old, versus_new = compare(samples, old), compare(samples, new)
@@ -287,17 +293,36 @@ def likeness(samples: Sequence[float], old: Sequence[float], new: Sequence[float
     bound, threshold = math.log(LIKELIHOOD_RATIO), STRICT_THRESHOLD if strict else LOW_THRESHOLD
     if strict:
         p += "; the ends' runs overlap: rank tests alone"
-    towards = None
+    towards, nearer = None, False
     if (strict or ratio <= -bound) and one_sided_p(samples, new, lower=at_old < at_new) <= threshold:
-        towards, consistent, nearer = "old", versus_old.p_value > CONSISTENT, to_old * 2 < to_new
+        towards, nearer = "old", to_old * 2 < to_new
     elif (strict or ratio >= bound) and one_sided_p(samples, old, lower=at_new < at_old) <= threshold:
-        towards, consistent, nearer = "new", versus_new.p_value > CONSISTENT, to_new * 2 < to_old
+        towards, nearer = "new", to_new * 2 < to_old
+    margin, end = SAME_SHIFT * abs(at_new - at_old), old if towards == "old" else new
+    consistent = bool(towards) and (
+        (versus_old if towards == "old" else versus_new).p_value > CONSISTENT
+        or (tight(old, margin) and tight(new, margin) and equivalent(samples, end, margin)))
     if towards and consistent and nearer:
         return Likeness(towards, versus_old, versus_new, f"like the {towards} end ({p})")
     doubted = towards if towards and not consistent else None
     if versus_old.result is Result.DIFFERENT and versus_new.result is Result.DIFFERENT:
         return Likeness(None, versus_old, versus_new, f"differs from both ends ({p})", doubted)
     return Likeness(None, versus_old, versus_new, f"not distinguishable from either end ({p})", doubted)
+
+
+def tight(samples: Sequence[float], margin: float) -> bool:
+    """Whether samples' interquartile range is under margin: one peak, not runs in two modes around a median
+    that lies between them (where the distance between the ends' medians means nothing)."""
+    q1, _, q3 = median_spread(samples)
+    return q3 - q1 < margin
+
+
+def equivalent(samples: Sequence[float], end: Sequence[float], margin: float) -> bool:
+    """Whether the 95 % bootstrap interval of the change of samples' median from end's lies within +-margin."""
+    if len(samples) < 2 or len(end) < 2:
+        return False
+    moved = change(end, samples)
+    return moved.before * max(abs(moved.low), abs(moved.high)) < margin
 
 
 def first_samples(pool: int) -> int:

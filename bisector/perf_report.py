@@ -68,14 +68,15 @@ def notes(perf: Mapping) -> list[str]:
 def step_verdict(perf: Mapping | None, step: StepRecord) -> str:
     """The verdict a step list shows for one run: its own (exit code) verdict, except that in a performance
     hunt a run that measured (not skip) shows what the hunt decided for its commit: "like good" / "like bad"
-    (a probe, in the ends' names), "undecided", or an end's own name; every such run exits good."""
+    (a probe, in the ends' names), "undecided" (a skip, or still being sampled when the hunt stopped), or an
+    end's own name; every such run exits good."""
     if not perf or step.verdict == "skip":
         return step.verdict
     for entry in perf["commits"]:
         if entry["sha"] == step.sha:
             if entry["role"] == "endpoint":
                 return entry["verdict"]
-            return "undecided" if entry["verdict"] == "skip" else f"like {entry['verdict']}"
+            return "undecided" if entry["verdict"] in ("skip", "undecided") else f"like {entry['verdict']}"
     return step.verdict
 
 

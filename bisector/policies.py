@@ -341,6 +341,7 @@ class PerfPolicy:
         self.verdicts: dict[str, tuple[str | None, str]] = {}  # probe sha -> (its end, or None: skip; why)
         self.tested: list[str] = []           # probes in the order they were decided
         self.doubted: str | None = None       # the end the probe being sampled is likelier under but unlike
+        self.sampling: tuple[str, str] | None = None  # the probe being sampled: (sha, why undecided at its last look)
 
     # -- samples ---------------------------------------------------------------------------------
     def runs(self, sha: str) -> int:
@@ -483,6 +484,8 @@ class PerfPolicy:
         if sha in self.failed:
             return self._record(sha, None, self.failed[sha])
         if len(samples) < wanted:
+            if not self.sampling or self.sampling[0] != sha:
+                self.sampling = (sha, "")
             return False
         ends = self.samples(self.ends.old), self.samples(self.ends.new)
         # where the ends' runs overlap, a probe is weighed against the ends' own runs alone: the probes
@@ -491,6 +494,7 @@ class PerfPolicy:
         like = likeness(samples, *ends, strict=True) if strict else \
             likeness(samples, self.pool("old"), self.pool("new"))
         self.doubted = like.doubted
+        self.sampling = (sha, like.reason)
         if like.end is not None:
             return self._record(sha, like.end, like.reason)
         if len(samples) >= self.settings.max_samples:
@@ -510,6 +514,7 @@ class PerfPolicy:
 
     def _record(self, sha: str, end: str | None, reason: str) -> bool:
         self.verdicts[sha] = (end, reason)
+        self.sampling = None
         self.tested.append(sha)
         self.search.record(sha, {"old": Term.OLD, "new": Term.NEW, None: Term.SKIP}[end])
         return True
@@ -529,11 +534,18 @@ class PerfPolicy:
 
     def record(self) -> dict:
         """What the result keeps of the hunt: the settings, the ends' change, every tested commit's samples,
-        medians, p-values against both ends and change from the old end with its interval, and verdict."""
+        medians, p-values against both ends and change from the old end with its interval, and verdict; a
+        probe still being sampled when the hunt stopped (interrupted) as "undecided", with why so far."""
         ends, names = self.ends, {"old": self.ends.old_name, "new": self.ends.new_name, None: "skip"}
         before, after = self.samples(ends.old), self.samples(ends.new)
+        verdicts = dict(self.verdicts)
+        if self.sampling and self.sampling[0] not in verdicts and self.samples(self.sampling[0]):
+            sha, why = self.sampling
+            verdicts[sha] = ("undecided", f"still being sampled when the hunt stopped, {self.runs(sha)} run(s)"
+                                          + (f"; at its last look {why}" if why else ""))
+            names["undecided"] = "undecided"
         commits = []
-        for sha in (ends.old, *sorted(self.tested, key=self.search.index.__getitem__), ends.new):
+        for sha in (ends.old, *sorted(verdicts, key=self.search.index.__getitem__), ends.new):
             samples = self.samples(sha)
             role = "endpoint" if sha in (ends.old, ends.new) else "probe"
             entry: dict[str, Any] = {"sha": sha, "role": role, "runs": self.runs(sha), "samples": samples}
@@ -545,7 +557,7 @@ class PerfPolicy:
             if role == "endpoint":
                 entry["verdict"] = ends.old_name if sha == ends.old else ends.new_name
             else:
-                end, reason = self.verdicts[sha]
+                end, reason = verdicts[sha]
                 entry["verdict"], entry["reason"] = names[end], reason
                 if samples and before and after:
                     entry["p_old"], entry["p_new"] = compare(samples, before).p_value, compare(samples, after).p_value

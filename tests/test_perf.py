@@ -153,6 +153,37 @@ def test_a_resumed_hunt_keeps_the_samples_of_the_killed_one(make_repo, tmp_path,
     assert data["first_bad"]["sha"] == shas[6]
 
 
+def test_an_interrupted_hunt_reports_the_probe_it_was_sampling_as_undecided(make_repo, tmp_path, git_env, wait_for):
+    """Stopped (SIGTERM) while a probe is half sampled, the hunt's reports keep that probe: its samples and
+    "undecided" with why so far, in the JSON and the text (on the H200 a probe's 9 runs were missing)."""
+    repo = make_repo("r")
+    shas = repo.linear(10, 6)
+    out = tmp_path / "out.json"
+    argv = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0], "--bad",
+            shas[-1], "--state-dir", str(tmp_path / "state"), "--metric", "tok_s", "--json", str(out),
+            *bench(tmp_path, "--seed", "7")]
+    hold = tmp_path / "runs" / "hold-after"
+    hold.parent.mkdir()
+    hold.write_text("12\n")  # held in its 13th run: the ends' 10 and two of the first probe's stored
+    hunt = subprocess.Popen(argv, env={**os.environ, **git_env, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: (hold.parent / "held").exists() or hunt.poll() is not None)
+        assert hunt.poll() is None, "the hunt ended before its 13th run"
+        hunt.send_signal(signal.SIGTERM)
+        output, _ = hunt.communicate(timeout=120)
+    finally:
+        if hunt.poll() is None:
+            os.killpg(hunt.pid, signal.SIGKILL)
+            hunt.wait()
+    data = json.loads(out.read_text())
+    probes = [entry for entry in data["perf"]["commits"] if entry["role"] == "probe"]
+    assert len(probes) == 1 and probes[0]["verdict"] == "undecided", probes
+    assert len(probes[0]["samples"]) == 2
+    assert probes[0]["reason"] == "still being sampled when the hunt stopped, 2 run(s)"
+    assert f"{probes[0]['sha'][:12]} undecided 2 sample(s)" in output, output
+
+
 def test_metric_options_need_metric_and_exclude_flaky(cli, make_repo, tmp_path):
     repo = make_repo("r")
     shas = repo.linear(3, 1)

@@ -288,3 +288,55 @@ def test_the_runs_a_commit_needs_against_overlapping_ends_come_from_how_the_ends
     assert runs_to_tell([1000.0, 1010.0, 990.0, 1005.0, 995.0], [920.0, 925.0, 915.0, 930.0, 910.0]) == 8
     assert runs_to_tell([1006.0, 675.0, 1005.0, 672.0, 996.0, 669.0], [936.0, 619.0, 951.0, 627.0, 609.0, 940.0]) == 30
     assert runs_to_tell([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == math.inf
+
+
+def _h200_round_7_runs() -> dict[str, list[float]]:
+    """decode tok/s of every run of the H200's round-7 hunt (tests/records/h200-r7-perf-samples.txt), per
+    commit, in the order they ran."""
+    from pathlib import Path
+
+    runs: dict[str, list[float]] = {}
+    records = Path(__file__).parent / "records" / "h200-r7-perf-samples.txt"
+    for line in records.read_text().splitlines():
+        if line and not line.startswith("#"):
+            sha, _role, value = line.split()[:3]
+            runs.setdefault(sha, []).append(float(value))
+    return runs
+
+
+def test_a_commit_a_fraction_of_a_per_cent_from_an_end_is_like_it_however_steady_the_runs():
+    """The H200's GPU-bound decode (round 7): the ends 5.7 % apart, each end's runs within 0.5 %; c6, after the
+    planted commit, ran 0.2 % below the bad end (6 % of the ends' distance). Rank tests told that apart at
+    p = 0.013, so c6 stayed undecided for 9 runs until the device time ran out. Its runs are now equivalent to
+    the bad end's (the change's interval within a quarter of the ends' distance) at every count from its first
+    batch on. A commit 30 % of the way between the ends, as steady, is still like neither."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import first_samples, likeness
+
+    runs = _h200_round_7_runs()
+    good, bad = runs["bb781452c1ff"][:6], runs["605860915a99"][:6]  # the ends as the hunt first compared them
+    old_pool = [*good, *runs["d8d102b35544"]]  # c4, decided like the good end
+    c6 = runs["85abdea83684"]
+    for count in range(first_samples(len(bad)), len(c6) + 1):
+        seen = likeness(c6[:count], old_pool, bad)
+        assert seen.end == "new", (count, seen.reason)
+    shift = 0.3 * (sum(good) - sum(bad)) / len(bad)
+    partial = [value + shift for value in c6]
+    assert likeness(partial, old_pool, bad).end is None
+
+
+def test_runs_of_two_modes_are_never_equivalent_to_an_end_whose_median_they_happen_to_sit_near():
+    """A wrong answer of the bench under the H200's phases (seed 52 of `--noise 0.01 --slowdown 0.06 --slow-phase
+    0.5`), as the hunt weighed it: a good commit whose six runs all fell in the slow phase sits near the bad pool's
+    median (its runs mostly in that phase too), while the good pool's runs lie in both modes, its median between
+    them. The ends' distance means nothing there, so no equivalence is taken from it: the commit is not called
+    like the bad end."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import likeness
+
+    good = [658.92, 660.56, 661.21, 662.18, 663.21, 663.24, 663.48, 664.57, 665.27, 669.11, 670.64, 670.83, 675.02,
+            675.64, 977.14, 987.41, 988.12, 988.6, 988.73, 995.27, 995.33, 995.33, 996.68, 997.64, 998.36, 999.57,
+            1004.19, 1008.79, 1011.35, 1018.08]
+    bad = [618.92, 621.53, 621.96, 624.1, 624.52, 625.65, 626.72, 626.97, 628.56, 632.29, 634.11, 635.66, 637.03,
+           639.18, 639.49, 644.05, 930.08, 937.93, 960.62]
+    assert likeness([665.54, 663.38, 670.55, 666.98, 668.01, 669.66], good, bad).end != "new"
