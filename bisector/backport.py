@@ -42,7 +42,7 @@ from bisector.results import (
     FixCheck,
     PinChange,
 )
-from bisector.seams import BuildConfig, Scenario
+from bisector.seams import DEFAULT_PYTHON, BuildConfig, Scenario
 from bisector.steps import Handler
 from bisector.store import Execution, Store
 from bisector.worktrees import WorktreePool
@@ -65,7 +65,7 @@ class BackportConfig:
     create_branches: bool = False
     timeout: float | None = None
     state_dir: Path | None = None
-    python: str = "python3"
+    python: str = DEFAULT_PYTHON
     repeat: int = 1
     builder: BuildConfig = field(default_factory=NoBuild)
     log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)

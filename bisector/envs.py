@@ -29,6 +29,7 @@ from typing import Callable, Iterator, Sequence
 from bisector import cachedir
 from bisector.errors import UsageError
 from bisector.probe_env import last_error_line, python_environment, run_probe
+from bisector.seams import DEFAULT_PYTHON
 
 MODES = ("shared", "per-commit")
 DEFAULT_ENV_CACHE_SIZE = 8
@@ -207,7 +208,7 @@ class EnvSettings:
     """What the user asked for (--env, --python, --env-cache-size); `open` binds it to a state dir."""
 
     mode: str = "shared"
-    python: str = "python3"
+    python: str = DEFAULT_PYTHON
     cache_size: int = DEFAULT_ENV_CACHE_SIZE
 
     def open(self, state_dir: Path) -> "SharedEnv | EnvStore":

@@ -10,6 +10,7 @@ See ARCHITECTURE.md for how to add one of each.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from bisector.envs import Environment, Reader
     from bisector.refs import GitRepo
     from bisector.worktrees import WorktreePool
+
+# The interpreter steps, builds and environments use unless the user names one (--python): the one running
+# bisector, as the CLI passes it, so that a run set up in-process asks the same question as one from the CLI.
+DEFAULT_PYTHON = sys.executable
 
 
 class Verdict(str, Enum):
@@ -69,7 +74,7 @@ class StepContext:
     log_path: Path
     timeout: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    python: str = "python3"
+    python: str = DEFAULT_PYTHON
     cancel: threading.Event | None = None  # set when the step's result is no longer wanted
     container: ContainerLauncher | None = None  # --image: every process of the step runs through it
     held_tree: Path | None = None  # a level inside a dependency: the held commit's tree with its build (the world's)

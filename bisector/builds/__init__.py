@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from bisector.errors import UsageError
 from bisector.registry import Option, Registry
+from bisector.seams import DEFAULT_PYTHON
 
 if TYPE_CHECKING:
     from bisector.builds.base import BuildStrategy
@@ -52,7 +53,7 @@ class BuildSettings:
     """What the user asked for; `open` binds it to a repository and state dir for one run."""
 
     strategy: str = "auto"  # auto | none | a registered strategy (an alias is taken as its strategy)
-    python: str = "python3"
+    python: str = DEFAULT_PYTHON
     rocm_arch: str | None = None
     wheels: str | None = None
     cache_size: int = parse_size(DEFAULT_CACHE_SIZE)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 
 from bisector.builds.version import pretend_env
 from bisector.process import run_process
+from bisector.seams import DEFAULT_PYTHON
 from bisector.worktrees import untracked_files
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class Target:
     native: str  # native-input hash (bisector.builds.native.native_hash)
     trees: Mapping[str, str]  # native input path -> tree id, for the paths present at sha
     worktree: Path  # a placeholder when only planning
-    python: str = "python3"  # the interpreter of the environment the build runs in
+    python: str = DEFAULT_PYTHON  # the interpreter of the environment the build runs in
     installer: tuple[str, ...] = ()  # installs requirement files there; () = `python -m pip install`
     variables: Mapping[str, str] = field(default_factory=dict)  # select that environment (PATH, VIRTUAL_ENV)
     version: str = ""  # what the tree's build is told its version is (bisector.builds.version); "": ask git

@@ -10,7 +10,7 @@ from bisector.envs import EnvSettings
 from bisector.perf import PerfSettings
 from bisector.process import DEFAULT_LOG_LIMIT
 from bisector.results import PinLevel
-from bisector.seams import BuildConfig, Executor, Scenario
+from bisector.seams import DEFAULT_PYTHON, BuildConfig, Executor, Scenario
 from bisector.world import WorldSettings
 
 
@@ -30,7 +30,7 @@ class RunConfig:
     verify_endpoints: bool = True
     jobs: int = 1
     repeat: int = 1
-    python: str = "python3"
+    python: str = DEFAULT_PYTHON
     executor: Executor | None = None  # default: LocalExecutor on `jobs` CPU slots
     builder: BuildConfig = field(default_factory=NoBuild)
     fix: str | None = None             # seed the search with the commits the fix's lines blame to
