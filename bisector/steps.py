@@ -1,9 +1,12 @@
 """What a run reports as it goes: one Step per judged commit, and the Handler that hears of each."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping, Sequence
 
 from bisector.results import StepRecord
 from bisector.seams import Verdict
@@ -64,6 +67,63 @@ class Step:
                           details={**run.details, **({"cause": run.cause} if run.cause else {})},
                           cache_key=self.cache_key,
                           from_earlier_run=self.from_earlier_run, manual=run.manual)
+
+
+PHASES = "phases"  # the details key: seconds per part of a run, in order, summing to its seconds (docs/run.md)
+
+
+class PhaseClock:
+    """Where a step's seconds go: named parts timed in order (`part`), and the step's executions stamped with
+    them (`stamp`), what no part covers named "other"."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.parts: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time the block as the part name (added to it when timed again)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.parts[name] = self.parts.get(name, 0.0) + time.monotonic() - start
+
+    def stamp(self, fresh: Sequence[Execution]) -> list[Execution]:
+        """fresh, the step's runs in order, with the step's own time on its first: that run's seconds become
+        all the step took but the later runs' seconds, and its phases this clock's parts before its own."""
+        if not fresh:
+            return []
+        later = sum(run.seconds for run in fresh[1:])
+        first = fresh[0]
+        seconds = max(time.monotonic() - self.started - later, first.seconds)
+        parts = {**self.parts, **first.details.get(PHASES, {})}
+        return [with_phases(first, parts, seconds), *fresh[1:]]
+
+
+def with_phases(run: Execution, parts: Mapping[str, float], seconds: float | None = None) -> Execution:
+    """run with seconds (default its own) and details' phases: parts to the millisecond, the rest "other"."""
+    seconds = run.seconds if seconds is None else seconds
+    rounded = {name: round(value, 3) for name, value in parts.items() if name != "other"}
+    rounded["other"] = round(max(seconds - sum(rounded.values()), 0.0), 3)
+    return dataclasses.replace(run, seconds=seconds, details={**run.details, PHASES: rounded})
+
+
+def before_phases(run: Execution, name: str, seconds: float) -> Execution:
+    """run with a part timed before all it holds (the executor's worktree), added to its seconds."""
+    parts = {name: seconds, **run.details.get(PHASES, {})}
+    return with_phases(run, parts, run.seconds + seconds)
+
+
+def summed_phases(runs: Sequence[Execution]) -> dict[str, float]:
+    """The phases of runs added part by part (a repeated good verdict's, whose seconds are the runs' sum)."""
+    total: dict[str, float] = {}
+    for run in runs:
+        for name, seconds in run.details.get(PHASES, {}).items():
+            total[name] = round(total.get(name, 0.0) + seconds, 3)
+    if "other" in total:
+        total["other"] = total.pop("other")
+    return total
 
 
 class Handler:
