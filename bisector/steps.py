@@ -78,26 +78,30 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.started = time.monotonic()
-        self.parts: dict[str, float] = {}
+        self.parts: dict[str, float] = {}  # before the scenario's runs
+        self.after: dict[str, float] = {}  # after them
 
     @contextlib.contextmanager
-    def part(self, name: str) -> Iterator[None]:
-        """Time the block as the part name (added to it when timed again)."""
+    def part(self, name: str, after_runs: bool = False) -> Iterator[None]:
+        """Time the block as the part name (added to it when timed again), listed before the scenario's runs
+        or after them."""
+        parts = self.after if after_runs else self.parts
         start = time.monotonic()
         try:
             yield
         finally:
-            self.parts[name] = self.parts.get(name, 0.0) + time.monotonic() - start
+            parts[name] = parts.get(name, 0.0) + time.monotonic() - start
 
     def stamp(self, fresh: Sequence[Execution]) -> list[Execution]:
         """fresh, the step's runs in order, with the step's own time on its first: that run's seconds become
-        all the step took but the later runs' seconds, and its phases this clock's parts before its own."""
+        all the step took but the later runs' seconds, and its phases this clock's parts around its own."""
         if not fresh:
             return []
         later = sum(run.seconds for run in fresh[1:])
         first = fresh[0]
         seconds = max(time.monotonic() - self.started - later, first.seconds)
-        parts = {**self.parts, **first.details.get(PHASES, {})}
+        own = {name: value for name, value in first.details.get(PHASES, {}).items() if name != "other"}
+        parts = {**self.parts, **own, **self.after}
         return [with_phases(first, parts, seconds), *fresh[1:]]
 
 

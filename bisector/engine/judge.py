@@ -215,7 +215,7 @@ class Judge:
             if environment.key is None:
                 return fresh
             names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
-            with clock.part("versions"):
+            with clock.part("versions", after_runs=True):
                 step_env = {"key": environment.key, "python": environment.python,
                             "versions": self.envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
