@@ -9,10 +9,10 @@ import sys
 import textwrap
 
 import pytest
+from test_dpa_fp8_kv_numerics import FAKE_TORCH, FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
 
 from scenarios import create
 from scenarios.base import StepContext, Verdict
-from tests.test_dpa_fp8_kv_numerics import FAKE_TORCH, FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +59,16 @@ def slow_fake_vllm() -> dict[str, str]:
     return {**FAKE_VLLM, "vllm/__init__.py": init}
 
 
-def test_gpu_scenario_times_its_child_from_the_marks_it_prints(tmp_path, nvidia_root):  # noqa: F811
+@pytest.mark.parametrize("options, work", [
+    (SMALL, "decode"),
+    ({**SMALL, "check": "perf", "perf_repeats": "1", "perf_tokens": "4", "perf_batch": "2"}, "measure")])
+def test_gpu_scenario_times_its_child_from_the_marks_it_prints(tmp_path, nvidia_root, options, work):  # noqa: F811
     site, checkout = tmp_path / "site", tmp_path / "tree"
     for root, files in ((site, FAKE_TORCH), (checkout, slow_fake_vllm())):
         for rel, text in files.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(textwrap.dedent(text))
-    scenario = create(NAME, SMALL)
+    scenario = create(NAME, options)
     scenario.system_root = nvidia_root
     ctx = StepContext(checkout=checkout, log_path=tmp_path / "logs" / "step.log", timeout=120, python=sys.executable,
                       env={"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
@@ -74,7 +77,7 @@ def test_gpu_scenario_times_its_child_from_the_marks_it_prints(tmp_path, nvidia_
     assert outcome.verdict is Verdict.GOOD, outcome.reason
     phases = outcome.details["phases"]
     assert [name for name in phases if name != "start_gate"] == \
-        ["probe", "prepare", "child_start", "import", "engine", "decode", "shutdown"], phases
+        ["probe", "prepare", "child_start", "import", "engine", work, "shutdown"], phases
     assert phases["import"] >= PAUSE and phases["engine"] >= PAUSE, phases  # where the fake vLLM slept
     assert all(seconds >= 0 for seconds in phases.values()), phases
     child = sum(seconds for name, seconds in phases.items() if name not in ("probe", "prepare"))
