@@ -92,6 +92,13 @@ class PhaseClock:
         finally:
             parts[name] = parts.get(name, 0.0) + time.monotonic() - start
 
+    def split(self, name: str, inside: Mapping[str, float]) -> None:
+        """The part name told in the parts timed inside it, listed in its place; what they leave stays name."""
+        if not inside:
+            return
+        whole = self.parts.pop(name, 0.0)
+        self.parts.update({**inside, name: max(whole - sum(inside.values()), 0.0)})
+
     def stamp(self, fresh: Sequence[Execution]) -> list[Execution]:
         """fresh, the step's runs in order, with the step's own time on its first: that run's seconds become
         all the step took but the later runs' seconds, and its phases this clock's parts around its own."""

@@ -7,9 +7,12 @@ tests/test_dpa_fp8_kv_numerics.py slowed where vLLM is slow (its import, its eng
 import json
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from test_dpa_fp8_kv_numerics import FAKE_TORCH, FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
+from test_images import bisect, docker, history, publish  # noqa: F401
 
 from scenarios import create
 from scenarios.base import StepContext, Verdict
@@ -46,6 +49,37 @@ def test_every_step_of_a_command_run_says_where_its_seconds_went(make_repo, cli,
     report = cli("report", "latest", "--repo", str(repo.path), "--state-dir", str(state), "--format", "json")
     stored = json.loads(report.stdout)["steps"]
     assert [step["details"]["phases"] for step in stored] == [step["details"]["phases"] for step in steps]
+
+
+def test_an_image_step_says_how_long_its_pull_and_proof_took(make_repo, docker, tmp_path, cli,  # noqa: F811
+                                                            wait_for):
+    repo, shas = history(make_repo, count=3, culprit=2)
+    publish(docker, shas, range(3), culprit=2, local={0})  # the good end's image is here; the bad end's pulled
+    gate = tmp_path / "pull-gate"  # a pull waits until it exists: opened PAUSE after the first pull began
+    docker.env["FAKE_DOCKER_PULL_GATE"] = str(gate)
+
+    def open_gate_late():
+        if wait_for(lambda: any(call[:1] == ["pull"] for call in docker.calls())):
+            time.sleep(PAUSE)
+        gate.touch()
+
+    opener = threading.Thread(target=open_gate_late)
+    opener.start()
+    try:
+        run = bisect(cli, repo, shas, tmp_path / "state", docker, json_file=tmp_path / "r.json")
+    finally:
+        gate.touch()
+        opener.join()
+    assert run.returncode == 0, run.stderr
+    steps = {step["sha"]: step for step in json.loads((tmp_path / "r.json").read_text())["steps"]}
+    assert set(steps) == set(shas)
+    for sha in shas:
+        phases = steps[sha]["details"]["phases"]
+        assert list(phases) == ["worktree", "environment", "image_pull", "image_proof", "world", "scenario",
+                                "other"], phases  # the image holds the build: no build part
+        assert_adds_up(steps[sha])
+    # the first pull waited at the gate (the good end's image was here: no pull)
+    assert max(steps[sha]["details"]["phases"]["image_pull"] for sha in shas[1:]) >= PAUSE
 
 
 def slow_fake_vllm() -> dict[str, str]:

@@ -200,6 +200,7 @@ class Judge:
             with contextlib.ExitStack() as in_world:
                 with clock.part("world"):
                     place = in_world.enter_context(self.world.enter(step, environment, self.spec.python))
+                clock.split("world", place.phases)
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
                     log = _reason_log(place.log_path, lambda: self._log_path(logs, sha, len(done)),
                                       f"skip: {place.reason}")
