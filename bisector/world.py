@@ -498,14 +498,14 @@ class World:
             with clock.part("image_pull"):
                 local, failure = self._pull(sha, info, logs, step.cancel)
             if local is None:
-                yield failure
+                yield dataclasses.replace(failure, phases=clock.parts)
                 return
             with clock.part("image_proof"):
                 proof, log = self._prove(sha, local, logs, step.cancel)
             record = {"ref": local.ref, "digest": local.digest, "id": local.image_id, **dict(proof.found)}
             record.pop("checkouts", None)
             if not proof.ok:
-                yield Place(False, proof.reason, log, details={"image": record})
+                yield Place(False, proof.reason, log, details={"image": record}, phases=clock.parts)
                 return
             try:
                 flags = self._flags(slot_env)

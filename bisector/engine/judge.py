@@ -189,8 +189,9 @@ class Judge:
         return clock.stamp(self._test(StepAt(sha, worktree, logs, slot_env, cancel), done, clock))
 
     def _test(self, step: StepAt, done: list[Execution], clock: PhaseClock) -> list[Execution]:
+        """test, each part timed on clock (leaving the environment and the world: "other")."""
         sha, worktree, logs = step.sha, step.worktree, step.logs
-        with contextlib.ExitStack() as in_environment:  # leaving them: "other" (as the versions' probe's setup)
+        with contextlib.ExitStack() as in_environment:
             with clock.part("environment"):
                 environment = in_environment.enter_context(self.envs.environment(worktree_reader(worktree)))
             if not environment.ok:  # not a scenario run: the environment store remembers the commit's failures
@@ -284,8 +285,9 @@ class Judge:
             run = Execution(sha, outcome_verdict, reason, log, seconds, summary, {**place.details, **details},
                             signature=details.get("signature"), timed_out_after=timed_out_after,
                             image_digest=place.image_digest, metrics=metrics)
-            fresh.append(_no_verdict(with_phases(run, parts if isinstance(parts, dict) else {"scenario": seconds}),
-                                     cause))
+            if not isinstance(parts, dict):  # a build that failed ran nothing: its instant is "other"
+                parts = {"scenario": seconds} if build.ok else {}
+            fresh.append(_no_verdict(with_phases(run, parts), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:
