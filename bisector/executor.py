@@ -13,6 +13,7 @@ import queue
 import subprocess
 import tempfile
 import threading
+import time
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,7 @@ class LocalExecutor:
 
         slot = self.slots.get()
         try:
+            started, judged = time.monotonic(), 0.0
             with contextlib.ExitStack() as stack:
                 try:
                     worktree = stack.enter_context(self.worktrees.checkout(sha))
@@ -137,8 +139,12 @@ class LocalExecutor:
                     skipped = checkout_skip(sha, str(exc.stderr), self.worktrees.repo.common_dir)
                     if skipped is None:
                         raise
-                    return [skipped]
-                return judge.test(worktree, sha, done, self.logs, slot, cancel)
+                    fresh = [skipped]
+                else:
+                    judging = time.monotonic()
+                    fresh = judge.test(worktree, sha, done, self.logs, slot, cancel)
+                    judged = time.monotonic() - judging
+            return with_worktree_time(fresh, time.monotonic() - started - judged)
         finally:
             self.slots.put(slot)
 
@@ -370,23 +376,35 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec
     gpus = ray.get_gpu_ids()
     env = gpu_env(gpus) if gpus else {}
     cache = Path(cache_dir) if cache_dir else node_cache_dir()
-    with interruptible(), tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp, \
-            contextlib.ExitStack() as stack:
-        try:
+    started, judged = time.monotonic(), 0.0
+    with interruptible(), tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
+        with contextlib.ExitStack() as stack:
             try:
-                checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
-            except git.GitCommandError as exc:
-                skipped = checkout_skip(sha, str(exc.stderr), None)
-                if skipped is None:
-                    raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: cannot check out "
-                                        f"{sha[:12]} from {source}: {_last_line(str(exc.stderr))}") from None
-                return [(skipped, None)]
-            judge = spec.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
-        except (UsageError, ValueError) as exc:
-            raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
-        # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
-        fresh = judge.test(checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
+                try:
+                    checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
+                except git.GitCommandError as exc:
+                    skipped = checkout_skip(sha, str(exc.stderr), None)
+                    if skipped is None:
+                        raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: cannot check out "
+                                            f"{sha[:12]} from {source}: {_last_line(str(exc.stderr))}") from None
+                    return [(skipped, None)]
+                judge = spec.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
+            except (UsageError, ValueError) as exc:
+                raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: {exc}") from None
+            judging = time.monotonic()
+            # An Event that is never set makes run_process poll, so Ray's cancel interrupts it promptly.
+            fresh = judge.test(checkout.path, sha, done, Path(tmp) / "logs", env, threading.Event())
+            judged = time.monotonic() - judging
+        fresh = with_worktree_time(fresh, time.monotonic() - started - judged)  # the clone, its fetch, the checkout
         return [(execution, _read(execution.log_path)) for execution in fresh]
+
+
+def with_worktree_time(fresh: list, seconds: float) -> list:
+    """The step's executions with the time its worktree took (checking out, handing back) added to the
+    first: its seconds and, before its other phases, "worktree"."""
+    from bisector.steps import before_phases
+
+    return [before_phases(fresh[0], "worktree", seconds), *fresh[1:]] if fresh else fresh
 
 
 def _read(path: str | None) -> str | None:

@@ -68,6 +68,7 @@ from bisector.pins import DEFAULT_AITER_REPO, installed_against_pin, pins_at, pi
 from bisector.probe_env import SCRIPT as PROBE_SCRIPT
 from bisector.probe_env import run_probe
 from bisector.process import run_process
+from bisector.steps import PhaseClock
 
 if TYPE_CHECKING:
     from bisector.builds.base import HeldBuild
@@ -237,6 +238,7 @@ class Place:
     details: dict = field(default_factory=dict)  # what a human reads of it (the step's details)
     image_digest: str | None = None  # the --image the step runs in: part of its verdict cache key
     held_tree: Path | None = None  # a level inside AITER: the held commit's tree with its build (StepContext)
+    phases: Mapping[str, float] = field(default_factory=dict)  # seconds of its parts (the step's phases)
 
 
 @dataclass(frozen=True)
@@ -467,12 +469,16 @@ class World:
         except AiterUnavailable as exc:
             yield Place(False, f"AITER {ref}: {exc}", details={"aiter": {"pinned": ref}})
             return
-        with self.aiter.installed(planned, base, step.logs, step.sha[:12]) as layer:
+        clock = PhaseClock()
+        with contextlib.ExitStack() as stack:
+            with clock.part("aiter_install"):
+                layer = stack.enter_context(self.aiter.installed(planned, base, step.logs, step.sha[:12]))
             if not layer.ok:
                 yield Place(False, layer.reason, layer.log_path, details=layer.details)
                 return
             yield Place(True, environment=layer.environment, python=layer.environment.python if layer.environment
-                        else None, summary=layer.reason, log_path=layer.log_path, details=layer.details)
+                        else None, summary=layer.reason, log_path=layer.log_path, details=layer.details,
+                        phases=clock.parts)
 
     @contextlib.contextmanager
     def _image(self, step: StepAt) -> Iterator[Place]:
@@ -487,16 +493,19 @@ class World:
                 yield Place(False, self.index.missing_reason(sha), details={"image": {"ref": info.ref,
                                                                                        "present": False}})
             return
+        clock = PhaseClock()
         with self.index.using(info.ref):
-            local, failure = self._pull(sha, info, logs, step.cancel)
+            with clock.part("image_pull"):
+                local, failure = self._pull(sha, info, logs, step.cancel)
             if local is None:
-                yield failure
+                yield dataclasses.replace(failure, phases=clock.parts)
                 return
-            proof, log = self._prove(sha, local, logs, step.cancel)
+            with clock.part("image_proof"):
+                proof, log = self._prove(sha, local, logs, step.cancel)
             record = {"ref": local.ref, "digest": local.digest, "id": local.image_id, **dict(proof.found)}
             record.pop("checkouts", None)
             if not proof.ok:
-                yield Place(False, proof.reason, log, details={"image": record})
+                yield Place(False, proof.reason, log, details={"image": record}, phases=clock.parts)
                 return
             try:
                 flags = self._flags(slot_env)
@@ -511,7 +520,8 @@ class World:
             try:
                 yield Place(True, container=container, python=IMAGE_PYTHON, slot_env=inside_gpu_env(slot_env),
                             build=False, summary=f"image {local.ref} ({proof.reason})",
-                            details={"image": {**record, "proof": proof.reason}}, image_digest=local.digest)
+                            details={"image": {**record, "proof": proof.reason}}, image_digest=local.digest,
+                            phases=clock.parts)
             finally:
                 container.cleanup()
 
@@ -526,18 +536,23 @@ class World:
             yield Place(False, f"held vLLM {held[:12]}: {self.index.missing_reason(held)}: no image to install "
                                f"AITER {step.sha[:12]} in", details={"image": {"ref": info.ref, "present": False}})
             return
+        clock = PhaseClock()
         with self.index.using(info.ref):
-            local, failure = self._pull(held, info, step.logs, step.cancel)
+            with clock.part("image_pull"):
+                local, failure = self._pull(held, info, step.logs, step.cancel)
             if local is None:
                 yield failure
                 return
-            proof, log = self._prove(held, local, step.logs, step.cancel)
+            with clock.part("image_proof"):
+                proof, log = self._prove(held, local, step.logs, step.cancel)
             record = {"ref": local.ref, "digest": local.digest, "id": local.image_id, **dict(proof.found)}
             record.pop("checkouts", None)
             if not proof.ok:
                 yield Place(False, f"held vLLM image: {proof.reason}", log, details={"image": record})
                 return
-            with self._aiter_layer(step, local) as (layered, place):
+            with contextlib.ExitStack() as stack:
+                with clock.part("aiter_layer"):
+                    layered, place = stack.enter_context(self._aiter_layer(step, local))
                 if layered is None:
                     yield dataclasses.replace(place, details={"image": record, **place.details})
                     return
@@ -556,7 +571,7 @@ class World:
                                 build=False, summary=f"{place.summary} over image {local.ref} ({proof.reason})",
                                 log_path=place.log_path,
                                 details={"image": {**record, "proof": proof.reason, "layered": layered.ref},
-                                         **place.details}, image_digest=local.digest)
+                                         **place.details}, image_digest=local.digest, phases=clock.parts)
                 finally:
                     container.cleanup()
 

@@ -1,6 +1,7 @@
 """How one checked-out commit gets its verdict: build, then run the scenario until the verdict is decided."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -30,6 +31,7 @@ from bisector.seams import (
     Verdict,
 )
 from bisector.signatures import SignatureRule, normalise
+from bisector.steps import PHASES, PhaseClock, summed_phases, with_phases
 from bisector.store import CAUSES, Execution
 from bisector.world import Place, StepAt, World, WorldSettings
 
@@ -128,7 +130,8 @@ class JudgeSpec:
                 return runs[-1]
             return Execution(runs[-1].sha, Verdict.GOOD, f"{len(runs)} clean runs", runs[-1].log_path,
                              sum(r.seconds for r in runs), runs[-1].build,
-                             {**runs[-1].details, "clean_runs": [r.details for r in runs]},
+                             {**runs[-1].details, "clean_runs": [r.details for r in runs],
+                              PHASES: summed_phases(runs)},
                              image_digest=runs[-1].image_digest, clean_runs=tuple(runs))
         return None
 
@@ -180,14 +183,25 @@ class Judge:
              slot_env: Mapping[str, str], cancel: threading.Event | None) -> list[Execution]:
         """In the commit's environment and world: build, then run the scenario until sha's verdict is decided;
         new executions only (each records the environment's key and versions under details["env"], and
-        the world's under details["image"] or details["aiter"])."""
-        with self.envs.environment(worktree_reader(worktree)) as environment:
+        the world's under details["image"] or details["aiter"]; the first the step's time, its parts under
+        details["phases"]: bisector.steps.PhaseClock)."""
+        clock = PhaseClock()
+        return clock.stamp(self._test(StepAt(sha, worktree, logs, slot_env, cancel), done, clock))
+
+    def _test(self, step: StepAt, done: list[Execution], clock: PhaseClock) -> list[Execution]:
+        """test, each part timed on clock (leaving the environment and the world: "other")."""
+        sha, worktree, logs = step.sha, step.worktree, step.logs
+        with contextlib.ExitStack() as in_environment:
+            with clock.part("environment"):
+                environment = in_environment.enter_context(self.envs.environment(worktree_reader(worktree)))
             if not environment.ok:  # not a scenario run: the environment store remembers the commit's failures
                 cause = "machine" if environment.machine_failure else "env"
                 return [_no_verdict(Execution(sha, Verdict.SKIP, environment.reason, None, 0.0, None,
                                               {"env": {"key": environment.key}}), cause)]
-            step = StepAt(sha, worktree, logs, slot_env, cancel)
-            with self.world.enter(step, environment, self.spec.python) as place:
+            with contextlib.ExitStack() as in_world:
+                with clock.part("world"):
+                    place = in_world.enter_context(self.world.enter(step, environment, self.spec.python))
+                clock.split("world", place.phases)
                 if not place.ok:  # no verdict: an image missing or not the commit, an AITER that cannot install
                     log = _reason_log(place.log_path, lambda: self._log_path(logs, sha, len(done)),
                                       f"skip: {place.reason}")
@@ -195,16 +209,17 @@ class Judge:
                                       dict(place.details), cause="world")]
                 stands_on = place.environment or environment
                 template = StepContext(checkout=worktree, log_path=logs, timeout=self.spec.timeout,
-                                       env={**(place.slot_env if place.slot_env is not None else slot_env),
+                                       env={**(place.slot_env if place.slot_env is not None else step.slot_env),
                                             **stands_on.env},
-                                       python=place.python or stands_on.python or self.spec.python, cancel=cancel,
-                                       container=place.container, held_tree=place.held_tree)
-                fresh = self._runs(sha, done, template, stands_on, place)
+                                       python=place.python or stands_on.python or self.spec.python,
+                                       cancel=step.cancel, container=place.container, held_tree=place.held_tree)
+                fresh = self._runs(sha, done, template, stands_on, place, clock)
             if environment.key is None:
                 return fresh
             names = self.scenario.env_versions if isinstance(self.scenario, RecordsVersions) else DEFAULT_VERSIONS
-            step_env = {"key": environment.key, "python": environment.python,
-                        "versions": self.envs.versions(environment, names)}
+            with clock.part("versions", after_runs=True):
+                step_env = {"key": environment.key, "python": environment.python,
+                            "versions": self.envs.versions(environment, names)}
         return [dataclasses.replace(run, details={**run.details, "env": step_env}) for run in fresh]
 
     def _log_path(self, logs: Path, sha: str, attempt: int) -> Path:
@@ -221,12 +236,16 @@ class Judge:
                 attempt += 1
 
     def _runs(self, sha: str, done: list[Execution], template: StepContext,
-              environment: Environment, place: Place) -> list[Execution]:
+              environment: Environment, place: Place, clock: PhaseClock) -> list[Execution]:
         """Build in environment (unless the image holds the build), then scenario runs with template's
-        settings until the verdict is decided."""
+        settings until the verdict is decided; each run's phases its scenario's own (a scenario may time its
+        parts in details["phases"]), else the one part "scenario"."""
         fresh: list[Execution] = []
         worktree, logs = template.checkout, template.log_path
-        unfit = self._unfit(template) if self.scenario.needs_build and place.build else None
+        unfit = None
+        if self.scenario.needs_build and place.build:
+            with clock.part("machine_check"):
+                unfit = self._unfit(template)
         if unfit:  # before the build: nothing is built or installed for a step that cannot run here
             return [_no_verdict(Execution(sha, Verdict.SKIP, f"this machine cannot run it: {unfit}", None, 0.0,
                                           None, dict(place.details)), "machine")]
@@ -235,7 +254,8 @@ class Judge:
         elif not place.build:
             build = BuildResult("image", True, place.summary)
         else:
-            build = self.builder.prepare(worktree, sha, logs, environment)
+            with clock.part("build"):
+                build = self.builder.prepare(worktree, sha, logs, environment)
         summary = build.summary + (f"; {place.summary}" if place.summary and place.build else "")
         while self.decide(done + fresh) is None:
             log_path = self._log_path(logs, sha, len(done) + len(fresh))
@@ -260,10 +280,14 @@ class Judge:
                 log = _reason_log(log, log_path, f"skip: {reason}")
             if log != str(log_path) and log_path.is_file() and not log_path.stat().st_size:
                 log_path.unlink()  # claimed, never written: the run's log is another (a remembered failure's)
-            fresh.append(_no_verdict(Execution(sha, outcome_verdict, reason, log, time.monotonic() - start,
-                                               summary, {**place.details, **details},
-                                               signature=details.get("signature"), timed_out_after=timed_out_after,
-                                               image_digest=place.image_digest, metrics=metrics), cause))
+            seconds = time.monotonic() - start
+            parts = details.pop(PHASES, None)
+            run = Execution(sha, outcome_verdict, reason, log, seconds, summary, {**place.details, **details},
+                            signature=details.get("signature"), timed_out_after=timed_out_after,
+                            image_digest=place.image_digest, metrics=metrics)
+            if not isinstance(parts, dict):  # a build that failed ran nothing: its instant is "other"
+                parts = {"scenario": seconds} if build.ok else {}
+            fresh.append(_no_verdict(with_phases(run, parts), cause))
         return fresh
 
     def _unfit(self, template: StepContext) -> str | None:

@@ -14,6 +14,8 @@ step (this process and the engine core), the machine's steal time and the GPU's 
 once while it decodes) what the machine did meanwhile. An engine without step() (older vLLM) is measured as
 the difference of two generates --perf-tokens steps apart instead.
 With --start-gate PATH it waits, once vLLM is imported, until no other engine start compiles (pass_start_gate).
+At the end of each of its parts it prints PHASE_MARKER, the part's name and the wall clock (mark_phase): child_start,
+import, start_gate, engine, then measure or decode.
 """
 import argparse
 import dataclasses
@@ -27,6 +29,7 @@ READY_MARKER = "BISECTOR-ENGINE-READY"
 OK_MARKER = "BISECTOR-SCENARIO-OK"
 NUMERICS_MARKER = "BISECTOR-NUMERICS"
 PERF_MARKER = "BISECTOR-PERF"
+PHASE_MARKER = "BISECTOR-PHASE"
 MAX_TOKENS = 2  # the prefill's token, then one decode step
 UNTIMED_STEPS = 2  # of each timed batch: the prefill's step and one warm-up decode step
 CLOCK_AFTER_STEPS = 8  # the GPU's clock is read once this many timed steps have run
@@ -255,7 +258,13 @@ def pass_start_gate(path):
         fcntl.flock(gate, fcntl.LOCK_SH)
 
 
+def mark_phase(name):
+    """The part name of this process ends now (the scenario times its parts from these lines)."""
+    print(f"{PHASE_MARKER} {name} {time.time():.6f}", flush=True)
+
+
 def main(argv):
+    mark_phase("child_start")
     args = parse_args(argv)
     from vllm import LLM, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
@@ -264,12 +273,16 @@ def main(argv):
     with open(os.path.join(args.model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
     engine_fields = {field.name for field in dataclasses.fields(EngineArgs)}
+    mark_phase("import")
     if args.start_gate:  # vLLM and torch are loaded: wait here, not before the imports
         pass_start_gate(args.start_gate)
+        mark_phase("start_gate")
     llm = LLM(**engine_kwargs(args, engine_fields))
+    mark_phase("engine")
     print(f"{READY_MARKER} dp_rank={rank}", flush=True)
     if args.perf_repeats:
         measure(llm, SamplingParams, args, vocab_size)
+        mark_phase("measure")
         print(f"{OK_MARKER} dp_rank={rank} perf_repeats={args.perf_repeats}", flush=True)
         return
     numerics = args.numerics_tokens > 0
@@ -277,6 +290,7 @@ def main(argv):
                             ignore_eos=True, detokenize=False, logprobs=args.numerics_topk if numerics else None)
     outputs = llm.generate(token_prompts(args.max_num_seqs, vocab_size), params, use_tqdm=False)
     tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+    mark_phase("decode")
     if numerics:
         print(f"{NUMERICS_MARKER} " + json.dumps(numerics_record(outputs, args.numerics_topk),
                                                   separators=(",", ":")), flush=True)

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple, cast
@@ -137,6 +138,7 @@ class DpaFp8KvScenario(BaseScenario):
         return _Fit(env, versions, platform, probe, devices)
 
     def run(self, ctx: StepContext) -> Outcome:
+        began = time.time()
         held = self._held(ctx)
         if isinstance(held, str):
             return self._unrun(ctx, held, "machine")
@@ -144,6 +146,7 @@ class DpaFp8KvScenario(BaseScenario):
         fit = self._fit(ctx)
         if isinstance(fit, str):
             return self._unrun(ctx, fit, "machine")
+        fitted = time.time()
         container = ctx.container
         env, versions, platform, probe, devices = fit
         platform_env = aiter_switches(ctx.checkout) if platform == "rocm" else CUDA_ENV
@@ -195,7 +198,9 @@ class DpaFp8KvScenario(BaseScenario):
                                                                                   launch.env, mounts=mounts),
                                                    env=dict(os.environ))
                                for launch in gated] if container else gated
+                    launched = time.time()
                     results = run_ranks(started, ctx.checkout, work, ctx.cancel, start.up)
+                    ended = time.time()
             except OSError as exc:
                 return self._unrun(ctx, f"cannot start {ctx.python}: {exc.strerror}", "machine")
             if settings.compile_cache:
@@ -218,7 +223,9 @@ class DpaFp8KvScenario(BaseScenario):
                  "seconds": round(tested[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
                  **details(tested[0].output, (backend,)), "check": settings.check, "model": model.as_details(),
                  "compile": {"cache": str(root / "compile") if settings.compile_cache else "off",
-                             **compile_details(tested[0].output)}}
+                             **compile_details(tested[0].output)},
+                 "phases": {"probe": fitted - began, "prepare": launched - fitted,
+                            **child_phases(tested[0].output, launched, ended)}}
         log = _merged_log(launches + references, results)
         if compared and verdict is Verdict.GOOD:
             verdict, reason, extra, lines = _numerics_verdict(settings, backend, reference, reference_name,
@@ -356,6 +363,24 @@ def _numerics_verdict(settings, backend: str, reference, reference_name: str, pl
         extra["signature"] = numerics.SIGNATURE
     return (Verdict.GOOD if agrees else Verdict.BAD), reason, extra, \
         numerics.report_lines(comparison, backend, reference_name)
+
+
+def child_phases(output: str, launched: float, ended: float) -> dict[str, float]:
+    """Seconds per part of a rank's child, from its PHASE_MARKER lines (child.mark_phase: each names the part
+    it ends, with the wall clock); launched: when it was started, ended: when it and its peers were gone.
+    The last marked part to the end is "shutdown"; a child that marked nothing is one part, "child"."""
+    parts: dict[str, float] = {}
+    since = launched
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == child.PHASE_MARKER:
+            try:
+                stamp = float(words[2])
+            except ValueError:
+                continue
+            parts[words[1]] = parts.get(words[1], 0.0) + stamp - since
+            since = stamp
+    return {**parts, "shutdown": ended - since} if parts else {"child": ended - launched}
 
 
 def _merged_log(launches: list[Launch], results: list[ProcessResult]) -> str:
