@@ -846,7 +846,7 @@ def plan_text(plan: Plan) -> str:
                      f"{'slot' if plan.slots == 1 else 'slots'}{one}; a round takes about one step's time")
         total = plan.seconds_to_answer
         if total is not None:
-            lines.append(f"time: about {_minutes_text(total)} of scenario runs to the answer ({plan.endpoint_rounds} "
+            lines.append(f"time: about {_minutes_text(total)} of steps to the answer ({plan.endpoint_rounds} "
                          f"endpoint round{'' if plan.endpoint_rounds == 1 else 's'} and {plan.rounds} more, "
                          f"~{plan.step_seconds:.0f} s a step: the median of the last {plan.timed_steps} steps of "
                          f"this scenario in this state dir; a first step that compiles or builds takes longer)")

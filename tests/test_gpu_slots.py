@@ -428,7 +428,7 @@ def test_plan_times_the_rounds_by_the_scenarios_earlier_steps_here(cli, history,
         assert (timed["step_seconds"], timed["timed_steps"], timed["endpoint_rounds"]) == \
             (pytest.approx(median), len(seconds), endpoint_rounds)
         assert timed["seconds_to_answer"] == pytest.approx((endpoint_rounds + timed["rounds"]) * median)
-        assert (f"time: about {timed['seconds_to_answer']:.0f} s of scenario runs to the answer ({endpoint_rounds} "
+        assert (f"time: about {timed['seconds_to_answer']:.0f} s of steps to the answer ({endpoint_rounds} "
                 f"endpoint round{'' if endpoint_rounds == 1 else 's'} and {timed['rounds']} more, ~{median:.0f} s a "
                 f"step: the median of the last {len(seconds)} steps") in text
 
