@@ -107,6 +107,10 @@ culprit = (data.get('first_bad') or {}).get('sha')
 open('$OUT/perf-hunt.svg', 'w').write(svg(data['perf'], data['range'], culprit))
 print('culprit', culprit, 'planted', json.load(open('/tmp/perf-history.json'))[5]['sha'])"
   head -20 $OUT/perf-hunt.txt
+  python3 -c "
+import json  # where each step's seconds went (details.phases, since round 7)
+for s in json.load(open('$OUT/perf-hunt.json'))['steps']:
+    print(s['sha'][:12], s['role'], s['seconds'], s['details'].get('phases'))" | tee $OUT/perf-phases.txt | tail -5
   tar czf $OUT/logs-perf.tar.gz -C /tmp/pstate logs 2>/dev/null; ls -la $OUT
   ;;
 esac
