@@ -16,7 +16,8 @@ import statistics
 import warnings
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
+from functools import lru_cache
+from typing import Any, Sequence
 
 LOW_THRESHOLD = 0.01
 # A commit is called like one end only while its samples are plainly consistent with that end's: a p-value
@@ -36,7 +37,15 @@ T_DEGREES = 10
 # Where the ends' runs overlap (`overlapping`), a commit is like one end only when it differs from the other at
 # this one-sided p: LOW_THRESHOLD shared among the up to 20 looks a capped commit gets.
 STRICT_THRESHOLD = LOW_THRESHOLD / 20
+# One end's runs in two clusters (`two_modes`): at least MODES_SIDE runs in each, split further apart than one
+# normal peak's runs are with chance MODES_P (MODES_DRAWS simulated samples of each size).
+MODES_SIDE = 3
+MODES_P = 0.001
+MODES_DRAWS = 20_000
 FAR = 4.0  # scales from an end's median: a run this far out is an outlier, or of a second mode when many are
+# Runs of an end nearer the other end's median than their own, more of them than the t model with the pooled
+# scale expects at this binomial p: the ends are no single peaks (a second mode inflates the pooled scale).
+CROSSING_P = 0.001
 LONE = 6.2  # scales: a run this far from its end's median has 1 chance in 10,000 under the t model (T_DEGREES)
 # Pinpoint's high thresholds for performance comparisons, one per step of HIGH_THRESHOLD_STEP samples of the
 # smaller side (Pinpoint steps every 10; our per-commit caps are smaller): the more samples, the lower the
@@ -217,7 +226,10 @@ def overlapping(old: Sequence[float], new: Sequence[float]) -> bool:
       from their own end's median: two over FAR scales, or one over LONE scales (the t model gives such a run
       1 chance in 10,000): a second mode;
     - more than a third of the ends' runs lie over FAR scales from their end's median, more than outliers
-      make (10 % outliers put 4 of 10 runs that far 1 time in 80).
+      make (10 % outliers put 4 of 10 runs that far 1 time in 80);
+    - more of the ends' runs lie nearer the other end's median than their own than the t model expects
+      (`crossing_p` <= CROSSING_P), or an end's runs fall into two clusters (`two_modes`): a second mode that
+      inflated the pooled scale, so that no run lies far by it (issue 35: bench seeds 11 and 153 at 3 % noise).
     Which end a commit is like is then left to the rank tests alone, at STRICT_THRESHOLD, against the ends'
     own runs: no model of the runs is trusted, nor a pool of probes picked by their runs' phase."""
     at_old, at_new = statistics.median(old), statistics.median(new)
@@ -230,7 +242,66 @@ def overlapping(old: Sequence[float], new: Sequence[float]) -> bool:
     lone = [value for end, centre in ((old, at_old), (new, at_new)) for value in end
             if abs(value - centre) > LONE * scale]
     return len(far) * 3 > len(old) + len(new) or len(within_reach(far, old, new)) >= 2 or \
-        bool(within_reach(lone, old, new))
+        bool(within_reach(lone, old, new)) or crossing_p(old, new) <= CROSSING_P or \
+        two_modes(kept_old) or two_modes(kept_new)
+
+
+def crossing_p(old: Sequence[float], new: Sequence[float]) -> float:
+    """How likely as many of the ends' runs within reach as lie nearer the other end's median than their own
+    are under the t model with the pooled scale (binomial tail; 1.0 when none does). Where an end's median fell
+    in one mode and some of its runs in the other (bench seed 11: the bad end 594, 604, 879, 894, the good end
+    939-1039), those runs lie near the other end, many more than the model's tails put there."""
+    from scipy import stats
+
+    at_old, at_new = statistics.median(old), statistics.median(new)
+    kept = [(value, own, other) for end, own, other in ((old, at_old, at_new), (new, at_new, at_old))
+            for value in within_reach(end, old, new)]
+    crossed = sum(abs(value - other) < abs(value - own) for value, own, other in kept)
+    if not crossed:
+        return 1.0
+    expected = float(stats.t.sf(abs(at_new - at_old) / (2 * pooled_scale(old, new)), T_DEGREES))
+    return float(stats.binom.sf(crossed - 1, len(kept), expected))
+
+
+def split_contrast(samples: Sequence[float] | Any) -> Any:
+    """Per row of samples (one list, or a 2-d array of many): the sorted runs split in two (at least
+    MODES_SIDE each) where the within-part sum of squares is least, the gap between the parts' means in units
+    of their pooled standard deviation."""
+    import numpy as np
+
+    values = np.sort(np.atleast_2d(np.asarray(samples, dtype=float)), axis=1)
+    n = values.shape[1]
+    total, squares = np.cumsum(values, axis=1), np.cumsum(values ** 2, axis=1)
+    best_ss = np.full(values.shape[0], np.inf)
+    best = np.zeros(values.shape[0])
+    for i in range(MODES_SIDE, n - MODES_SIDE + 1):
+        lo_sum, lo_sq = total[:, i - 1], squares[:, i - 1]
+        hi_sum, hi_sq = total[:, -1] - lo_sum, squares[:, -1] - lo_sq
+        ss = lo_sq - lo_sum ** 2 / i + hi_sq - hi_sum ** 2 / (n - i)
+        gap = hi_sum / (n - i) - lo_sum / i
+        better = ss < best_ss
+        best_ss = np.where(better, ss, best_ss)
+        best = np.where(better, gap / np.sqrt(np.maximum(ss, 1e-300) / (n - 2)), best)
+    return best
+
+
+@lru_cache(maxsize=None)
+def _modes_bound(n: int) -> float:
+    """The split contrast that n runs of one normal peak exceed with chance MODES_P (MODES_DRAWS seeded
+    draws: reproducible)."""
+    import numpy as np
+
+    draws = np.random.default_rng(BOOTSTRAP_SEED).standard_normal((MODES_DRAWS, n))
+    return float(np.quantile(split_contrast(draws), 1 - MODES_P))
+
+
+def two_modes(samples: Sequence[float]) -> bool:
+    """Whether one end's runs (outliers set aside) fall into two clusters further apart than one normal peak's
+    runs do with chance MODES_P (split_contrast against _modes_bound): bench seed 153's bad end, 593-637 and
+    840-930, its median between them, where the pooled scale grew to most of the distance and no run lay far."""
+    if len(samples) < 2 * MODES_SIDE:
+        return False
+    return float(split_contrast(samples)[0]) > _modes_bound(len(samples))
 
 
 def within_reach(samples: Sequence[float], old: Sequence[float], new: Sequence[float]) -> list[float]:
