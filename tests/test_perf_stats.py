@@ -168,25 +168,33 @@ def test_ends_with_outliers_are_sampled_further_when_the_direction_is_known():
             assert sorted(next(policy.batches()).commits) == [(shas[0], "endpoint"), (shas[2], "endpoint")]
 
 
-def test_an_end_whose_few_samples_look_off_runs_again_before_the_probe_does():
-    """The bad end's six runs came out low by chance (about 880); a commit's eight runs sit at 920: 10,000s
-    of times likelier under the bad end than the good, but not consistent with the bad end's own six samples.
-    That end, with fewer samples than the commit, runs again next, not the commit."""
-    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import Direction, PerfSettings, likeness
+def _one_probe_hunt(good: list[float], probe: list[float], bad: list[float]):
+    """(the three shas, a PerfPolicy over good end, one commit, bad end whose stored runs gave these samples)."""
+    from bisector.perf import Direction, PerfSettings
     from bisector.policies import Endpoints, PerfPolicy
     from bisector.search import Bisection
 
-    good, bad = [1000.0, 1012.0, 991.0, 1005.0, 996.0, 1009.0], [880.0, 871.0, 889.0, 884.0, 876.0, 893.0]
-    probe = [920.0, 915.0, 927.0, 918.0, 923.0, 912.0, 925.0, 921.0]
-    seen = likeness(probe, good, bad)
-    assert seen.end is None and seen.doubted == "new"
     shas = ["a" * 40, "b" * 40, "c" * 40]
     history = {sha: [Execution(sha, Verdict.GOOD, "exit 0", None, 0.1, None, {}, metrics={"tok_s": value})
                      for value in values] for sha, values in zip(shas, (good, probe, bad))}
     ends = Endpoints(old=shas[0], new=shas[2], old_name="good", new_name="bad", old_ref="good", new_ref="bad")
     policy = PerfPolicy(Bisection([(shas[1], [shas[0]]), (shas[2], [shas[1]])], shas[2]), ends,
                         PerfSettings("tok_s", Direction.HIGHER), history.__getitem__)
+    return shas, policy
+
+
+def test_an_end_whose_few_samples_look_off_runs_again_before_the_probe_does():
+    """The bad end's six runs came out low by chance (about 880); a commit's eight runs sit at 920: 10,000s
+    of times likelier under the bad end than the good, but not consistent with the bad end's own six samples.
+    That end, with fewer samples than the commit, runs again next, not the commit."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import likeness
+
+    good, bad = [1000.0, 1012.0, 991.0, 1005.0, 996.0, 1009.0], [880.0, 871.0, 889.0, 884.0, 876.0, 893.0]
+    probe = [920.0, 915.0, 927.0, 918.0, 923.0, 912.0, 925.0, 921.0]
+    seen = likeness(probe, good, bad)
+    assert seen.end is None and seen.doubted == "new"
+    shas, policy = _one_probe_hunt(good, probe, bad)
     assert next(policy.batches()).commits == ((shas[2], "endpoint"),)
 
 
@@ -197,20 +205,13 @@ def test_an_undecided_commit_with_more_samples_than_an_ends_pool_runs_that_end_a
     end kept its five runs; now, once the commit has more samples than an end's pool, that end runs again (the
     smaller pool's: every later commit is weighed against it)."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import Direction, PerfSettings, likeness
-    from bisector.policies import Endpoints, PerfPolicy
-    from bisector.search import Bisection
+    from bisector.perf import likeness
 
     good, bad = [957.0, 975.0, 1058.0, 1059.0, 1072.0], [878.0, 905.0, 926.0, 928.0, 942.0]
     probe = [990.0, 1000.0, 978.0, 1011.0, 965.0, 997.0, 1016.0, 984.0]
     seen = likeness(probe, good, bad)
     assert seen.end is None and seen.doubted is None
-    shas = ["a" * 40, "b" * 40, "c" * 40]
-    history = {sha: [Execution(sha, Verdict.GOOD, "exit 0", None, 0.1, None, {}, metrics={"tok_s": value})
-                     for value in values] for sha, values in zip(shas, (good, probe, bad))}
-    ends = Endpoints(old=shas[0], new=shas[2], old_name="good", new_name="bad", old_ref="good", new_ref="bad")
-    policy = PerfPolicy(Bisection([(shas[1], [shas[0]]), (shas[2], [shas[1]])], shas[2]), ends,
-                        PerfSettings("tok_s", Direction.HIGHER), history.__getitem__)
+    shas, policy = _one_probe_hunt(good, probe, bad)
     assert next(policy.batches()).commits == ((shas[0], "endpoint"),)
 
 
