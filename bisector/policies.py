@@ -538,14 +538,13 @@ class PerfPolicy:
         probe still being sampled when the hunt stopped (interrupted) as "undecided", with why so far."""
         ends, names = self.ends, {"old": self.ends.old_name, "new": self.ends.new_name, None: "skip"}
         before, after = self.samples(ends.old), self.samples(ends.new)
-        verdicts = dict(self.verdicts)
-        if self.sampling and self.sampling[0] not in verdicts and self.samples(self.sampling[0]):
+        shown = {sha: (names[end], reason) for sha, (end, reason) in self.verdicts.items()}  # verdict, why
+        if self.sampling and self.sampling[0] not in shown and self.samples(self.sampling[0]):
             sha, why = self.sampling
-            verdicts[sha] = ("undecided", f"still being sampled when the hunt stopped, {self.runs(sha)} run(s)"
-                                          + (f"; at its last look {why}" if why else ""))
-            names["undecided"] = "undecided"
+            shown[sha] = ("undecided", f"still being sampled when the hunt stopped, {self.runs(sha)} run(s)"
+                                       + (f"; at its last look {why}" if why else ""))
         commits = []
-        for sha in (ends.old, *sorted(verdicts, key=self.search.index.__getitem__), ends.new):
+        for sha in (ends.old, *sorted(shown, key=self.search.index.__getitem__), ends.new):
             samples = self.samples(sha)
             role = "endpoint" if sha in (ends.old, ends.new) else "probe"
             entry: dict[str, Any] = {"sha": sha, "role": role, "runs": self.runs(sha), "samples": samples}
@@ -557,8 +556,7 @@ class PerfPolicy:
             if role == "endpoint":
                 entry["verdict"] = ends.old_name if sha == ends.old else ends.new_name
             else:
-                end, reason = verdicts[sha]
-                entry["verdict"], entry["reason"] = names[end], reason
+                entry["verdict"], entry["reason"] = shown[sha]
                 if samples and before and after:
                     entry["p_old"], entry["p_new"] = compare(samples, before).p_value, compare(samples, after).p_value
             commits.append(entry)
