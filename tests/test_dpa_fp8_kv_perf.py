@@ -93,9 +93,10 @@ def test_one_slow_step_in_ten_leaves_the_median_step_figure_where_it_was(tmp_pat
     medians = [measurement["step_ms_median"] for measurement in noisy.details["perf"]["measurements"]]
     assert noisy.metrics["decode_tok_s"] == pytest.approx(statistics.median(4e3 / ms for ms in medians), rel=0.01)
     for measurement in noisy.details["perf"]["measurements"]:
-        # the median step is the planted one; the mean carries the slow steps (1.4x): a figure from it is a
-        # fifth lower or more (still with several ms of load added to every step)
-        assert measurement["steps"] == 29 and measurement["step_ms_iqr"] < 0.5 * measurement["step_ms_median"]
+        # the median step is the planted one and the quartiles leave the slow steps out (their spread stays under
+        # the 80 ms a slow step adds, however much load lengthens every sleep); the mean carries the slow steps
+        # (1.4x): a figure from it is a fifth lower or more (still with several ms of load added to every step)
+        assert measurement["steps"] == 29 and measurement["step_ms_iqr"] < 80
         assert measurement["step_ms_mean"] > 1.2 * measurement["step_ms_median"]
 
 
