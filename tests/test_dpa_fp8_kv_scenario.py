@@ -5,13 +5,13 @@ import dataclasses
 import json
 import os
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from dpa_fp8_kv_records import FAULT, RECORDS
+from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
 
 from bisector.process import Cancelled
 from scenarios import create
@@ -376,68 +376,18 @@ def test_missing_python_is_skip(tmp_path, gpu_root):
     assert outcome.reason.startswith(f"cannot start {tmp_path / 'no/such/python'}: ")
 
 
-FAKE_VLLM = {
-    "vllm/__init__.py": '''
-        import json, os
-
-        class SamplingParams:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-
-        class _Completion:
-            def __init__(self, count):
-                self.token_ids = list(range(count))
-
-        class _Output:
-            def __init__(self, count):
-                self.outputs = [_Completion(count)]
-
-        class LLM:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-                print("INFO Using AITER MLA backend.", flush=True)
-
-            def generate(self, prompts, params, use_tqdm=True):
-                with open(os.environ["FAKE_VLLM_RECORD"], "w") as f:
-                    json.dump({"kwargs": self.kwargs, "prompts": prompts, "params": params.kwargs}, f)
-                return [_Output(params.kwargs["max_tokens"]) for _ in prompts]
-    ''',
-    "vllm/engine/__init__.py": "",
-    "vllm/engine/arg_utils.py": '''
-        from dataclasses import dataclass
-
-        @dataclass
-        class EngineArgs:
-            model: str = ""
-            attention_backend: str = ""
-            kv_cache_memory_bytes: int = 0
-    ''',
-}
-# A ROCm torch as the environment probe sees it: its metadata and torch/version.py, nothing to import.
-FAKE_TORCH = {
-    "torch/__init__.py": "",
-    "torch/version.py": "__version__ = '2.9.0+rocm7.0'\nhip: Optional[str] = '7.0.51831'\ncuda = None\n",
-    "torch-2.9.0+rocm7.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+rocm7.0\n",
-}
-
-
 def test_real_child_against_a_fake_vllm_in_the_checkout(tmp_path, gpu_root):
-    checkout = tmp_path / "checkout"
-    for name, text in FAKE_VLLM.items():
-        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-        (checkout / name).write_text(textwrap.dedent(text))
-    site = tmp_path / "site"
-    for name, text in FAKE_TORCH.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_text(text)
-    record = tmp_path / "vllm-record.json"
+    write_files(tmp_path / "checkout", fake_vllm(selected="INFO Using AITER MLA backend."))
+    site = write_files(tmp_path / "site", ROCM_TORCH_FILES)
+    record = tmp_path / "vllm-record.jsonl"
     outcome = run(tmp_path, gpu_root, sys.executable,
                   options={"cudagraph_mode": "FULL_AND_PIECEWISE", "max_num_seqs": "4"},
                   env={"FAKE_VLLM_RECORD": str(record), "PYTHONPATH": str(site)})
     assert outcome.verdict is Verdict.GOOD, outcome.reason
     assert outcome.details["torch"] == "2.9.0+rocm7.0"
     assert outcome.reason.endswith("BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8")
-    seen = json.loads(record.read_text())
+    engine, generate = (json.loads(line) for line in record.read_text().splitlines())
+    seen = {**engine, **generate}
     assert seen["kwargs"]["load_format"] == "dummy"
     assert seen["kwargs"]["kv_cache_dtype"] == "fp8"
     assert seen["kwargs"]["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
