@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
 from fake_docker import FakeDocker, image_key
+from helpers.fake_machine import mi300x_machine
 from helpers.fake_vllm import ROCM_TORCH_FILES, write_files
 from helpers.fake_vllm import fake_vllm as fake_vllm_package
 
@@ -97,14 +98,7 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
         a[n] = aiter.commit(f"AITER a{n}", files)
         if n in (1, 4):
             aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/kfd").write_text("")
-    for node, simds in enumerate((0, 304, 304)):
-        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
-        directory.mkdir(parents=True)
-        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
-    monkeypatch.setattr(DpaFp8KvScenario, "system_root", root)
+    monkeypatch.setattr(DpaFp8KvScenario, "system_root", mi300x_machine(tmp_path / "root"))
     monkeypatch.setenv("PYTHONPATH", str(write_files(tmp_path / "site", ROCM_TORCH_FILES)))
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "vllm-record.json"))
 

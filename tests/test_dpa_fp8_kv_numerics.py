@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.fake_machine import h200_machine
 from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
 
 from bisector.builds.builder import NoBuild
@@ -38,13 +39,7 @@ FAKE_VLLM = {"backends": ("TRITON_MLA", "FLASHMLA"), "compiles": True}
 
 @pytest.fixture
 def nvidia_root(tmp_path):
-    root = tmp_path / "nvidia-root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/nvidiactl").write_text("")
-    gpu = root / "proc/driver/nvidia/gpus/0000:19:00.0"
-    gpu.mkdir(parents=True)
-    (gpu / "information").write_text("Model: \t\t NVIDIA H200\n")
-    return root
+    return h200_machine(tmp_path / "nvidia-root")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from dpa_fp8_kv_records import FAULT, RECORDS
+from helpers.fake_machine import h200_machine, mi300x_machine
 from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
 
 from bisector.process import Cancelled
@@ -68,14 +69,7 @@ sys.exit(int(action.split()[1]))
 @pytest.fixture
 def gpu_root(tmp_path):
     """A fake / with /dev/kfd and a CPU node plus two MI300X (gfx942) GPU nodes."""
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/kfd").write_text("")
-    for node, simds in enumerate((0, 304, 304)):
-        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
-        directory.mkdir(parents=True)
-        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
-    return root
+    return mi300x_machine(tmp_path / "root")
 
 
 @pytest.fixture
@@ -116,13 +110,7 @@ def replay(records, **per_rank):
 @pytest.fixture
 def nvidia_root(tmp_path):
     """A fake / with one NVIDIA H200 as the driver lists it."""
-    root = tmp_path / "nvidia-root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/nvidiactl").write_text("")
-    gpu = root / "proc/driver/nvidia/gpus/0000:19:00.0"
-    gpu.mkdir(parents=True)
-    (gpu / "information").write_text("Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n")
-    return root
+    return h200_machine(tmp_path / "nvidia-root")
 
 
 def test_no_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records):
