@@ -1,5 +1,5 @@
 """`run --follow-pins` with dpa-fp8-kv-graph-capture: the GPU scenario's second level. A vLLM-shaped history
-(the fake vLLM package of test_dpa_fp8_kv_scenario) moves its AITER pin between two tags of a stand-in AITER
+(the fake vLLM package of tests/helpers/fake_vllm.py) moves its AITER pin between two tags of a stand-in AITER
 package whose graph capture "faults" from a known commit on; the fake vLLM reads that flag from the AITER it
 imports. Both levels run the real child against a fake /dev, /sys tree and a fake ROCm torch, each AITER commit
 built into a wheel and installed into a layer for real (bisector.aiter, as `--aiter pinned` does)."""
@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
 from fake_docker import FakeDocker, image_key
-from test_dpa_fp8_kv_scenario import FAKE_TORCH, FAKE_VLLM
+from helpers.fake_machine import mi300x_machine
+from helpers.fake_vllm import ROCM_TORCH_FILES, write_files
+from helpers.fake_vllm import fake_vllm as fake_vllm_package
 
 from bisector import builds, report
 from bisector.aiter import AiterSettings
@@ -71,16 +73,13 @@ NATIVE = {"setup.py": "from setuptools import setup\nsetup(name='vllm')\n", "csr
 
 
 def fake_vllm(self_fault: bool, native: bool = False) -> dict[str, str]:
-    files = {name: textwrap.dedent(text) for name, text in FAKE_VLLM.items()}
+    files = fake_vllm_package(selected="INFO Using AITER MLA backend.", on_start="vllm.engine.capture:capture",
+                              on_start_args=(self_fault,))
     files["vllm/engine/capture.py"] = textwrap.dedent(ENGINE).replace(
         "import aiter\n", "import aiter\n    from vllm import _C  # the compiled part: the build's\n" if native
         else "import aiter\n")
     if native:
         files |= NATIVE
-    files["vllm/__init__.py"] = files["vllm/__init__.py"].replace(
-        'print("INFO Using AITER MLA backend.", flush=True)',
-        f'print("INFO Using AITER MLA backend.", flush=True)\n'
-        f'        from vllm.engine.capture import capture\n        capture({self_fault})')
     return files
 
 
@@ -99,19 +98,8 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
         a[n] = aiter.commit(f"AITER a{n}", files)
         if n in (1, 4):
             aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/kfd").write_text("")
-    for node, simds in enumerate((0, 304, 304)):
-        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
-        directory.mkdir(parents=True)
-        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
-    monkeypatch.setattr(DpaFp8KvScenario, "system_root", root)
-    site = tmp_path / "site"
-    for name, text in FAKE_TORCH.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_text(text)
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setattr(DpaFp8KvScenario, "system_root", mi300x_machine(tmp_path / "root"))
+    monkeypatch.setenv("PYTHONPATH", str(write_files(tmp_path / "site", ROCM_TORCH_FILES)))
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "vllm-record.json"))
 
     def vllm_history(broken_at_bump: bool, pinned_repo: str | None = None, native: bool = False) -> list[str]:
@@ -245,7 +233,7 @@ def images_of(docker: FakeDocker, vllm: list, a: dict) -> dict[str, str]:
     refs = {}
     for i, sha in enumerate(v):
         faults, version = (False, "0.1.12") if i < 2 else (True, "0.1.13")
-        site = {**{name: textwrap.dedent(text) for name, text in fake_vllm(False).items()}, **FAKE_TORCH,
+        site = {**fake_vllm(False), **ROCM_TORCH_FILES,
                 "aiter/__init__.py": f"GRAPH_CAPTURE_FAULTS = {faults}\nCOMMIT = {1 if i < 2 else 4}\n",
                 f"amd_aiter-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: amd-aiter\n"
                                                            f"Version: {version}\n"}

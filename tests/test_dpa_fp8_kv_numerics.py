@@ -1,8 +1,8 @@
 """check=numerics and the shared compile cache, end to end with the real child.py and real processes.
 
-vLLM is replaced by a fake package in the checkout that behaves as the real one does where the scenario
-depends on it: it logs the backend it selected and its compile-cache lines (keyed, like vLLM's, by the
-model path, under VLLM_CACHE_ROOT), refuses a safetensors load without model.safetensors, and decodes
+vLLM is replaced by a fake package in the checkout (tests/helpers/fake_vllm.py) that behaves as the real one does
+where the scenario depends on it: it logs the backend it selected and its compile-cache lines (keyed, like vLLM's,
+by the model path, under VLLM_CACHE_ROOT), refuses a safetensors load without model.safetensors, and decodes
 greedy tokens with top-k logprobs from the prompts — wrongly on the backend named by FAKE_BUG (the planted
 bug). The seeded weights are written by the real generator with the real torch and safetensors.
 """
@@ -10,10 +10,11 @@ import hashlib
 import json
 import math
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.fake_machine import h200_machine
+from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
 
 from bisector.builds.builder import NoBuild
 from bisector.compile_cache import cache_root
@@ -32,119 +33,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 NAME = "dpa-fp8-kv-graph-capture"
 SMALL = {"heads": "16", "max_num_seqs": "6", "platform": "cuda"}  # a small model: the weights take a second
 
-FAKE_VLLM = {
-    "vllm/__init__.py": '''
-        import hashlib, json, os
-
-        class SamplingParams:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-
-        class Logprob:
-            def __init__(self, logprob):
-                self.logprob = logprob
-
-        class _Completion:
-            def __init__(self, tokens, logprobs):
-                self.token_ids, self.logprobs = tokens, logprobs
-
-        class _Output:
-            def __init__(self, completion):
-                self.outputs = [completion]
-
-        class _Engine:
-            """The step API of vLLM's LLMEngine: a step makes one token of every unfinished request."""
-            def __init__(self):
-                self.remaining = {}
-
-            def add_request(self, request_id, prompt, params):
-                self.remaining[request_id] = params.kwargs["max_tokens"]
-
-            def has_unfinished_requests(self):
-                return bool(self.remaining)
-
-            def step(self):
-                self.remaining = {request: left - 1 for request, left in self.remaining.items() if left > 1}
-                return []
-
-        class LLM:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-                self.llm_engine = _Engine()
-                if kwargs["load_format"] == "safetensors" and not os.path.exists(
-                        os.path.join(kwargs["model"], "model.safetensors")):
-                    raise ValueError("Following weights were not initialized from checkpoint: {...}")
-                if kwargs["attention_backend"] not in ("TRITON_MLA", "FLASHMLA"):
-                    raise ValueError(f"Invalid attention backend: '{kwargs['attention_backend']}'")
-                print(f"INFO Using AttentionBackendEnum.{kwargs['attention_backend']} backend.", flush=True)
-                if not kwargs["enforce_eager"]:
-                    self._compile()
-                with open(os.environ["FAKE_VLLM_RECORD"], "a") as f:
-                    f.write(json.dumps({"kwargs": kwargs, "env": {k: v for k, v in os.environ.items()
-                                        if k.startswith(("VLLM_", "TRITON_", "TORCHINDUCTOR_"))}}) + "\\n")
-
-            def _compile(self):
-                key = hashlib.sha256(self.kwargs["model"].encode()).hexdigest()
-                path = os.path.join(os.environ["VLLM_CACHE_ROOT"], "torch_compile_cache", "torch_aot_compile",
-                                    key, "rank_0_0", "model")
-                if os.path.exists(path) and os.environ.get("VLLM_DISABLE_COMPILE_CACHE") != "1":
-                    print(f"INFO [decorators.py:312] Directly load AOT compilation from path {path}")
-                    seconds = 0.81
-                else:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    open(path, "w").write("compiled")
-                    print("INFO [backends.py:393] Compiling a graph for compile range (1, 16384) takes 8.22 s")
-                    print(f"INFO [decorators.py:708] saved AOT compiled function to {path}")
-                    seconds = 10.03
-                print(f"INFO [monitor.py:53] torch.compile took {seconds:.2f} s in total")
-                print(f"INFO [core.py:337] init engine (profile, create kv cache, warmup model) took "
-                      f"28.33 s (compilation: {seconds:.2f} s)", flush=True)
-
-            def generate(self, prompts, params, use_tqdm=True):
-                backend = self.kwargs["attention_backend"]
-                buggy = (os.environ.get("FAKE_BUG") == backend or os.path.exists("BUG_" + backend)) \\
-                    and not self.kwargs["enforce_eager"]
-                results = []
-                for n, prompt in enumerate(prompts):
-                    seed = sum(prompt["prompt_token_ids"])
-                    tokens = [(seed + 31 * t + (7 * t if buggy and t and n % 2 == 0 else 0)) % 4000 + 2
-                              for t in range(params.kwargs["max_tokens"])]
-                    logprobs = None
-                    if params.kwargs.get("logprobs"):
-                        logprobs = [{(token + r * (3 if buggy and n % 2 == 0 else 1)) % 4096:
-                                     Logprob(-1.0 - 0.5 * r) for r in range(params.kwargs["logprobs"])}
-                                    for token in tokens]
-                    results.append(_Output(_Completion(tokens, logprobs)))
-                return results
-    ''',
-    "vllm/engine/__init__.py": "",
-    "vllm/engine/arg_utils.py": '''
-        from dataclasses import dataclass
-
-        @dataclass
-        class EngineArgs:
-            model: str = ""
-            attention_backend: str = ""
-            kv_cache_memory_bytes: int = 0
-    ''',
-}
-# A CUDA torch as the environment probe sees it (metadata and torch/version.py; nothing imports it).
-FAKE_TORCH = {
-    "torch/__init__.py": "",
-    "torch/version.py": "__version__ = '2.11.0+cu130'\nhip = None\ncuda: Optional[str] = '13.0'\n",
-    "torch-2.11.0+cu130.dist-info/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu130\n",
-}
+# The fake vLLM as the numerics check meets it: two CUDA backends, compile-cache lines.
+FAKE_VLLM = {"backends": ("TRITON_MLA", "FLASHMLA"), "compiles": True}
 
 
 @pytest.fixture
 def nvidia_root(tmp_path):
-    root = tmp_path / "nvidia-root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/nvidiactl").write_text("")
-    gpu = root / "proc/driver/nvidia/gpus/0000:19:00.0"
-    gpu.mkdir(parents=True)
-    (gpu / "information").write_text("Model: \t\t NVIDIA H200\n")
-    return root
+    return h200_machine(tmp_path / "nvidia-root")
 
 
 @pytest.fixture(scope="module")
@@ -156,30 +51,21 @@ def shared_cache(tmp_path_factory):
     return root
 
 
-def checkout_with_fake_vllm(path: Path) -> Path:
-    for name, text in FAKE_VLLM.items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(textwrap.dedent(text))
-    return path
-
-
 def step(tmp_path, nvidia_root, cache, options, name="step", env=None):
     """One scenario run in its own checkout (as a step of a run in its own worktree); the outcome and what
     the fake vLLM recorded of each engine."""
-    site = tmp_path / "site"
-    for rel, text in FAKE_TORCH.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(text)
+    site = write_files(tmp_path / "site", CUDA_TORCH_FILES)
     scenario = create(NAME, options)
     scenario.system_root = nvidia_root
-    checkout = checkout_with_fake_vllm(tmp_path / name / "tree")
+    checkout = write_files(tmp_path / name / "tree", fake_vllm(**FAKE_VLLM))
     record = tmp_path / name / "vllm.jsonl"
     ctx = StepContext(checkout=checkout, log_path=tmp_path / "logs" / f"{name}.log", timeout=120,
                       python=sys.executable,
                       env={"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(record), "BISECTOR_CACHE_DIR": str(cache),
                            **(env or {})})
     outcome = scenario.run(ctx)
-    engines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    engines = [line for line in lines if "kwargs" in line]
     return outcome, engines
 
 
@@ -280,13 +166,9 @@ def test_reference_equal_to_the_run_under_test_is_refused(tmp_path, nvidia_root,
 def test_calibrate_learns_the_bounds_from_the_good_ends_clean_pair(tmp_path, nvidia_root, shared_cache,
                                                                  make_repo, monkeypatch):
     repo = make_repo()
-    files = {name: textwrap.dedent(text) for name, text in FAKE_VLLM.items()}
-    good = repo.commit("vllm", files)
+    good = repo.commit("vllm", fake_vllm(**FAKE_VLLM))
     bad = repo.commit("the planted bug", {"BUG_TRITON_MLA": "merge half the splits\n"})
-    site = tmp_path / "site"
-    for rel, text in FAKE_TORCH.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(text)
+    site = write_files(tmp_path / "site", CUDA_TORCH_FILES)
     for key, value in {"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
                        "BISECTOR_CACHE_DIR": str(shared_cache)}.items():
         monkeypatch.setenv(key, value)

@@ -1,13 +1,13 @@
 """dpa-fp8-kv-graph-capture --option check=perf, end to end with the real child.py against the fake vllm of
-test_dpa_fp8_kv_numerics.py, whose decode here takes FAKE_STEP_SECONDS per decode step (a planted speed), every
-FAKE_SLOW_EVERY-th engine step FAKE_SLOW_FACTOR times that (planted noise)."""
+test_dpa_fp8_kv_numerics.py (tests/helpers/fake_vllm.py), whose engine steps here take a planted time (a planted
+speed), every spike_every-th step spike_factor times that (planted noise)."""
 import os
 import statistics
 import sys
-import textwrap
 
 import pytest
-from test_dpa_fp8_kv_numerics import FAKE_TORCH, FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
+from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
+from test_dpa_fp8_kv_numerics import FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
 
 from bisector.errors import ScenarioError
 from scenarios import create
@@ -17,55 +17,23 @@ from scenarios.dpa_fp8_kv import perf
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 
 PERF = {**SMALL, "check": "perf", "perf_repeats": "3", "perf_tokens": "16", "perf_batch": "4"}
-TIMED = ("    def generate(self, prompts, params, use_tqdm=True):\n",
-         "    def generate(self, prompts, params, use_tqdm=True):\n"
-         "        import time\n"
-         "        time.sleep(float(os.environ.get('FAKE_STEP_SECONDS', '0')) * params.kwargs['max_tokens'])\n")
-STEP = ("    def step(self):\n",
-        "    def step(self):\n"
-        "        import time\n"
-        "        self.steps = getattr(self, 'steps', 0) + 1\n"
-        "        slow = self.steps % int(os.environ.get('FAKE_SLOW_EVERY') or self.steps + 1) == 0\n"
-        "        factor = float(os.environ['FAKE_SLOW_FACTOR']) if slow else 1\n"
-        "        seconds = float(os.environ['FAKE_STEP_SECONDS']) * factor\n"
-        "        if os.environ.get('FAKE_BUSY'):  # the step's time spent on the CPU, as a CPU-bound decode does\n"
-        "            end = time.process_time() + seconds\n"
-        "            while time.process_time() < end:\n"
-        "                pass\n"
-        "        else:\n"
-        "            time.sleep(seconds)\n")
-PROMPTS = ("    def add_request(self, request_id, prompt, params):\n",
-           "    def add_request(self, request_id, prompt, params):\n"
-           "        with open(os.environ['FAKE_PROMPTS'], 'a') as f:\n"
-           "            f.write(f\"{len(prompt['prompt_token_ids'])}\\n\")\n")
-NO_STEP_API = ("        self.llm_engine = _Engine()\n", "")  # an older vLLM: LLM has no llm_engine.step()
 
 
-def measured(tmp_path, root, seconds_per_step: str, name: str, options=PERF, env=None, step_api=True):
-    site = tmp_path / "site"
-    for rel, text in FAKE_TORCH.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(text)
-    checkout = tmp_path / name / "tree"
-    fake = textwrap.dedent(FAKE_VLLM["vllm/__init__.py"])
-    assert TIMED[0] in fake and STEP[0] in fake and PROMPTS[0] in fake and NO_STEP_API[0] in fake
-    for rel, text in FAKE_VLLM.items():
-        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
-        text = textwrap.dedent(text).replace(*TIMED).replace(*STEP).replace(*PROMPTS)
-        (checkout / rel).write_text(text if step_api else text.replace(*NO_STEP_API))
+def measured(tmp_path, root, seconds_per_step: float, name: str, options=PERF, env=None, **fake):
+    """One check=perf run of the fake vLLM whose engine steps take seconds_per_step (and `fake`'s knobs)."""
+    site = write_files(tmp_path / "site", CUDA_TORCH_FILES)
+    checkout = write_files(tmp_path / name / "tree", fake_vllm(
+        **FAKE_VLLM, step_seconds=seconds_per_step, prompt_log=tmp_path / f"{name}-prompts.txt", **fake))
     scenario = create(NAME, options)
     scenario.system_root = root
     return scenario.run(StepContext(checkout=checkout, log_path=tmp_path / "logs" / f"{name}.log", timeout=120,
                                     python=sys.executable,
                                     env={"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
-                                         "BISECTOR_CACHE_DIR": str(tmp_path / "cache"),
-                                         "FAKE_STEP_SECONDS": seconds_per_step, "FAKE_SLOW_FACTOR": "1",
-                                         "FAKE_PROMPTS": str(tmp_path / f"{name}-prompts.txt"),
-                                         **(env or {})}))
+                                         "BISECTOR_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}))
 
 
 def test_check_perf_reports_decode_throughput_and_time_to_first_token(tmp_path, nvidia_root):  # noqa: F811
-    fast = measured(tmp_path, nvidia_root, "0.002", "fast")
+    fast = measured(tmp_path, nvidia_root, 0.002, "fast")
     assert fast.verdict is Verdict.GOOD, fast.reason
     assert set(fast.metrics) == {"decode_tok_s", "ttft_ms", "cpu_ms_per_step"}
     # 4 sequences per engine step of at least 2 ms (a sleep is never shorter; load only lengthens it): at most
@@ -77,7 +45,7 @@ def test_check_perf_reports_decode_throughput_and_time_to_first_token(tmp_path, 
     for measurement in found:  # 17 engine steps (the prefill's and 16 decode), the first two not timed
         assert measurement["method"] == "engine-steps" and measurement["steps"] == 15
         assert measurement["step_ms_median"] >= 2 and measurement["step_ms_iqr"] >= 0
-    slow = measured(tmp_path, nvidia_root, "0.008", "slow")  # 4x the step: slower even with ms of load on both
+    slow = measured(tmp_path, nvidia_root, 0.008, "slow")  # 4x the step: slower even with ms of load on both
     assert slow.metrics["decode_tok_s"] < 0.75 * fast.metrics["decode_tok_s"]
 
 
@@ -86,8 +54,7 @@ def test_one_slow_step_in_ten_leaves_the_median_step_figure_where_it_was(tmp_pat
     speed (4 sequences per 20 ms step: 200 tokens/s), where one from the mean step (the sum of the steps, as
     the two-generate difference measured) falls by a fifth or more."""
     options = {**PERF, "perf_tokens": "30"}
-    noisy = measured(tmp_path, nvidia_root, "0.02", "noisy", options,
-                     {"FAKE_SLOW_EVERY": "10", "FAKE_SLOW_FACTOR": "5"})
+    noisy = measured(tmp_path, nvidia_root, 0.02, "noisy", options, spike_every=10, spike_factor=5)
     assert noisy.verdict is Verdict.GOOD, noisy.reason
     assert noisy.metrics["decode_tok_s"] <= 200 * 1.02  # never faster than the planted steps allow
     medians = [measurement["step_ms_median"] for measurement in noisy.details["perf"]["measurements"]]
@@ -110,8 +77,8 @@ def test_each_repeat_says_what_the_machine_did_meanwhile(tmp_path, nvidia_root):
                                       f"sys.argv else 'unexpected')\n")
     (tools / "nvidia-smi").chmod(0o755)
     path = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-    busy = measured(tmp_path, nvidia_root, "0.01", "busy", env={**path, "FAKE_BUSY": "1"})
-    waiting = measured(tmp_path, nvidia_root, "0.01", "waiting", env=path)
+    busy = measured(tmp_path, nvidia_root, 0.01, "busy", env=path, busy=True)
+    waiting = measured(tmp_path, nvidia_root, 0.01, "waiting", env=path)
     assert busy.verdict is waiting.verdict is Verdict.GOOD, (busy.reason, waiting.reason)
     for measurement in busy.details["perf"]["measurements"]:
         assert measurement["cpu_ms_per_step"] >= 9  # the CPU time the step spun (process time, not wall time)
@@ -126,7 +93,7 @@ def test_long_prompts_and_more_layers_ask_for_a_gpu_bound_decode(tmp_path, nvidi
     """perf_prompt_tokens sets the timed batch's prompt lengths (prompt n: perf_prompt_tokens + n tokens), so
     every decode step reads a long KV cache; layers deepens the model the child loads."""
     options = {**PERF, "perf_prompt_tokens": "300", "layers": "16", "max_model_len": "400"}
-    long = measured(tmp_path, nvidia_root, "0.002", "long", options)
+    long = measured(tmp_path, nvidia_root, 0.002, "long", options)
     assert long.verdict is Verdict.GOOD, long.reason
     lengths = [int(line) for line in (tmp_path / "long-prompts.txt").read_text().split()]
     assert lengths == [300, 301, 302, 303] * 3  # the batch of 4, once per repeat
@@ -135,7 +102,7 @@ def test_long_prompts_and_more_layers_ask_for_a_gpu_bound_decode(tmp_path, nvidi
 
 
 def test_an_engine_without_step_is_measured_by_two_generates_and_says_so(tmp_path, nvidia_root):  # noqa: F811
-    old = measured(tmp_path, nvidia_root, "0.002", "old", step_api=False)
+    old = measured(tmp_path, nvidia_root, 0.002, "old", step_api=False)
     assert old.verdict is Verdict.GOOD, old.reason
     # a difference of two wall times: load on either generate moves it either way, so only its sign is certain
     assert old.metrics["decode_tok_s"] > 0

@@ -1,20 +1,19 @@
 """dpa-fp8-kv-graph-capture --option check=perf as a performance hunt (--metric decode_tok_s) in the other worlds
 a step runs in: with --image, the real child.py in each commit's image through the fake container runtime
 (tests/fakes/docker); with --aiter pinned, against each commit's pinned AITER built into a wheel and installed
-for real. The fake vLLM's engine has vLLM's step API (add_request/has_unfinished_requests/step) and prints the
-recorded ROCm lines (dpa_fp8_kv_records); each engine step sleeps a planted time, half as long again where the
-vLLM (in its image) or the AITER it imports is slow. Sleeps under load only lengthen, so the planted 1.5x
-step stands out of a loaded machine's noise."""
+for real. The fake vLLM (tests/helpers/fake_vllm.py) has vLLM's step API (add_request/has_unfinished_requests/
+step) and prints the recorded ROCm lines (dpa_fp8_kv_records); each engine step sleeps a planted time, half as
+long again where the vLLM (in its image) or the AITER it imports is slow. Sleeps under load only lengthen, so the
+planted 1.5x step stands out of a loaded machine's noise."""
 from __future__ import annotations
-
-import textwrap
 
 import pytest
 from dpa_fp8_kv_records import CAPTURE_47, PREFIX, ROCM_SELECTED
 from fake_docker import FakeDocker, vllm_site
+from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
 from test_dpa_fp8_kv_follow_pins import SETUP
-from test_dpa_fp8_kv_scenario import FAKE_TORCH
-from test_images_gpu import STACK, TEMPLATE, gpu_root  # noqa: F401
+from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401
+from test_images_gpu import STACK, TEMPLATE
 
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
@@ -33,48 +32,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan, pytest.mark.slow]
 NAME = "dpa-fp8-kv-graph-capture"
 OPTIONS = {"max_num_seqs": "4", "check": "perf", "perf_repeats": "1", "perf_tokens": "8", "perf_batch": "4"}
 STEP_SECONDS = 0.004
-# The fake vLLM. SLOW(): whether this vLLM's decode is slow (a module-level function each world defines).
-ENGINE = '''
-    import os, sys, time
-
-    class SamplingParams:
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-    class _Completion:
-        def __init__(self, count):
-            self.token_ids = list(range(count))
-
-    class _Output:
-        def __init__(self, count):
-            self.outputs = [_Completion(count)]
-
-    class _Engine:
-        """vLLM's step API: a step makes one token of every unfinished request, in a planted time."""
-        def __init__(self, seconds):
-            self.seconds, self.remaining = seconds, {{}}
-
-        def add_request(self, request_id, prompt, params):
-            self.remaining[request_id] = params.kwargs["max_tokens"]
-
-        def has_unfinished_requests(self):
-            return bool(self.remaining)
-
-        def step(self):
-            time.sleep(self.seconds)
-            self.remaining = {{request: left - 1 for request, left in self.remaining.items() if left > 1}}
-            return []
-
-    class LLM:
-        def __init__(self, **kwargs):
-            print({selected!r}, flush=True)
-            print({capture!r}, file=sys.stderr, flush=True)
-            self.llm_engine = _Engine({seconds} * (1.5 if SLOW() else 1.0))
-
-        def generate(self, prompts, params, use_tqdm=True):
-            time.sleep(self.llm_engine.seconds * params.kwargs["max_tokens"])
-            return [_Output(params.kwargs["max_tokens"]) for _ in prompts]
-'''.format(selected=ROCM_SELECTED, capture=PREFIX + CAPTURE_47, seconds=STEP_SECONDS)
+# The fake vLLM: its engine steps STEP_SECONDS, SLOWDOWN times that where its decode is slow.
+SLOWDOWN = 1.5
+ENGINE = {"selected": ROCM_SELECTED, "stderr": (PREFIX + CAPTURE_47,), "step_seconds": STEP_SECONDS}
 
 
 def hunted(cfg: RunConfig):
@@ -114,8 +74,8 @@ def test_check_perf_in_each_commits_image_measures_decode_and_names_the_slow_com
                                         "n": f"{i}\n"}) for i in range(8)]
     for index, sha in enumerate(shas):
         site = vllm_site(f"0.24.0.dev{index}+g{sha[:9]}.rocm700", index >= CULPRIT)
-        site["vllm/__init__.py"] = (f"SLOW = lambda: {index >= CULPRIT}\n" + textwrap.dedent(ENGINE))
-        docker.add_image(expand(TEMPLATE, sha), {**site, **STACK})
+        fake = fake_vllm(**ENGINE, slowdown=SLOWDOWN if index >= CULPRIT else 1.0)
+        docker.add_image(expand(TEMPLATE, sha), {**site, **fake, **STACK})
     scenario = create(NAME, OPTIONS)
     scenario.system_root = gpu_root
     result, perf = hunted(RunConfig(
@@ -146,19 +106,14 @@ def test_check_perf_with_aiter_pinned_measures_each_commit_with_its_pinned_aiter
         aiter.commit(f"AITER a{n}", files)
         if n in (1, 3):
             aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
-    site = tmp_path / "site"
-    for name, text in FAKE_TORCH.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_text(text)
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PYTHONPATH", str(write_files(tmp_path / "site", ROCM_TORCH_FILES)))
     monkeypatch.setattr(DpaFp8KvScenario, "system_root", gpu_root)
     vllm = make_repo("vllm")
-    engine = "def SLOW():\n    import aiter\n    return aiter.SLOW_DECODE\n" + textwrap.dedent(ENGINE)
+    engine = fake_vllm(**ENGINE, slowdown=SLOWDOWN, slowdown_if_aiter="SLOW_DECODE")  # slow where its AITER is
     shas = [vllm.commit(f"vLLM change {i}", {
         "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{"v0.1.12" if i < 3 else "v0.1.13"}"\n'
                                        f'ARG AITER_REPO="{aiter.path}"\n',
-        "vllm/__init__.py": engine, "vllm/engine/__init__.py": "",
-        "vllm/engine/arg_utils.py": STACK["vllm/engine/arg_utils.py"], "n": f"{i}\n"}) for i in range(6)]
+        **engine, "n": f"{i}\n"}) for i in range(6)]
     result, perf = hunted(RunConfig(repo=vllm.path, good=shas[0], bad=shas[-1], scenario=create(NAME, OPTIONS),
                                     state_dir=tmp_path / "state", world=WorldSettings(aiter="pinned"), timeout=120,
                                     perf=PerfSettings("decode_tok_s", Direction.HIGHER)))

@@ -5,13 +5,14 @@ import dataclasses
 import json
 import os
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from dpa_fp8_kv_records import FAULT, RECORDS
+from helpers.fake_machine import h200_machine, mi300x_machine
+from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
 
 from bisector.process import Cancelled
 from scenarios import create
@@ -68,14 +69,7 @@ sys.exit(int(action.split()[1]))
 @pytest.fixture
 def gpu_root(tmp_path):
     """A fake / with /dev/kfd and a CPU node plus two MI300X (gfx942) GPU nodes."""
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/kfd").write_text("")
-    for node, simds in enumerate((0, 304, 304)):
-        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
-        directory.mkdir(parents=True)
-        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
-    return root
+    return mi300x_machine(tmp_path / "root")
 
 
 @pytest.fixture
@@ -116,13 +110,7 @@ def replay(records, **per_rank):
 @pytest.fixture
 def nvidia_root(tmp_path):
     """A fake / with one NVIDIA H200 as the driver lists it."""
-    root = tmp_path / "nvidia-root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/nvidiactl").write_text("")
-    gpu = root / "proc/driver/nvidia/gpus/0000:19:00.0"
-    gpu.mkdir(parents=True)
-    (gpu / "information").write_text("Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n")
-    return root
+    return h200_machine(tmp_path / "nvidia-root")
 
 
 def test_no_gpu_skips_in_one_line_without_running(tmp_path, fake_python, records):
@@ -376,68 +364,18 @@ def test_missing_python_is_skip(tmp_path, gpu_root):
     assert outcome.reason.startswith(f"cannot start {tmp_path / 'no/such/python'}: ")
 
 
-FAKE_VLLM = {
-    "vllm/__init__.py": '''
-        import json, os
-
-        class SamplingParams:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-
-        class _Completion:
-            def __init__(self, count):
-                self.token_ids = list(range(count))
-
-        class _Output:
-            def __init__(self, count):
-                self.outputs = [_Completion(count)]
-
-        class LLM:
-            def __init__(self, **kwargs):
-                self.kwargs = kwargs
-                print("INFO Using AITER MLA backend.", flush=True)
-
-            def generate(self, prompts, params, use_tqdm=True):
-                with open(os.environ["FAKE_VLLM_RECORD"], "w") as f:
-                    json.dump({"kwargs": self.kwargs, "prompts": prompts, "params": params.kwargs}, f)
-                return [_Output(params.kwargs["max_tokens"]) for _ in prompts]
-    ''',
-    "vllm/engine/__init__.py": "",
-    "vllm/engine/arg_utils.py": '''
-        from dataclasses import dataclass
-
-        @dataclass
-        class EngineArgs:
-            model: str = ""
-            attention_backend: str = ""
-            kv_cache_memory_bytes: int = 0
-    ''',
-}
-# A ROCm torch as the environment probe sees it: its metadata and torch/version.py, nothing to import.
-FAKE_TORCH = {
-    "torch/__init__.py": "",
-    "torch/version.py": "__version__ = '2.9.0+rocm7.0'\nhip: Optional[str] = '7.0.51831'\ncuda = None\n",
-    "torch-2.9.0+rocm7.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+rocm7.0\n",
-}
-
-
 def test_real_child_against_a_fake_vllm_in_the_checkout(tmp_path, gpu_root):
-    checkout = tmp_path / "checkout"
-    for name, text in FAKE_VLLM.items():
-        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-        (checkout / name).write_text(textwrap.dedent(text))
-    site = tmp_path / "site"
-    for name, text in FAKE_TORCH.items():
-        (site / name).parent.mkdir(parents=True, exist_ok=True)
-        (site / name).write_text(text)
-    record = tmp_path / "vllm-record.json"
+    write_files(tmp_path / "checkout", fake_vllm(selected="INFO Using AITER MLA backend."))
+    site = write_files(tmp_path / "site", ROCM_TORCH_FILES)
+    record = tmp_path / "vllm-record.jsonl"
     outcome = run(tmp_path, gpu_root, sys.executable,
                   options={"cudagraph_mode": "FULL_AND_PIECEWISE", "max_num_seqs": "4"},
                   env={"FAKE_VLLM_RECORD": str(record), "PYTHONPATH": str(site)})
     assert outcome.verdict is Verdict.GOOD, outcome.reason
     assert outcome.details["torch"] == "2.9.0+rocm7.0"
     assert outcome.reason.endswith("BISECTOR-SCENARIO-OK dp_rank=0 sequences=4 tokens=8")
-    seen = json.loads(record.read_text())
+    engine, generate = (json.loads(line) for line in record.read_text().splitlines())
+    seen = {**engine, **generate}
     assert seen["kwargs"]["load_format"] == "dummy"
     assert seen["kwargs"]["kv_cache_dtype"] == "fp8"
     assert seen["kwargs"]["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE"}

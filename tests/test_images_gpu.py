@@ -1,7 +1,7 @@
 """The GPU scenario in per-commit images: the real scenario and its real child.py, launched through a fake
-`docker` (tests/fakes/docker) into fake images whose vLLM stands in for the engine (a GPU memory fault from the
-culprit on), with a fake /dev/kfd and KFD topology. And a real-runtime test, run only where docker and an AMD
-GPU exist."""
+`docker` (tests/fakes/docker) into fake images whose vLLM (tests/helpers/fake_vllm.py) stands in for the engine
+(a GPU memory fault from the culprit on), with a fake /dev/kfd and KFD topology. And a real-runtime test, run only
+where docker and an AMD GPU exist."""
 from __future__ import annotations
 
 import json
@@ -9,11 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from fake_docker import RENDER_GID, FakeDocker, vllm_site
+from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm
+from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401 - the fixture
 
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
@@ -30,73 +31,20 @@ TEMPLATE = "rocm/vllm-ci:{commit}"
 NAME = "dpa-fp8-kv-graph-capture"
 FAULT = ("Memory access fault by GPU node-2 (Agent handle: 0x5581) on address 0x7f3a00000000. "
          "Reason: Page not present or supervisor privilege.")
-ENGINE = '''
-    import os, sys
-
-    class SamplingParams:
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-    class _Completion:
-        def __init__(self, count):
-            self.token_ids = list(range(count))
-
-    class _Output:
-        def __init__(self, count):
-            self.outputs = [_Completion(count)]
-
-    class LLM:
-        def __init__(self, **kwargs):
-            print("INFO Using ROCM_AITER_MLA backend.", flush=True)
-            if BROKEN:  # the metadata sized for the wrong query dtype: the decode graph faults
-                print({fault!r}, file=sys.stderr, flush=True)
-                os.abort()
-
-        def generate(self, prompts, params, use_tqdm=True):
-            return [_Output(params.kwargs["max_tokens"]) for _ in prompts]
-'''.format(fault=FAULT)
-ARG_UTILS = '''
-    from dataclasses import dataclass
-
-    @dataclass
-    class EngineArgs:
-        model: str = ""
-        attention_backend: str = ""
-        kv_cache_memory_bytes: int = 0
-'''
 # The image's ROCm torch and AITER, as their metadata and torch/version.py show them.
-STACK = {
-    "torch/__init__.py": "",
-    "torch/version.py": "__version__ = '2.9.0+rocm7.0'\nhip: Optional[str] = '7.0.51831'\ncuda = None\n",
-    "torch-2.9.0+rocm7.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0+rocm7.0\n",
-    "amd_aiter-0.1.13.dist-info/METADATA": "Metadata-Version: 2.1\nName: amd-aiter\nVersion: 0.1.13\n",
-    "vllm/engine/__init__.py": "",
-    "vllm/engine/arg_utils.py": textwrap.dedent(ARG_UTILS),
-}
+STACK = {**ROCM_TORCH_FILES,
+         "amd_aiter-0.1.13.dist-info/METADATA": "Metadata-Version: 2.1\nName: amd-aiter\nVersion: 0.1.13\n"}
 CULPRIT = 5
 
 
-@pytest.fixture
-def gpu_root(tmp_path):
-    """A fake / with /dev/kfd and a CPU node plus two MI300X (gfx942) GPU nodes."""
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    (root / "dev/kfd").write_text("")
-    for node, simds in enumerate((0, 304, 304)):
-        directory = root / f"sys/class/kfd/kfd/topology/nodes/{node}"
-        directory.mkdir(parents=True)
-        (directory / "properties").write_text(f"simd_count {simds}\ngfx_target_version 90402\n")
-    return root
-
-
 def image_site(sha: str, index: int) -> dict[str, str]:
-    broken = index >= CULPRIT
+    broken = index >= CULPRIT  # the metadata sized for the wrong query dtype: the decode graph faults
     site = vllm_site(f"0.24.0.dev{index}+g{sha[:9]}.rocm700", broken)
-    site["vllm/__init__.py"] = f"BROKEN = {broken}\n" + textwrap.dedent(ENGINE)
-    return {**site, **STACK}
+    return {**site, **fake_vllm(selected="INFO Using ROCM_AITER_MLA backend.", fault=FAULT if broken else None),
+            **STACK}
 
 
-def test_a_gpu_bisection_in_images_launches_each_rank_in_its_commits_image(make_repo, tmp_path, gpu_root,
+def test_a_gpu_bisection_in_images_launches_each_rank_in_its_commits_image(make_repo, tmp_path, gpu_root,  # noqa: F811
                                                                            monkeypatch):
     docker = FakeDocker(tmp_path / "fake")
     docker.activate(monkeypatch)
@@ -137,7 +85,8 @@ def test_a_gpu_bisection_in_images_launches_each_rank_in_its_commits_image(make_
     assert not any((docker.home / "containers").iterdir())
 
 
-def test_data_parallel_ranks_cannot_talk_without_a_network(make_repo, tmp_path, gpu_root, monkeypatch):
+def test_data_parallel_ranks_cannot_talk_without_a_network(make_repo, tmp_path, gpu_root,  # noqa: F811
+                                                          monkeypatch):
     docker = FakeDocker(tmp_path / "fake")
     docker.activate(monkeypatch)
     repo = make_repo()

@@ -1,17 +1,17 @@
 """Where a step's seconds go: `phases` in each step's details, on real runs.
 
 A command run through the real CLI on a real repository (its JSON and `report --format json`), and the GPU
-scenario's own parts timed from the marks its real child.py prints, over the fake vLLM of
-tests/test_dpa_fp8_kv_numerics.py slowed where vLLM is slow (its import, its engine start).
+scenario's own parts timed from the marks its real child.py prints, over the fake vLLM
+(tests/helpers/fake_vllm.py) slowed where vLLM is slow (its import, its engine start).
 """
 import json
 import sys
-import textwrap
 import threading
 import time
 
 import pytest
-from test_dpa_fp8_kv_numerics import FAKE_TORCH, FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
+from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
+from test_dpa_fp8_kv_numerics import FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
 from test_images import bisect, docker, history, publish  # noqa: F401
 
 from scenarios import create
@@ -82,31 +82,17 @@ def test_an_image_step_says_how_long_its_pull_and_proof_took(make_repo, docker, 
     assert max(steps[sha]["details"]["phases"]["image_pull"] for sha in shas[1:]) >= PAUSE
 
 
-def slow_fake_vllm() -> dict[str, str]:
-    """The fake vLLM, its import and its engine start each PAUSE long."""
-    init = textwrap.dedent(FAKE_VLLM["vllm/__init__.py"])
-    init = "import time\ntime.sleep(float(__import__('os').environ['FAKE_PAUSE']))\n" + init.replace(
-        "        self.kwargs = kwargs\n        self.llm_engine = _Engine()",
-        "        self.kwargs = kwargs\n        self.llm_engine = _Engine()\n"
-        "        time.sleep(float(os.environ['FAKE_PAUSE']))")
-    assert init.count("FAKE_PAUSE") == 2
-    return {**FAKE_VLLM, "vllm/__init__.py": init}
-
-
 @pytest.mark.parametrize("options, work", [
     (SMALL, "decode"),
     ({**SMALL, "check": "perf", "perf_repeats": "1", "perf_tokens": "4", "perf_batch": "2"}, "measure")])
 def test_gpu_scenario_times_its_child_from_the_marks_it_prints(tmp_path, nvidia_root, options, work):  # noqa: F811
-    site, checkout = tmp_path / "site", tmp_path / "tree"
-    for root, files in ((site, FAKE_TORCH), (checkout, slow_fake_vllm())):
-        for rel, text in files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(textwrap.dedent(text))
+    site = write_files(tmp_path / "site", CUDA_TORCH_FILES)
+    checkout = write_files(tmp_path / "tree", fake_vllm(**FAKE_VLLM, start_pause=PAUSE))  # its import, its start
     scenario = create(NAME, options)
     scenario.system_root = nvidia_root
     ctx = StepContext(checkout=checkout, log_path=tmp_path / "logs" / "step.log", timeout=120, python=sys.executable,
                       env={"PYTHONPATH": str(site), "FAKE_VLLM_RECORD": str(tmp_path / "vllm.jsonl"),
-                           "BISECTOR_CACHE_DIR": str(tmp_path / "cache"), "FAKE_PAUSE": str(PAUSE)})
+                           "BISECTOR_CACHE_DIR": str(tmp_path / "cache")})
     outcome = scenario.run(ctx)
     assert outcome.verdict is Verdict.GOOD, outcome.reason
     phases = outcome.details["phases"]
