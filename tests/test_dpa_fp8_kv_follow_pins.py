@@ -206,7 +206,8 @@ def test_the_continuation_printed_is_the_gpu_level_itself_and_the_cli_runs_it_so
     change = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(
         NAME, {"max_num_seqs": "4"}), world=WorldSettings(aiter="installed")))
     assert change.continuation == (
-        f"bisector run --repo {aiter} --good v0.1.12 --bad v0.1.13 --scenario {NAME} --option max_num_seqs=4 "
+        f"bisector run --repo {aiter} --good v0.1.12 --bad v0.1.13 --state-dir {GitRepo(repo).common_dir / 'bisector'} "
+        f"--scenario {NAME} --option max_num_seqs=4 "
         f"--option vllm_ref={v[2]} --option vllm_repo={repo} --aiter pinned")
     image = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(
         NAME, {}), world=WorldSettings(ImageSettings(TEMPLATE), aiter_settings=AiterSettings(arch="gfx950")),

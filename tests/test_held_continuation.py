@@ -1,0 +1,104 @@
+"""A level inside AITER run by hand: the GPU scenario's continuation, printed when --follow-pins does not run the
+level itself, given to the real CLI. It names the first level's state dir, and its steps get the held vLLM commit's
+tree with the build the first level stored there (restored from the artifact cache, as the automatic level does),
+or one line before the run starts says why not. The world of tests/test_dpa_fp8_kv_follow_pins.py: a fake vLLM
+whose graph capture faults with the AITER it imports (AITER a3 on), AITER built and installed per commit for real,
+a fake / with two gfx942 GPUs (the CLI below runs with it) and a fake ROCm torch."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_dpa_fp8_kv_follow_pins import NAME, StandInBuild, world  # noqa: F401 - the fixture
+
+from bisector import builds
+from bisector.builds import BuildSettings
+from bisector.engine.config import RunConfig
+from bisector.engine.follow import pin_follow_up
+from bisector.engine.run import run_bisection
+from bisector.refs import GitRepo
+from bisector.world import WorldSettings
+from scenarios import create
+from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+# The real CLI (bisector.cli.main) with the fake / of the world fixture: argv ROOT ARGS...
+CLI = """
+import sys
+from pathlib import Path
+from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
+from bisector.cli import main
+DpaFp8KvScenario.system_root = Path(sys.argv[1])
+main(sys.argv[2:], prog_name="bisector")
+"""
+
+
+def run_by_hand(continuation: str, *extra: str) -> subprocess.CompletedProcess:
+    """The continuation as a user runs it (plus extra options), on the fake / and fake torch of the world."""
+    argv = shlex.split(continuation)
+    assert argv[:2] == ["bisector", "run"], argv
+    site = os.environ["PYTHONPATH"]  # the fake ROCm torch (the world fixture)
+    return subprocess.run([sys.executable, "-c", CLI, str(DpaFp8KvScenario.system_root), *argv[1:], *extra],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), site])})
+
+
+def said_before_the_run(stderr: str, line: str) -> None:
+    """line is said once, before the run's first line (not per step)."""
+    lines = stderr.splitlines()
+    assert lines.count(line) == 1, stderr
+    started = next(n for n, text in enumerate(lines) if text.startswith("run ") and "commits in range" in text)
+    assert lines.index(line) < started, stderr
+
+
+def test_by_hand_the_held_build_the_first_level_stored_is_restored(world, tmp_path, monkeypatch):  # noqa: F811
+    """vLLM with a compiled part only its build writes: the first level (no --follow-pins) builds and stores it;
+    its continuation, run by hand, holds the answer with that build restored from the same state dir, so the held
+    vLLM imports its compiled part and the level finds the AITER commit."""
+    monkeypatch.setitem(builds.REGISTRY, StandInBuild.name, StandInBuild)
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False, native=True)
+    state = tmp_path / "state"
+    first = run_bisection(RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(NAME, {"max_num_seqs": "4"}),
+                                    state_dir=state, world=WorldSettings(aiter="pinned"),
+                                    builder=BuildSettings("auto", sys.executable)))
+    assert first.culprit.sha == v[2] and not first.levels, [(s.sha[:8], s.verdict, s.reason) for s in first.steps]
+    continuation = first.pin_change.continuation
+    assert f" --state-dir {state} " in continuation  # the first level's record and artifact cache
+    [native] = [path.name for path in (state / "artifacts").iterdir()]
+
+    report = tmp_path / "level.json"
+    out = run_by_hand(continuation, "--json", str(report))
+    said = f"native {native[:12]} built before (stand-in), 1 files reused"
+    said_before_the_run(out.stderr, f"held vLLM {v[2][:12]}: {said}")
+    level = json.loads(report.read_text())
+    assert out.returncode == 0 and level["first_bad"]["sha"] == a[3], (out.stderr, level.get("stopped"))
+    for step in level["steps"]:  # each step ran the held commit's tree with its build, as the automatic level's do
+        assert step["details"]["held_build"] == {"commit": v[2], "found": True, "native": native, "said": said}
+    tree = state / "held" / f"{v[2]}-{native[:16]}"
+    assert (tree / "vllm" / "_C.py").read_text() == f"NATIVE = {native!r}\n"
+
+
+def test_by_hand_without_a_stored_build_one_line_says_why_and_the_held_sources_run(world, tmp_path):  # noqa: F811
+    """Nothing stored for the held commit (it has no setup.py: nothing to build): one line before the run says so,
+    each step's details too, and the held commit's sources alone serve (this vLLM has no compiled part)."""
+    a, vllm_history = world
+    repo, *v = vllm_history(broken_at_bump=False)
+    state = tmp_path / "state"
+    change = pin_follow_up(GitRepo(repo), v[2], RunConfig(repo=repo, good=v[0], bad=v[-1], state_dir=state,
+                                                          scenario=create(NAME, {"max_num_seqs": "4"})))
+    report = tmp_path / "level.json"
+    out = run_by_hand(change.continuation, "--json", str(report))
+    said = "held build not found: no setup.py at the held commit (nothing to build): its sources alone"
+    said_before_the_run(out.stderr, f"held vLLM {v[2][:12]}: {said}")
+    level = json.loads(report.read_text())
+    assert out.returncode == 0 and level["first_bad"]["sha"] == a[3], (out.stderr, level.get("stopped"))
+    for step in level["steps"]:
+        assert step["details"]["held_build"] == {"commit": v[2], "found": False, "native": None, "said": said}
