@@ -1,9 +1,12 @@
-"""A level inside AITER run by hand: the GPU scenario's continuation, printed when --follow-pins does not run the
-level itself, given to the real CLI. It names the first level's state dir, and its steps get the held vLLM commit's
-tree with the build the first level stored there (restored from the artifact cache, as the automatic level does),
-or one line before the run starts says why not. The world of tests/test_dpa_fp8_kv_follow_pins.py: a fake vLLM
-whose graph capture faults with the AITER it imports (AITER a3 on), AITER built and installed per commit for real,
-a fake / with two gfx942 GPUs (the CLI below runs with it) and a fake ROCm torch."""
+"""The held vLLM commit's build in a level inside AITER that --follow-pins does not run itself, and in its plan.
+
+Run by hand, the GPU scenario's continuation (given to the real CLI) names the first level's state dir, and its steps
+get the held commit's tree with the build the first level stored there (restored from the artifact cache, as the
+automatic level does), or one line before the run starts says why not; the world of
+tests/test_dpa_fp8_kv_follow_pins.py: a fake vLLM whose graph capture faults with the AITER it imports (AITER a3
+on), AITER built and installed per commit for real, a fake / with two gfx942 GPUs (the CLI below runs with it) and
+a fake ROCm torch. `run --plan --follow-pins` says whether that build will be there: stored already, built by the
+first level, or none (--build none)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +20,9 @@ import pytest
 from test_dpa_fp8_kv_follow_pins import NAME, StandInBuild, world  # noqa: F401 - the fixture
 
 from bisector import builds
-from bisector.builds import BuildSettings
+from bisector.builds import BuildSettings, parse_size
+from bisector.builds.artifacts import ArtifactCache
+from bisector.builds.builder import Builder
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
@@ -26,7 +31,7 @@ from bisector.world import WorldSettings
 from scenarios import create
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 # The real CLI (bisector.cli.main) with the fake / of the world fixture: argv ROOT ARGS...
@@ -58,6 +63,7 @@ def said_before_the_run(stderr: str, line: str) -> None:
     assert lines.index(line) < started, stderr
 
 
+@pytest.mark.slow
 def test_by_hand_the_held_build_the_first_level_stored_is_restored(world, tmp_path, monkeypatch):  # noqa: F811
     """vLLM with a compiled part only its build writes: the first level (no --follow-pins) builds and stores it;
     its continuation, run by hand, holds the answer with that build restored from the same state dir, so the held
@@ -86,6 +92,7 @@ def test_by_hand_the_held_build_the_first_level_stored_is_restored(world, tmp_pa
     assert (tree / "vllm" / "_C.py").read_text() == f"NATIVE = {native!r}\n"
 
 
+@pytest.mark.slow
 def test_by_hand_without_a_stored_build_one_line_says_why_and_the_held_sources_run(world, tmp_path):  # noqa: F811
     """Nothing stored for the held commit (it has no setup.py: nothing to build): one line before the run says so,
     each step's details too, and the held commit's sources alone serve (this vLLM has no compiled part)."""
@@ -102,3 +109,44 @@ def test_by_hand_without_a_stored_build_one_line_says_why_and_the_held_sources_r
     assert out.returncode == 0 and level["first_bad"]["sha"] == a[3], (out.stderr, level.get("stopped"))
     for step in level["steps"]:
         assert step["details"]["held_build"] == {"commit": v[2], "found": False, "native": None, "said": said}
+
+
+def test_the_plan_of_a_gpu_follow_pins_hunt_says_whether_the_held_build_will_be_restored(make_repo, tmp_path, cli,
+                                                                                           monkeypatch):
+    """Each follow-pins line of the plan says what the level holding that commit gets: its build built by the first
+    level (nothing stored yet), stored already, or its sources alone with --build none; nothing is run."""
+    aiter = make_repo("aiter")
+    for n in range(1, 4):
+        aiter.commit(f"AITER a{n}", {"aiter/__init__.py": f"COMMIT = {n}\n"})
+        if n in (1, 3):
+            aiter.git("tag", f"v{n}.0")
+    vllm = make_repo("vllm")
+    v = [vllm.commit(f"vLLM change {i}", {
+        "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{pin}"\nARG AITER_REPO="{aiter.path}"\n',
+        "setup.py": "from setuptools import setup\nsetup(name='vllm')\n", "csrc/ops.c": f"/* kernels {i} */\n",
+        "vllm/__init__.py": f"CHANGE = {i}\n"}) for i, pin in enumerate(["v1.0", "v1.0", "v3.0", "v3.0"])]
+    state = tmp_path / "state"
+
+    def planned(*extra: str) -> str:
+        plan = tmp_path / "plan.json"
+        out = cli("run", "--plan", "--json", str(plan), "--repo", str(vllm.path), "--good", v[0], "--bad", v[-1],
+                  "--scenario", NAME, "--follow-pins", "--state-dir", str(state), *extra)
+        assert out.returncode == 0, out.stderr
+        [level] = json.loads(plan.read_text())["pin_levels"]
+        assert level.startswith(f"{v[2][:12]} moves AITER v1.0 → v3.0: 2 AITER commits after v1.0 up to v3.0"), level
+        assert level in out.stdout
+        return level
+
+    held = f"held vLLM {v[2][:12]}: "
+    assert planned("--build", "source").endswith(held + "built by the first level (source), then restored for each "
+                                                        "step")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the CLI's own: the same toolchain, the same native hash
+    native = Builder(BuildSettings("auto", sys.executable), GitRepo(vllm.path), state, builds.REGISTRY).native(v[2])
+    built = tmp_path / "built"
+    (built / "vllm").mkdir(parents=True)
+    (built / "vllm" / "_C.so").write_text("compiled\n")
+    ArtifactCache(state, parse_size("1G")).save(native, built, ["vllm/_C.so"], "source", None)  # the first level's
+    assert planned().endswith(held + f"its build stored already (native {native[:12]}, source), restored for each "
+                                     f"step")
+    assert planned("--build", "none").endswith(held + "its sources alone (--build none: the first level builds "
+                                                      "nothing)")
