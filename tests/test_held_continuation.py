@@ -9,6 +9,7 @@ a fake ROCm torch. `run --plan --follow-pins` says whether that build will be th
 first level, or none (--build none)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -67,14 +68,15 @@ def said_before_the_run(stderr: str, line: str) -> None:
 def test_by_hand_the_held_build_the_first_level_stored_is_restored(world, tmp_path, monkeypatch):  # noqa: F811
     """vLLM with a compiled part only its build writes: the first level (no --follow-pins) builds and stores it;
     its continuation, run by hand, holds the answer with that build restored from the same state dir, so the held
-    vLLM imports its compiled part and the level finds the AITER commit."""
+    vLLM imports its compiled part and the level finds the AITER commit; the automatic level is then served its
+    verdicts (the same question)."""
     monkeypatch.setitem(builds.REGISTRY, StandInBuild.name, StandInBuild)
     a, vllm_history = world
     repo, *v = vllm_history(broken_at_bump=False, native=True)
     state = tmp_path / "state"
-    first = run_bisection(RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(NAME, {"max_num_seqs": "4"}),
-                                    state_dir=state, world=WorldSettings(aiter="pinned"),
-                                    builder=BuildSettings("auto", sys.executable)))
+    asked = RunConfig(repo=repo, good=v[0], bad=v[-1], scenario=create(NAME, {"max_num_seqs": "4"}), state_dir=state,
+                      world=WorldSettings(aiter="pinned"), builder=BuildSettings("auto", sys.executable))
+    first = run_bisection(asked)
     assert first.culprit.sha == v[2] and not first.levels, [(s.sha[:8], s.verdict, s.reason) for s in first.steps]
     continuation = first.pin_change.continuation
     assert f" --state-dir {state} " in continuation  # the first level's record and artifact cache
@@ -90,6 +92,12 @@ def test_by_hand_the_held_build_the_first_level_stored_is_restored(world, tmp_pa
         assert step["details"]["held_build"] == {"commit": v[2], "found": True, "native": native, "said": said}
     tree = state / "held" / f"{v[2]}-{native[:16]}"
     assert (tree / "vllm" / "_C.py").read_text() == f"NATIVE = {native!r}\n"
+
+    # the automatic level asks the same question (one verdict cache key): --follow-pins is served the hand-run's
+    again = run_bisection(dataclasses.replace(asked, follow_pins=True))
+    [inside] = again.levels
+    assert inside.culprit.sha == a[3] and inside.steps and all(step.cached for step in inside.steps), \
+        [(step.sha[:8], step.cached, step.reason) for step in inside.steps]
 
 
 @pytest.mark.slow

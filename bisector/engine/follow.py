@@ -300,19 +300,24 @@ def _held_build(cfg: RunConfig, repo: GitRepo, held: Scenario, commit: str) -> H
 
 @contextlib.contextmanager
 def held_by_hand(cfg: RunConfig, state_dir: Path, handler: Handler) -> Iterator[RunConfig]:
-    """A level inside AITER run by hand (its continuation: a scenario holding vLLM at vllm_ref on bare metal, no
-    level above it): cfg with the held commit's tree and the build stored in state_dir's artifact cache, as the
-    automatic level has it, kept from pruning while the run goes; said in one line before the run starts (the
-    build restored, or why none is: the held commit's sources alone). Any other run: cfg as it is."""
+    """A level inside AITER run by hand (its continuation: a scenario holding vLLM at vllm_ref, each step
+    installing its AITER commit; no level above it) set up as the automatic level is (_level_config), so both ask
+    the same question (one verdict cache key): no build of the AITER checkouts (the world installs them) and, on
+    bare metal, the held commit's tree with the build stored in state_dir's artifact cache, kept from pruning
+    while the run goes and said in one line before the run starts (the build restored, or why none is: the
+    held commit's sources alone). Any other run: cfg as it is."""
     world = cfg.world
-    if cfg.level is not None or not world.aiter_at_step or world.image is not None or world.held_commit is None \
-            or world.held_build is not None:
+    if cfg.level is not None or not world.aiter_at_step or world.held_commit is None:
         yield cfg
+        return
+    level = dataclasses.replace(cfg, builder=NoBuild())
+    if world.image is not None:  # the held commit's image holds its build
+        yield level
         return
     held = _held_build_by_hand(cfg, world.held_commit, state_dir)
     handler.level(f"held vLLM {held.commit[:12]}: {held.said}")
     with holding(held):
-        yield dataclasses.replace(cfg, world=dataclasses.replace(world, held_build=held))
+        yield dataclasses.replace(level, world=dataclasses.replace(world, held_build=held))
 
 
 def _held_build_by_hand(cfg: RunConfig, ref: str, state_dir: Path) -> HeldBuild:
