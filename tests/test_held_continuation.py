@@ -119,20 +119,39 @@ def test_by_hand_without_a_stored_build_one_line_says_why_and_the_held_sources_r
         assert step["details"]["held_build"] == {"commit": v[2], "found": False, "native": None, "said": said}
 
 
-def test_the_plan_of_a_gpu_follow_pins_hunt_says_whether_the_held_build_will_be_restored(make_repo, tmp_path, cli,
-                                                                                           monkeypatch):
-    """Each follow-pins line of the plan says what the level holding that commit gets: its build built by the first
-    level (nothing stored yet), stored already, or its sources alone with --build none; nothing is run."""
+def pinned_vllm(make_repo):
+    """An AITER history (a1 v1.0 .. a3 v3.0) and a vLLM one with a compiled part (setup.py, csrc/) whose v2 moves
+    its AITER pin v1.0 → v3.0: the vLLM repository and its four commits. Nothing here runs."""
     aiter = make_repo("aiter")
     for n in range(1, 4):
         aiter.commit(f"AITER a{n}", {"aiter/__init__.py": f"COMMIT = {n}\n"})
         if n in (1, 3):
             aiter.git("tag", f"v{n}.0")
     vllm = make_repo("vllm")
-    v = [vllm.commit(f"vLLM change {i}", {
+    return vllm, [vllm.commit(f"vLLM change {i}", {
         "docker/Dockerfile.rocm_base": f'ARG AITER_BRANCH="{pin}"\nARG AITER_REPO="{aiter.path}"\n',
         "setup.py": "from setuptools import setup\nsetup(name='vllm')\n", "csrc/ops.c": f"/* kernels {i} */\n",
         "vllm/__init__.py": f"CHANGE = {i}\n"}) for i, pin in enumerate(["v1.0", "v1.0", "v3.0", "v3.0"])]
+
+
+def test_the_continuation_names_the_first_levels_python_as_the_level_runs_with_it(make_repo, tmp_path):
+    """The level runs with the first level's --python (the toolchain the held build's native hash names): its
+    continuation names it, unless it is this interpreter (the default)."""
+    vllm, v = pinned_vllm(make_repo)
+    python = str(tmp_path / "rocm-venv" / "bin" / "python")
+    asked = RunConfig(repo=vllm.path, good=v[0], bad=v[-1], state_dir=tmp_path / "state", python=python,
+                      scenario=create(NAME, {}))
+    argv = shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], asked).continuation)
+    assert argv[argv.index("--python") + 1] == python and argv[argv.index("--state-dir") + 1] == str(tmp_path / "state")
+    default = pin_follow_up(GitRepo(vllm.path), v[2], dataclasses.replace(asked, python=sys.executable))
+    assert "--python" not in shlex.split(default.continuation)
+
+
+def test_the_plan_of_a_gpu_follow_pins_hunt_says_whether_the_held_build_will_be_restored(make_repo, tmp_path, cli,
+                                                                                           monkeypatch):
+    """Each follow-pins line of the plan says what the level holding that commit gets: its build built by the first
+    level (nothing stored yet), stored already, or its sources alone with --build none; nothing is run."""
+    vllm, v = pinned_vllm(make_repo)
     state = tmp_path / "state"
 
     def planned(*extra: str) -> str:

@@ -37,7 +37,7 @@ from bisector.pins import (
 from bisector.policies import Endpoints
 from bisector.refs import GitRepo
 from bisector.results import BisectResult, PinChange, PinLevel
-from bisector.seams import FollowsPins, FollowUp, Scenario
+from bisector.seams import DEFAULT_PYTHON, FollowsPins, FollowUp, Scenario
 from bisector.search import Term
 from bisector.steps import Handler, Step
 from bisector.store import Store
@@ -50,8 +50,9 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     the `bisector run` that continues inside the dependency with vLLM held at the answer; the scenario's
     follow_up says which of its options and which dependency repository that run keeps. A held scenario whose
     verdict depends on the AITER installed (the GPU scenario) continues as itself, with the level's world
-    options and this run's state dir, whose artifact cache holds the held commit's build (level_argv); any
-    other, with the CPU probe (continuation_argv)."""
+    options, this run's state dir, whose artifact cache holds the held commit's build, and its --python (the
+    level's, and the toolchain that build's native hash names) (level_argv); any other, with the CPU probe
+    (continuation_argv)."""
     parents = repo.parents(culprit)
     change = pin_change(repo.root, parents[0], culprit) if parents else None
     if change is None or change.old is None or change.new is None:
@@ -61,7 +62,7 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     held = follow.hold(str(repo.root), culprit) if follow.hold else None
     if held is not None and held.aiter_sensitive:
         argv = level_argv(change, source, held, cfg.world.for_level(held, culprit).cli_args(),
-                          choose_state_dir(repo, cfg.state_dir), cfg.find_fix, cfg.perf)
+                          choose_state_dir(repo, cfg.state_dir), cfg.python, cfg.find_fix, cfg.perf)
     else:
         argv = continuation_argv(change, (str(repo.root), culprit), source, dict(follow.options), cfg.find_fix,
                                  cfg.perf)
@@ -69,18 +70,19 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
 
 
 def level_argv(change: PinChange, source: str, held: Scenario, world_args: list[str], state_dir: Path,
-               find_fix: bool = False, perf: PerfSettings | None = None) -> list[str]:
+               python: str = DEFAULT_PYTHON, find_fix: bool = False, perf: PerfSettings | None = None) -> list[str]:
     """The `bisector run` of the level inside the dependency exactly as --follow-pins runs it: source bisected
     between the pins, in the first level's state dir (state_dir: its record, and the artifact cache the held
-    commit's build is restored from: held_by_hand), the held scenario with every option it is given (vllm_repo
-    and vllm_ref among them), the level's world options (world_args: WorldSettings.cli_args), the same
-    --find-fix and metric."""
+    commit's build is restored from: held_by_hand) with its --python (named unless it is this interpreter), the
+    held scenario with every option it is given (vllm_repo and vllm_ref among them), the level's world options
+    (world_args: WorldSettings.cli_args), the same --find-fix and metric."""
     assert change.old and change.new
     good, bad = (change.new, change.old) if find_fix else (change.old, change.new)
     defaults = getattr(held, "option_defaults", {})
     given = sorted((key, value) for key, value in getattr(held, "options", {}).items() if value != defaults.get(key))
     return ["bisector", "run", *(["--find-fix"] if find_fix else []), "--repo", source, "--good", good, "--bad", bad,
-            "--state-dir", str(state_dir), "--scenario", held.name,
+            "--state-dir", str(state_dir), *(["--python", python] if python != DEFAULT_PYTHON else []),
+            "--scenario", held.name,
             *(arg for key, value in given for arg in ("--option", f"{key}={value}")),
             *world_args, *(perf.cli_args() if perf is not None else [])]
 
