@@ -23,7 +23,6 @@ from bisector.engine.config import RunConfig
 from bisector.engine.state import choose_state_dir, open_builder
 from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
-from bisector.perf import PerfSettings
 from bisector.picks import rewritten_equivalent
 from bisector.pins import (
     DEFAULT_AITER_REPO,
@@ -61,30 +60,29 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     source = _dependency_source(repo, culprit, change.name, follow, cfg.world.aiter_settings.repo)
     held = follow.hold(str(repo.root), culprit) if follow.hold else None
     if held is not None and held.aiter_sensitive:
-        argv = level_argv(change, source, held, cfg.world.for_level(held, culprit).cli_args(),
-                          choose_state_dir(repo, cfg.state_dir), cfg.python, cfg.find_fix, cfg.perf)
+        argv = level_argv(change, source, held, cfg, culprit, choose_state_dir(repo, cfg.state_dir))
     else:
         argv = continuation_argv(change, (str(repo.root), culprit), source, dict(follow.options), cfg.find_fix,
                                  cfg.perf)
     return dataclasses.replace(change, continuation=shlex.join(argv))
 
 
-def level_argv(change: PinChange, source: str, held: Scenario, world_args: list[str], state_dir: Path,
-               python: str = DEFAULT_PYTHON, find_fix: bool = False, perf: PerfSettings | None = None) -> list[str]:
-    """The `bisector run` of the level inside the dependency exactly as --follow-pins runs it: source bisected
-    between the pins, in the first level's state dir (state_dir: its record, and the artifact cache the held
-    commit's build is restored from: held_by_hand) with its --python (named unless it is this interpreter), the
-    held scenario with every option it is given (vllm_repo and vllm_ref among them), the level's world options
-    (world_args: WorldSettings.cli_args), the same --find-fix and metric."""
+def level_argv(change: PinChange, source: str, held: Scenario, cfg: RunConfig, held_commit: str,
+               state_dir: Path) -> list[str]:
+    """The `bisector run` of the level inside the dependency exactly as --follow-pins runs it after the first
+    level (cfg): source bisected between the pins, in the first level's state dir (state_dir: its record, and
+    the artifact cache the held commit's build is restored from: held_by_hand) with its --python (named unless it
+    is this interpreter), the held scenario with every option it is given (vllm_repo and vllm_ref among them),
+    the level's world options (WorldSettings.for_level(...).cli_args), the same --find-fix and metric."""
     assert change.old and change.new
-    good, bad = (change.new, change.old) if find_fix else (change.old, change.new)
+    good, bad = (change.new, change.old) if cfg.find_fix else (change.old, change.new)
     defaults = getattr(held, "option_defaults", {})
     given = sorted((key, value) for key, value in getattr(held, "options", {}).items() if value != defaults.get(key))
-    return ["bisector", "run", *(["--find-fix"] if find_fix else []), "--repo", source, "--good", good, "--bad", bad,
-            "--state-dir", str(state_dir), *(["--python", python] if python != DEFAULT_PYTHON else []),
-            "--scenario", held.name,
+    return ["bisector", "run", *(["--find-fix"] if cfg.find_fix else []), "--repo", source, "--good", good,
+            "--bad", bad, "--state-dir", str(state_dir),
+            *(["--python", cfg.python] if cfg.python != DEFAULT_PYTHON else []), "--scenario", held.name,
             *(arg for key, value in given for arg in ("--option", f"{key}={value}")),
-            *world_args, *(perf.cli_args() if perf is not None else [])]
+            *cfg.world.for_level(held, held_commit).cli_args(), *(cfg.perf.cli_args() if cfg.perf else [])]
 
 
 def scenario_follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
