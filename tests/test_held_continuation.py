@@ -23,11 +23,12 @@ from test_dpa_fp8_kv_follow_pins import NAME, StandInBuild, world  # noqa: F401 
 from bisector import builds
 from bisector.builds import BuildSettings, parse_size
 from bisector.builds.artifacts import ArtifactCache
-from bisector.builds.builder import Builder
+from bisector.builds.builder import Builder, NoBuild
 from bisector.engine.config import RunConfig
-from bisector.engine.follow import pin_follow_up
+from bisector.engine.follow import held_by_hand, pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.refs import GitRepo
+from bisector.steps import Handler
 from bisector.world import WorldSettings
 from scenarios import create
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
@@ -177,3 +178,38 @@ def test_the_plan_of_a_gpu_follow_pins_hunt_says_whether_the_held_build_will_be_
                                      f"step")
     assert planned("--build", "none").endswith(held + "its sources alone (--build none: the first level builds "
                                                       "nothing)")
+
+
+class Heard(Handler):
+    """The lines a run's handler is told at the start of a level (what the CLI prints)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def level(self, text: str) -> None:
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("case", ["build none", "a URL", "an unknown commit"])
+def test_by_hand_a_held_build_that_cannot_be_looked_for_says_why_in_one_line(make_repo, tmp_path, case):
+    """Set up as the CLI sets up a hand-run continuation (the held scenario's world for_level): --build none, a
+    vllm_repo that is no local repository, or a vllm_ref it does not have leave the held commit's sources alone,
+    said once; the level builds nothing of its AITER checkouts either way, as the automatic level."""
+    vllm, v = pinned_vllm(make_repo)
+    repo, ref = {"a URL": ("https://vllm.invalid/vllm.git", v[2]), "an unknown commit": (str(vllm.path), "f" * 40)
+                 }.get(case, (str(vllm.path), v[2]))
+    held = create(NAME, {"vllm_repo": repo, "vllm_ref": ref})
+    cfg = RunConfig(repo=tmp_path / "aiter", good="v1.0", bad="v3.0", scenario=held,
+                    world=WorldSettings(aiter="pinned").for_level(held, ref),
+                    builder=BuildSettings("none" if case == "build none" else "auto", sys.executable))
+    heard = Heard()
+    with held_by_hand(cfg, tmp_path / "state", heard) as level:
+        why = {"build none": "held build not looked for (--build none): its sources alone",
+               "a URL": "held build not looked for: not a git repository: https://vllm.invalid/vllm.git (the builds "
+                        "are found in a local vllm_repo): its sources alone",
+               "an unknown commit": f"held build not looked for: unknown ref: {'f' * 40} (the builds are found in a "
+                                    f"local vllm_repo): its sources alone"}[case]
+        assert heard.lines == [f"held vLLM {ref[:12]}: {why}"]
+        assert level.world.held_build.path is None and level.world.held_build.said == why
+        assert isinstance(level.builder, NoBuild)
+    assert not (tmp_path / "state" / "held").exists()

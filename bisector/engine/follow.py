@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,11 +326,13 @@ def _held_build_by_hand(cfg: RunConfig, ref: str, state_dir: Path) -> HeldBuild:
     it, or why none: vllm_repo no local repository holding ref, --build none, nothing stored."""
     source = getattr(cfg.scenario, "options", {}).get("vllm_repo") or ""
     try:
-        repo = GitRepo(Path(source).expanduser())
+        if not source:
+            raise GitError("the scenario names no vllm_repo")
+        repo = GitRepo(os.path.expanduser(source))
         commit = repo.resolve(ref)
     except GitError as exc:
-        return HeldBuild(ref, None, None, f"held build not looked for: {exc} (vllm_repo {source}: a local "
-                                          f"repository holds the builds): its sources alone")
+        return HeldBuild(ref, None, None, f"held build not looked for: {exc.message()} (the builds are found in a "
+                                          f"local vllm_repo): its sources alone")
     if cfg.builder.name == "none":
         return HeldBuild(commit, None, None, "held build not looked for (--build none): its sources alone")
     held = _held_build(dataclasses.replace(cfg, state_dir=state_dir), repo, cfg.scenario, commit)
