@@ -131,7 +131,7 @@ def planned_levels(cfg: RunConfig, asked: Range, builder: Build) -> tuple[str, .
         else:
             level_world = cfg.world.for_level(follow.hold(str(repo.root), sha), sha)
             source = follow.repo or cfg.world.aiter_settings.repo or _pinned_repo(repo, sha)
-            held = planned_held_build(builder, sha) if level_world.aiter_at_step and not level_world.image else None
+            held = _planned_held_build(builder, sha) if level_world.aiter_at_step and not level_world.image else None
             lines.append(f"{moved}: {_level_cost(change, source, level_world, held)}")
     return tuple(lines)
 
@@ -142,7 +142,7 @@ def _pinned_repo(repo: GitRepo, sha: str) -> str:
     return (pin.repo if pin else None) or DEFAULT_AITER_REPO
 
 
-def planned_held_build(builder: Build, sha: str) -> str:
+def _planned_held_build(builder: Build, sha: str) -> str:
     """Whether a level holding sha on bare metal gets sha's build (Builder.held_tree), as the first level's
     builder would leave it: stored already, built by the first level's step on sha (the answer is always
     tested), or the held commit's sources alone and why."""
@@ -165,7 +165,7 @@ def _level_cost(change: PinChange, source: str, world: WorldSettings, held: str 
     """The second level between change's pins in source, in words: how, how many AITER commits, the steps
     (its verified ends and about log2 probes), the AITER builds when the level's world (for_level) installs
     AITER per commit: over --python's environment, or with --image layered over the held commit's image; then
-    held (planned_held_build), when given."""
+    held (_planned_held_build), when given."""
     assert change.old and change.new
     then = f"; {held}" if held else ""
     if not Path(source).expanduser().exists():
