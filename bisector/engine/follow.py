@@ -10,19 +10,20 @@ between the pins are tested in version order, and the next level bisects between
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from bisector.builds.base import HeldBuild
 from bisector.builds.builder import Builder, NoBuild, holding
 from bisector.engine.config import RunConfig
-from bisector.engine.state import open_builder
+from bisector.engine.state import choose_state_dir, open_builder
 from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
-from bisector.perf import PerfSettings
 from bisector.picks import rewritten_equivalent
 from bisector.pins import (
     DEFAULT_AITER_REPO,
@@ -36,7 +37,7 @@ from bisector.pins import (
 from bisector.policies import Endpoints
 from bisector.refs import GitRepo
 from bisector.results import BisectResult, PinChange, PinLevel
-from bisector.seams import FollowsPins, FollowUp, Scenario
+from bisector.seams import DEFAULT_PYTHON, FollowsPins, FollowUp, Scenario
 from bisector.search import Term
 from bisector.steps import Handler, Step
 from bisector.store import Store
@@ -49,7 +50,9 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     the `bisector run` that continues inside the dependency with vLLM held at the answer; the scenario's
     follow_up says which of its options and which dependency repository that run keeps. A held scenario whose
     verdict depends on the AITER installed (the GPU scenario) continues as itself, with the level's world
-    options (level_argv); any other, with the CPU probe (continuation_argv)."""
+    options, this run's state dir, whose artifact cache holds the held commit's build, and its --python (the
+    level's, and the toolchain that build's native hash names) (level_argv); any other, with the CPU probe
+    (continuation_argv)."""
     parents = repo.parents(culprit)
     change = pin_change(repo.root, parents[0], culprit) if parents else None
     if change is None or change.old is None or change.new is None:
@@ -58,25 +61,29 @@ def pin_follow_up(repo: GitRepo, culprit: str, cfg: RunConfig) -> PinChange | No
     source = _dependency_source(repo, culprit, change.name, follow, cfg.world.aiter_settings.repo)
     held = follow.hold(str(repo.root), culprit) if follow.hold else None
     if held is not None and held.aiter_sensitive:
-        argv = level_argv(change, source, held, cfg.world.for_level(held, culprit).cli_args(), cfg.find_fix, cfg.perf)
+        argv = level_argv(change, source, held, cfg, culprit, choose_state_dir(repo, cfg.state_dir))
     else:
         argv = continuation_argv(change, (str(repo.root), culprit), source, dict(follow.options), cfg.find_fix,
                                  cfg.perf)
     return dataclasses.replace(change, continuation=shlex.join(argv))
 
 
-def level_argv(change: PinChange, source: str, held: Scenario, world_args: list[str], find_fix: bool = False,
-               perf: PerfSettings | None = None) -> list[str]:
-    """The `bisector run` of the level inside the dependency exactly as --follow-pins runs it: source bisected
-    between the pins, the held scenario with every option it is given (vllm_repo and vllm_ref among them), the
-    level's world options (world_args: WorldSettings.cli_args), the same --find-fix and metric."""
+def level_argv(change: PinChange, source: str, held: Scenario, cfg: RunConfig, held_commit: str,
+               state_dir: Path) -> list[str]:
+    """The `bisector run` of the level inside the dependency exactly as --follow-pins runs it after the first
+    level (cfg): source bisected between the pins, in the first level's state dir (state_dir: its record, and
+    the artifact cache the held commit's build is restored from: held_by_hand) with its --python (named unless it
+    is this interpreter), the held scenario with every option it is given (vllm_repo and vllm_ref among them),
+    the level's world options (WorldSettings.for_level(...).cli_args), the same --find-fix and metric."""
     assert change.old and change.new
-    good, bad = (change.new, change.old) if find_fix else (change.old, change.new)
+    good, bad = (change.new, change.old) if cfg.find_fix else (change.old, change.new)
     defaults = getattr(held, "option_defaults", {})
     given = sorted((key, value) for key, value in getattr(held, "options", {}).items() if value != defaults.get(key))
-    return ["bisector", "run", *(["--find-fix"] if find_fix else []), "--repo", source, "--good", good, "--bad", bad,
-            "--scenario", held.name, *(arg for key, value in given for arg in ("--option", f"{key}={value}")),
-            *world_args, *(perf.cli_args() if perf is not None else [])]
+    return ["bisector", "run", *(["--find-fix"] if cfg.find_fix else []), "--repo", source, "--good", good,
+            "--bad", bad, "--state-dir", str(state_dir),
+            *(["--python", cfg.python] if cfg.python != DEFAULT_PYTHON else []), "--scenario", held.name,
+            *(arg for key, value in given for arg in ("--option", f"{key}={value}")),
+            *cfg.world.for_level(held, held_commit).cli_args(), *(cfg.perf.cli_args() if cfg.perf else [])]
 
 
 def scenario_follow_up(scenario: Scenario, dependency: str) -> FollowUp | None:
@@ -290,6 +297,47 @@ def _held_build(cfg: RunConfig, repo: GitRepo, held: Scenario, commit: str) -> H
         return builder.held_tree(commit, cfg.state_dir / "held")
     return HeldBuild(commit, None, None, f"held build not found: build {builder.name} keeps no artifacts: the "
                                          f"held commit's sources alone")
+
+
+@contextlib.contextmanager
+def held_by_hand(cfg: RunConfig, state_dir: Path, handler: Handler) -> Iterator[RunConfig]:
+    """A level inside AITER run by hand (its continuation: a scenario holding vLLM at vllm_ref, each step
+    installing its AITER commit; no level above it) set up as the automatic level is (_level_config), so both ask
+    the same question (one verdict cache key): no build of the AITER checkouts (the world installs them) and, on
+    bare metal, the held commit's tree with the build stored in state_dir's artifact cache, kept from pruning
+    while the run goes and said in one line before the run starts (the build restored, or why none is: the
+    held commit's sources alone). Any other run: cfg as it is."""
+    world = cfg.world
+    if cfg.level is not None or not world.aiter_at_step or world.held_commit is None:
+        yield cfg
+        return
+    level = dataclasses.replace(cfg, builder=NoBuild())
+    if world.image is not None:  # the held commit's image holds its build
+        yield level
+        return
+    held = _held_build_by_hand(cfg, world.held_commit, state_dir)
+    handler.level(f"held vLLM {held.commit[:12]}: {held.said}")
+    with holding(held):
+        yield dataclasses.replace(level, world=dataclasses.replace(world, held_build=held))
+
+
+def _held_build_by_hand(cfg: RunConfig, ref: str, state_dir: Path) -> HeldBuild:
+    """The held commit (ref in the held scenario's vllm_repo) with the build state_dir's artifact cache holds for
+    it, or why none: vllm_repo no local repository holding ref, --build none, nothing stored."""
+    source = getattr(cfg.scenario, "options", {}).get("vllm_repo") or ""
+    try:
+        if not source:
+            raise GitError("the scenario names no vllm_repo")
+        repo = GitRepo(os.path.expanduser(source))
+        commit = repo.resolve(ref)
+    except GitError as exc:
+        return HeldBuild(ref, None, None, f"held build not looked for: {exc.message()} (the builds are found in a "
+                                          f"local vllm_repo): its sources alone")
+    if cfg.builder.name == "none":
+        return HeldBuild(commit, None, None, "held build not looked for (--build none): its sources alone")
+    held = _held_build(dataclasses.replace(cfg, state_dir=state_dir), repo, cfg.scenario, commit)
+    assert held is not None  # an AITER-sensitive scenario on bare metal: what held_by_hand serves
+    return held
 
 
 def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: LevelPlan, level: PinLevel,

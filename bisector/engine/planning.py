@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from bisector.builds.base import UNAVAILABLE
-from bisector.builds.builder import FAILED_BEFORE, NoBuild
+from bisector.builds.builder import FAILED_BEFORE, Builder, NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import NoLevel, plan_level, scenario_follow_up
 from bisector.engine.ranges import Range, resolve_range
@@ -26,7 +26,7 @@ from bisector.pins import (
 )
 from bisector.refs import GitRepo
 from bisector.results import PinChange, Plan, PlannedCommand, PlannedStep
-from bisector.seams import ChecksMachine, StepContext
+from bisector.seams import Build, ChecksMachine, StepContext
 from bisector.search import Bisection, Term
 from bisector.store import Store
 from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World, WorldSettings
@@ -102,15 +102,16 @@ def plan_bisection(cfg: RunConfig) -> Plan:
                 endpoint_rounds=math.ceil((len(ends.olds) + 1) / slots) if cfg.verify_endpoints else 0,
                 step_seconds=statistics.median(timed) if timed else None, timed_steps=len(timed),
                 names=asked.repo.names([probe.sha for probe in probes]),
-                pin_levels=planned_levels(cfg, asked) if cfg.follow_pins else ())
+                pin_levels=planned_levels(cfg, asked, builder) if cfg.follow_pins else ())
 
 
-def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
+def planned_levels(cfg: RunConfig, asked: Range, builder: Build) -> tuple[str, ...]:
     """--follow-pins: each AITER pin change in the range (read from git objects: only the commits that touch
     docker/Dockerfile.rocm_base) and what the second level would cost were the answer that commit: the AITER
     commits between the pins (from a local AITER repository; a URL is not cloned for a plan), the steps of a
-    bisection among them, and the AITER builds those steps make where the level installs AITER per commit
-    (the GPU scenario's level always does; others with --aiter pinned). One line each."""
+    bisection among them, the AITER builds those steps make where the level installs AITER per commit
+    (the GPU scenario's level always does; others with --aiter pinned), and on bare metal whether the held
+    commit's build is restored for them (builder: the first level's). One line each."""
     repo, ends = asked.repo, asked.ends
     touching = repo.range_commits(ends.olds, ends.new, paths=(DOCKERFILE,))
     changes = [(sha, change) for sha, _ in touching if (parents := repo.parents(sha))
@@ -130,7 +131,8 @@ def planned_levels(cfg: RunConfig, asked: Range) -> tuple[str, ...]:
         else:
             level_world = cfg.world.for_level(follow.hold(str(repo.root), sha), sha)
             source = follow.repo or cfg.world.aiter_settings.repo or _pinned_repo(repo, sha)
-            lines.append(f"{moved}: {_level_cost(change, source, level_world)}")
+            held = _planned_held_build(builder, sha) if level_world.aiter_at_step and not level_world.image else None
+            lines.append(f"{moved}: {_level_cost(change, source, level_world, held)}")
     return tuple(lines)
 
 
@@ -140,13 +142,35 @@ def _pinned_repo(repo: GitRepo, sha: str) -> str:
     return (pin.repo if pin else None) or DEFAULT_AITER_REPO
 
 
-def _level_cost(change: PinChange, source: str, world: WorldSettings) -> str:
+def _planned_held_build(builder: Build, sha: str) -> str:
+    """Whether a level holding sha on bare metal gets sha's build (Builder.held_tree), as the first level's
+    builder would leave it: stored already, built by the first level's step on sha (the answer is always
+    tested), or the held commit's sources alone and why."""
+    said = f"held vLLM {sha[:12]}"
+    if isinstance(builder, NoBuild):
+        return f"{said}: its sources alone (--build none: the first level builds nothing)"
+    if not isinstance(builder, Builder):
+        return f"{said}: its sources alone (build {builder.name} keeps no artifacts)"
+    decision = builder.decide(sha)
+    record = builder.cache.get(decision.native) if decision.native else None
+    if record is not None and record.status == "ok":
+        return f"{said}: its build stored already (native {decision.native[:12]}, {record.strategy}), restored " \
+               f"for each step"
+    if decision.strategy in builder.strategies:
+        return f"{said}: built by the first level ({decision.strategy}), then restored for each step"
+    return f"{said}: its sources alone ({decision.reason})"
+
+
+def _level_cost(change: PinChange, source: str, world: WorldSettings, held: str | None = None) -> str:
     """The second level between change's pins in source, in words: how, how many AITER commits, the steps
-    (its verified ends and about log2 probes), and the AITER builds when the level's world (for_level) installs
-    AITER per commit: over --python's environment, or with --image layered over the held commit's image."""
+    (its verified ends and about log2 probes), the AITER builds when the level's world (for_level) installs
+    AITER per commit: over --python's environment, or with --image layered over the held commit's image; then
+    held (_planned_held_build), when given."""
     assert change.old and change.new
+    then = f"; {held}" if held else ""
     if not Path(source).expanduser().exists():
-        return f"AITER commits between the pins not counted ({source} is not local: give --aiter-repo a clone)"
+        return f"AITER commits between the pins not counted ({source} is not local: give --aiter-repo a " \
+               f"clone){then}"
     try:
         dependency = GitRepo(dependency_checkout(source, (change.old, change.new)))
         level = plan_level(dependency, change.old, change.new, tags=True)
@@ -166,7 +190,7 @@ def _level_cost(change: PinChange, source: str, world: WorldSettings) -> str:
         how = "AITER installed per commit" + (", each layered over the held commit's image" if world.image else "")
         said += (f"; {how}: about {steps} AITER builds, one per AITER commit tested "
                  f"({'prebuilt kernels' if prebuild else 'JIT'}, ~{minutes} min each unless cached)")
-    return said
+    return said + then
 
 
 def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: World) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 from bisector.blame import blame_fix, blame_reverse
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import AS_ASKED, CacheUse, RunContext
-from bisector.engine.follow import follow_pins, pin_follow_up, stopped_level
+from bisector.engine.follow import follow_pins, held_by_hand, pin_follow_up, stopped_level
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
@@ -128,7 +128,8 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
             return cheap
     else:
         seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
-    with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store):
+    with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store), \
+            held_by_hand(cfg, state_dir, handler) as cfg:  # a level inside AITER run by hand: the held build
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
         spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python,
