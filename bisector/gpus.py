@@ -80,11 +80,13 @@ def gpu_share(environ: Mapping[str, str]) -> float:
     return share
 
 
-def refuse_shared_for_timing(slots: Sequence[Mapping[str, str]]) -> None:
-    """UsageError when any slot shares its GPUs: timings taken beside other steps would interfere."""
-    if any(SHARE_ENV in slot for slot in slots):
+def refuse_shared_for_timing(slots: Sequence[Mapping[str, str]], times_alone: bool = False) -> None:
+    """UsageError when any slot shares its GPUs, unless the scenario times alone on them (seams.TimesAlone):
+    timings taken beside other steps would interfere."""
+    if not times_alone and any(SHARE_ENV in slot for slot in slots):
         raise UsageError("a performance hunt needs a GPU per step: shared slots (--gpus ID:N) would interfere "
-                         "with the timings; give --gpus without :N")
+                         "with the timings; give --gpus without :N (the dpa-fp8-kv-graph-capture scenario's "
+                         "check=perf times alone on a shared GPU)")
 
 
 def parse_gpus(text: str) -> list[int]:

@@ -152,6 +152,16 @@ class Configurable(Protocol):
 
 
 @runtime_checkable
+class TimesAlone(Protocol):
+    """A scenario whose timed part can run alone on its GPUs while other steps share them (--gpus ID:N): its
+    engine start and measurements wait until no other step on those GPUs is in its own (times_alone True for
+    these options), so a performance hunt may overlap the steps' untimed parts."""
+
+    @property
+    def times_alone(self) -> bool: ...
+
+
+@runtime_checkable
 class RecordsVersions(Protocol):
     """A scenario naming the distributions whose versions each step records under `--env per-commit`
     (default: bisector.envs.DEFAULT_VERSIONS)."""

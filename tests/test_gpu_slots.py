@@ -71,7 +71,8 @@ def test_a_timing_hunt_refuses_shared_slots_in_one_line():
     with pytest.raises(UsageError) as refused:
         refuse_shared_for_timing(shared_gpu_slots(parse_gpu_slots("0:2"), 1))
     assert str(refused.value) == ("a performance hunt needs a GPU per step: shared slots (--gpus ID:N) would "
-                                  "interfere with the timings; give --gpus without :N")
+                                  "interfere with the timings; give --gpus without :N (the dpa-fp8-kv-graph-capture "
+                                  "scenario's check=perf times alone on a shared GPU)")
 
 
 # -- whole runs through the CLI ---------------------------------------------------------------------
@@ -516,7 +517,8 @@ def test_a_performance_hunt_on_shared_slots_is_refused_before_anything_runs(cli,
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "bisector: error: a performance hunt needs a GPU per step: shared slots (--gpus ID:N) would interfere "
-        "with the timings; give --gpus without :N"]
+        "with the timings; give --gpus without :N (the dpa-fp8-kv-graph-capture scenario's check=perf times alone "
+        "on a shared GPU)"]
     assert not (repo.path / "ran").exists() and not (tmp_path / "state").exists()
     assert repo.snapshot() == before
 

@@ -136,6 +136,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     from bisector.engine.planning import plan_bisection
     from bisector.executor import LocalExecutor, Placement, create_executor
     from bisector.gpus import refuse_shared_for_timing
+    from bisector.seams import TimesAlone
     from bisector.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
@@ -168,7 +169,8 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
             jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
             builder, build_ahead))
         if perf is not None and isinstance(step_executor, LocalExecutor):
-            refuse_shared_for_timing(step_executor.slot_envs)
+            refuse_shared_for_timing(step_executor.slot_envs,
+                                     isinstance(scenario, TimesAlone) and scenario.times_alone)
         cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
                         first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
                         command_line=command_line(),

@@ -14,8 +14,11 @@ step (this process and the engine core), the machine's steal time and the GPU's 
 once while it decodes) what the machine did meanwhile. An engine without step() (older vLLM) is measured as
 the difference of two generates --perf-tokens steps apart instead.
 With --start-gate PATH it waits, once vLLM is imported, until no other engine start compiles (pass_start_gate).
+With --timing-gate PATH (a performance check on a GPU other steps share) it holds that lock from before its engine
+starts to the end of its measurements (hold_timing_gate): its timed part runs alone on the GPU, while the other
+steps' imports and shutdowns go on beside it.
 At the end of each of its parts it prints PHASE_MARKER, the part's name and the wall clock (mark_phase): child_start,
-import, start_gate, engine, then measure or decode.
+import, start_gate, timing_gate, engine, then measure or decode.
 """
 import argparse
 import dataclasses
@@ -55,6 +58,7 @@ def parse_args(argv):
     parser.add_argument("--perf-batch", type=int, default=32)
     parser.add_argument("--perf-prompt-tokens", type=int, default=8)
     parser.add_argument("--start-gate", default="")
+    parser.add_argument("--timing-gate", default="")
     return parser.parse_args(argv)
 
 
@@ -258,6 +262,16 @@ def pass_start_gate(path):
         fcntl.flock(gate, fcntl.LOCK_SH)
 
 
+def hold_timing_gate(path):
+    """Wait until no other step on this GPU starts an engine or measures, then hold the lock file until the
+    returned file is closed. A POSIX record lock: the engine processes vLLM forks do not inherit it, so closing
+    the file here releases it while they shut down."""
+    import fcntl
+    gate = open(path, "a+b")
+    fcntl.lockf(gate, fcntl.LOCK_EX)
+    return gate
+
+
 def mark_phase(name):
     """The part name of this process ends now (the scenario times its parts from these lines)."""
     print(f"{PHASE_MARKER} {name} {time.time():.6f}", flush=True)
@@ -277,12 +291,17 @@ def main(argv):
     if args.start_gate:  # vLLM and torch are loaded: wait here, not before the imports
         pass_start_gate(args.start_gate)
         mark_phase("start_gate")
+    timing = hold_timing_gate(args.timing_gate) if args.timing_gate else None
+    if timing:
+        mark_phase("timing_gate")
     llm = LLM(**engine_kwargs(args, engine_fields))
     mark_phase("engine")
     print(f"{READY_MARKER} dp_rank={rank}", flush=True)
     if args.perf_repeats:
         measure(llm, SamplingParams, args, vocab_size)
         mark_phase("measure")
+        if timing:
+            timing.close()  # the next step's engine may start while this one shuts down
         print(f"{OK_MARKER} dp_rank={rank} perf_repeats={args.perf_repeats}", flush=True)
         return
     numerics = args.numerics_tokens > 0

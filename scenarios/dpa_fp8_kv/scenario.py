@@ -85,6 +85,11 @@ class DpaFp8KvScenario(BaseScenario):
     def gpus_per_run(self) -> int:
         return self.settings.gpus
 
+    @property
+    def times_alone(self) -> bool:
+        """check=perf (one engine process: dp=1) holds a timing gate on a shared GPU (seams.TimesAlone)."""
+        return self.settings.check == "perf"
+
     def environment(self, python: str) -> dict:
         """Python, torch, AITER and Triton in the --python environment, the installed ROCm and the GPUs a step
         sees (a verdict recorded with no device is never served to a step that has one, nor the reverse)."""
@@ -194,6 +199,10 @@ class DpaFp8KvScenario(BaseScenario):
                         else contextlib.nullcontext(Start(lambda: None)) as start:
                     gated = [dataclasses.replace(launch, argv=[*launch.argv, "--start-gate", str(start.gate)])
                              for launch in launches + references] if start.gate else launches + references
+                    if share < 1 and self.times_alone:  # its engine start and measurements alone on the GPU
+                        gated = [dataclasses.replace(launch, argv=[*launch.argv, "--timing-gate",
+                                                                   str(timing_gate(root, devices))])
+                                 for launch in gated]
                     started = [dataclasses.replace(launch, argv=container.command(launch.argv, ctx.checkout,
                                                                                   launch.env, mounts=mounts),
                                                    env=dict(os.environ))
@@ -363,6 +372,13 @@ def _numerics_verdict(settings, backend: str, reference, reference_name: str, pl
         extra["signature"] = numerics.SIGNATURE
     return (Verdict.GOOD if agrees else Verdict.BAD), reason, extra, \
         numerics.report_lines(comparison, backend, reference_name)
+
+
+def timing_gate(root: Path, devices: list[str]) -> Path:
+    """The lock file the steps sharing these GPUs take turns on to time alone (child.hold_timing_gate)."""
+    gates = root / "timing"
+    gates.mkdir(parents=True, exist_ok=True)
+    return gates / f"gpu-{'-'.join(devices)}.lock"
 
 
 def child_phases(output: str, launched: float, ended: float) -> dict[str, float]:
