@@ -16,7 +16,11 @@
 #   bash perf.sh prepare   install vLLM 0.24.0 (prepare.sh), measure v0.24.0, build the history, measure p5
 #   bash perf.sh hunt [S]  the hunt, stopped at S seconds (540); call it again to resume: every stored sample is kept
 #   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
-#   bash perf.sh go [S]    prepare, then the hunt until S seconds (570) have passed since the call began
+#   bash perf.sh go [S]    prepare, then the hunt until S seconds (570) have passed since the call began, then report
+# SLOTS=2 (round 8): two steps share the GPU (--gpus 0:2 --jobs 2): each engine start and measurement waits for
+# the GPU's timing gate while the other step imports or shuts down; the KV cache option is doubled, as the slot's
+# share halves it (4G each, as with one slot). PAUSE_US=N [MHZ=M]: prepare plants N us without measuring v0.24.0
+# first (round 7 measured 1,139-1,147 us at 1,980 MHz).
 # Each run starts an engine (about 30-40 s with the compile cache warm); the hunt takes 12 runs of the ends
 # and 5 or more per probe (3 probes): about 27-40 runs, so two or three `hunt` calls.
 set -x
@@ -28,8 +32,9 @@ B="python3 -P -m bisector.cli"
 BEGAN=$(date +%s)
 if [ "${SHAPE:-gpu}" = gpu ]; then
   BATCH=128; PAUSE_KIND=${PAUSE_KIND:-gpu}
+  [ "${SLOTS:-1}" = 2 ] && KV=8G || KV=4G
   SHAPED=(--option layers=16 --option perf_prompt_tokens=1500 --option max_model_len=2048
-          --option kv_cache_memory_bytes=4G --option max_num_seqs=$BATCH --option perf_batch=$BATCH)
+          --option kv_cache_memory_bytes=$KV --option max_num_seqs=$BATCH --option perf_batch=$BATCH)
 else
   BATCH=32; SHAPED=(--option max_num_seqs=64 --option perf_batch=$BATCH)
 fi
@@ -49,7 +54,8 @@ mhz = [m['sm_clock_mhz'] for m in json.load(open(sys.argv[1]))['details']['perf'
 print(round(statistics.median(mhz)) if mhz else 1980)" "$@"; }
 
 PHASE=${1:-prepare}
-[ "$PHASE" = go ] && PHASES="prepare hunt" || PHASES=$PHASE
+[ "$PHASE" = go ] && PHASES="prepare hunt report" || PHASES=$PHASE
+[ "${SLOTS:-1}" = 2 ] && GPUS=(--gpus 0:2 --jobs 2) || GPUS=(--gpus 0)
 for PHASE in $PHASES; do
 case "$PHASE" in
 prepare)
@@ -58,6 +64,9 @@ prepare)
     bash .device/scripts/prepare.sh > $OUT/prepare.out 2>&1 || { tail -30 $OUT/prepare.out; exit 1; }
     tail -3 $OUT/prepare.out
   fi
+  if [ -n "$PAUSE_US" ]; then
+    PAUSE=$PAUSE_US; MHZ=${MHZ:-1980}; echo "planted pause $PAUSE us (${PAUSE_KIND:-sleep}) at $MHZ MHz, as given"
+  else
   t=$(date +%s)
   $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/history --ref v0.24.0 "${GPU[@]}" "${BUILD[@]}" \
     --state-dir /tmp/pstate --json $OUT/perf-base.json > $OUT/perf-base.out 2>&1
@@ -69,6 +78,7 @@ prepare)
   MHZ=$(clock $OUT/perf-base.json)
   echo "v0.24.0 decode $TOK_S tok/s, ttft $(median $OUT/perf-base.json ttft_ms) ms, SM $MHZ MHz: planted pause" \
        "${PAUSE} us (${PAUSE_KIND:-sleep})"
+  fi
   rm -rf /tmp/perf-history
   python3 $SRC/bench/gpu_fault_history.py --release-repo /tmp/vllm-024 --out /tmp/perf-history --variant perf \
     --pause-us $PAUSE --pause-kind ${PAUSE_KIND:-sleep} --gpu-clock-mhz $MHZ --json $OUT/perf-history.json || exit 1
@@ -77,7 +87,7 @@ prepare)
   for sha in $(python3 -c "import json; [print(c['sha']) for c in json.load(open('$OUT/perf-history.json'))]"); do
     mkdir -p /tmp/wheels/$sha && ln -sf $W /tmp/wheels/$sha/
   done
-  if [ "$PHASES" = prepare ]; then  # go: the hunt measures p5 among the others
+  if [ "$PHASES" = prepare ] && [ -z "$PAUSE_US" ]; then  # go: the hunt measures p5 among the others
     P5=$(python3 -c "import json; print(json.load(open('$OUT/perf-history.json'))[5]['sha'])")
     t=$(date +%s)
     $B scenario run dpa-fp8-kv-graph-capture --repo /tmp/perf-history --ref $P5 "${GPU[@]}" "${BUILD[@]}" \
@@ -90,7 +100,7 @@ hunt)
   t=$(date +%s)
   [ "$PHASES" = hunt ] && LIMIT=${2:-540} || LIMIT=$(( ${2:-570} - (t - BEGAN) ))
   timeout $LIMIT $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
-    "${GPU[@]}" "${BUILD[@]}" --gpus 0 --metric ${METRIC:-decode_tok_s} ${DIRECTION:---higher-is-better} --min-change 2 --max-samples 12 \
+    "${GPU[@]}" "${BUILD[@]}" "${GPUS[@]}" --metric ${METRIC:-decode_tok_s} ${DIRECTION:---higher-is-better} --min-change 2 --max-samples 12 \
     --state-dir /tmp/pstate --json $OUT/perf-hunt.json --markdown $OUT/perf-hunt.md >> $OUT/perf-hunt.out 2>&1
   echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at $LIMIT s; run this phase again to resume)"
   tail -25 $OUT/perf-hunt.out
