@@ -2,6 +2,7 @@
 perf_bench.py) with run-to-run noise and a planted slowdown, bisected through the real CLI."""
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -57,6 +58,11 @@ def test_a_planted_8_percent_slowdown_under_noise_is_found(cli, make_repo, tmp_p
     assert by_sha[shas[11]]["reason"].startswith("like the new end") and by_sha[shas[11]]["p_old"] < 0.05
     # fewer runs than a fixed 10 per tested commit
     assert data["executions"] < 10 * len(perf["commits"])
+    # each step's line says what it measured, not "good" (every run that finished is, in a performance hunt)
+    steps = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert len(steps) == data["executions"]
+    measured = re.compile(r"step \d+: [0-9a-f]{12}( \([^)]*\))? measured tok_s [\d,.]+ \(")
+    assert all(measured.match(line) for line in steps), steps
 
 
 def test_occasional_2x_outliers_give_the_right_commit_or_an_honest_skip(cli, make_repo, tmp_path):

@@ -53,7 +53,8 @@ class ProgressHandler(Handler):
     """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
 
-    def __init__(self, notes: list[str] | None = None):
+    def __init__(self, notes: list[str] | None = None, metric: str | None = None):
+        self.metric = metric  # a performance hunt's: its steps say what they measured, not "good"
         self.count = 0  # steps of the run now going: numbered as its reports number them
         self.runs = 0   # runs started by this command (--prefilter and --follow-pins levels start several)
         self.start = time.monotonic()
@@ -112,9 +113,12 @@ class ProgressHandler(Handler):
         elapsed = time.monotonic() - self.start
         eta = elapsed / self.count * steps_left
         colour = {"good": "green", "bad": "red"}.get(step.verdict, "yellow")
+        said = f"[{colour}]{step.verdict}[/{colour}]"
+        if self.metric and step.verdict == "good" and self.metric in step.execution.metrics:  # a run's sample
+            said = f"measured {escape(self.metric)} {step.execution.metrics[self.metric]:,.6g}"
         cached = " cached" if step.cached else ""
         build = escape(f" [build {step.build}]") if step.build else ""
-        console.print(f"step {self.count}: {self._named(step.sha)} [{colour}]{step.verdict}[/{colour}]{cached} "
+        console.print(f"step {self.count}: {self._named(step.sha)} {said}{cached} "
                       f"({escape(step.reason)}){build} | {counted(left, 'commit')} left, "
                       f"~{counted(steps_left, 'step')} to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)

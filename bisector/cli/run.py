@@ -211,7 +211,8 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
     from bisector import report
     from bisector.engine.run import run_bisection
 
-    result = run_bisection(cfg, ProgressHandler([build_note] if build_note else []))
+    result = run_bisection(cfg, ProgressHandler([build_note] if build_note else [],
+                                                metric=cfg.perf.metric if cfg.perf else None))
     for warning in result.warnings:
         console.print(f"warning: {escape(warning)}")
     click.echo(report.bisect_text(result))  # every outcome: found, inconclusive, or stopped and why
