@@ -21,6 +21,7 @@ A hunt is right when it names the culprit, wrong when it names another commit, a
     python bench/perf_noise.py [--seeds 50] [--noise 0.03] [--slowdown 0.08] [--outliers 0.05]
     python bench/perf_noise.py --goal --seeds 300      # every setting of the goal, and whether it is met
     python bench/perf_noise.py --noise 0.01 --slowdown 0.06 --slow-phase 0.5 --phase-factor 1.5   # the H200's VM
+    python bench/perf_noise.py --noise 0.03 --slow-phase 0.5 --replay 109   # one seed's hunt, probe by probe
 """
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ class Bench:
 
 def adaptive(bench: Bench, max_samples: int) -> str | None:
     """bisector's hunt; the culprit it names, or None."""
+    return hunt(bench, max_samples)[1]
+
+
+def hunt(bench: Bench, max_samples: int) -> tuple[PerfPolicy, str | None, str | None]:
+    """bisector's hunt: the policy as it ended, the culprit it names (or None) and why it stopped (or None)."""
     history: dict[str, list[Execution]] = {sha: [] for sha in bench.shas}
     commits = [(sha, [bench.shas[i - 1]] if i else []) for i, sha in enumerate(bench.shas)][1:]
     ends = Endpoints(old=bench.shas[0], new=bench.shas[-1], old_name="good", new_name="bad",
@@ -80,9 +86,25 @@ def adaptive(bench: Bench, max_samples: int) -> str | None:
                 batch = batches.send([])
             except StopIteration:
                 batch = None
-    except EndpointError:
-        return None
-    return policy.answer()[0].first_new
+    except EndpointError as stopped:
+        return policy, None, str(stopped)
+    return policy, policy.answer()[0].first_new, None
+
+
+def replay(bench: Bench, max_samples: int) -> None:
+    """One seed's hunt, told: each probe in the order it was decided, its runs, the truth, its verdict and why;
+    the ends' runs; what it named."""
+    policy, found, stopped = hunt(bench, max_samples)
+    culprit = bench.shas[bench.culprit]
+    for sha in policy.tested:
+        end, reason = policy.verdicts[sha]
+        truth = "bad" if bench.shas.index(sha) >= bench.culprit else "good"
+        print(f"{sha} ({truth}) {[round(value) for value in policy.samples(sha)]}\n  -> {end or 'skip'}: {reason}")
+    for name, sha in (("good end", bench.shas[0]), ("bad end", bench.shas[-1])):
+        print(f"{name} {sorted(round(value) for value in policy.samples(sha))}")
+    named = stopped or f"named {found}"
+    print(f"{named}; the culprit is {culprit}: {'right' if found == culprit else 'skip' if found is None else 'WRONG'}"
+          f", {bench.runs} runs")
 
 
 def fixed(bench: Bench, repeat: int) -> str | None:
@@ -159,7 +181,13 @@ def main() -> None:
                         help="how much slower the slow phase is (the H200's VM: a 2.1 ms step became ~3.2 ms)")
     parser.add_argument("--max-samples", type=int, default=20)
     parser.add_argument("--fixed-repeat", type=int, default=10)
+    parser.add_argument("--replay", type=int, metavar="SEED",
+                        help="tell one seed's adaptive hunt: each probe's runs, verdict and why")
     args = parser.parse_args()
+    if args.replay is not None:
+        replay(Bench(args.replay, args.commits, args.noise, args.slowdown, args.outliers, args.slow_phase,
+                     args.phase_factor), args.max_samples)
+        return
     settings = GOAL_SETTINGS if args.goal else ((args.noise, args.slowdown, args.outliers),)
     phases = (0.0, args.phase_factor) if args.goal else (args.slow_phase, args.phase_factor)
     print(f"{args.seeds} seeds, {args.commits} commits; goal: the adaptive hunt in at most half of fixed "

@@ -24,6 +24,7 @@ from bisector.perf import (
     median_spread,
     overlapping,
     runs_to_tell,
+    within_reach,
 )
 from bisector.results import FlakyAnswer, MergeBase
 from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
@@ -341,6 +342,7 @@ class PerfPolicy:
         self.verdicts: dict[str, tuple[str | None, str]] = {}  # probe sha -> (its end, or None: skip; why)
         self.tested: list[str] = []           # probes in the order they were decided
         self.doubted: str | None = None       # the end the probe being sampled is likelier under but unlike
+        self.strict = False                   # the probe being sampled is weighed against the ends' own runs
         self.sampling: tuple[str, str] | None = None  # the probe being sampled: (sha, why undecided at its last look)
 
     # -- samples ---------------------------------------------------------------------------------
@@ -439,10 +441,15 @@ class PerfPolicy:
         """An end to run again instead of the undecided probe sha: the end its samples are likelier under but
         not consistent with, else the end whose pool is the smaller, while that end has fewer samples than
         sha (its few samples may sit off by chance: a median from 5 can be a standard deviation off, and
-        every later probe is weighed against it)."""
+        every later probe is weighed against it). A probe weighed against the ends' own runs (`strict`) counts
+        those runs, not the pools: ends in two modes whose few runs fell mostly in one (bench seed 97 under
+        phases: the bad end's 9 runs, one fast, against a bad probe's 16, nine fast) tell a probe apart from
+        its own end."""
         ends = {"old": self.ends.old, "new": self.ends.new}
-        end = self.doubted or min(ends, key=lambda name: len(self.pool(name)))
-        if self.doubted is None and len(self.pool(end)) >= len(self.samples(sha)):
+        weighed = {name: len(self.samples(end_sha) if self.strict else self.pool(name))
+                   for name, end_sha in ends.items()}
+        end = self.doubted or min(ends, key=weighed.__getitem__)
+        if self.doubted is None and weighed[end] >= len(self.samples(sha)):
             return []
         if len(self.samples(ends[end])) < min(len(self.samples(sha)), 2 * self.settings.max_samples):
             return [(ends[end], "endpoint")]
@@ -490,7 +497,7 @@ class PerfPolicy:
         ends = self.samples(self.ends.old), self.samples(self.ends.new)
         # where the ends' runs overlap, a probe is weighed against the ends' own runs alone: the probes
         # decided like an end are those whose few runs happened to fall in its phase, a biased pool
-        strict = overlapping(*ends)
+        self.strict = strict = overlapping(*ends)
         like = likeness(samples, *ends, strict=True) if strict else \
             likeness(samples, self.pool("old"), self.pool("new"))
         self.doubted = like.doubted
@@ -509,8 +516,9 @@ class PerfPolicy:
         """The samples a probe is compared with for one end ("old" or "new"): that end's own and those of
         every probe already decided like it."""
         sha = self.ends.old if end == "old" else self.ends.new
+        ends = self.samples(self.ends.old), self.samples(self.ends.new)
         return [*self.samples(sha), *(value for probe in self.tested if self.verdicts[probe][0] == end
-                                      for value in self.samples(probe))]
+                                      for value in within_reach(self.samples(probe), *ends))]
 
     def _record(self, sha: str, end: str | None, reason: str) -> bool:
         self.verdicts[sha] = (end, reason)
