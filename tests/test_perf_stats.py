@@ -326,6 +326,36 @@ def test_a_commit_a_fraction_of_a_per_cent_from_an_end_is_like_it_however_steady
     assert likeness(partial, old_pool, bad).end is None
 
 
+def _h200_round_8_shared_gpu_runs() -> dict[str, list[float]]:
+    """decode tok/s of every run of the H200's round-8 hunt on two slots sharing the GPU (the second section of
+    tests/records/h200-r8-perf-samples.txt), per commit, in the order they landed."""
+    from pathlib import Path
+
+    records = Path(__file__).parent / "records" / "h200-r8-perf-samples.txt"
+    shared = records.read_text().split("\n## ")[2]
+    runs: dict[str, list[float]] = {}
+    for line in shared.splitlines()[1:]:
+        sha, _role, value = line.split()[:3]
+        runs.setdefault(sha, []).append(float(value))
+    return runs
+
+
+def test_the_h200_hunt_on_a_shared_gpu_is_decided_as_it_was_there():
+    """Round 8 on the H200, two steps sharing the GPU (each timing alone behind the GPU's timing gate): the ends
+    5.7 % apart after 5 runs each (as on a GPU of their own in round 7), c4 (before the planted commit, 0.2 %
+    below the good end) called like the good end at its 4th run; the statistics as they are now (changed after
+    that run) decide the same, and not before enough runs."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from bisector.perf import first_samples, likeness
+
+    runs = _h200_round_8_shared_gpu_runs()
+    good, bad, c4 = runs["bb781452c1ff"], runs["6074cf1b1f0d"], runs["d8d102b35544"]
+    assert len(good) == len(bad) == 5 and len(c4) == 4
+    assert likeness(c4, good, bad).end == "old"
+    for count in range(1, first_samples(len(bad))):
+        assert likeness(c4[:count], good, bad).end is None, count
+
+
 def test_runs_of_two_modes_are_never_equivalent_to_an_end_whose_median_they_happen_to_sit_near():
     """A wrong answer of the bench under the H200's phases (seed 52 of `--noise 0.01 --slowdown 0.06 --slow-phase
     0.5`), as the hunt weighed it: a good commit whose six runs all fell in the slow phase sits near the bad pool's

@@ -14,7 +14,8 @@
 #
 # Phases, one device call each (a call is capped at 10 minutes; the machine must stay warm between them):
 #   bash perf.sh prepare   install vLLM 0.24.0 (prepare.sh), measure v0.24.0, build the history, measure p5
-#   bash perf.sh hunt [S]  the hunt, stopped at S seconds (540); call it again to resume: every stored sample is kept
+#   bash perf.sh hunt [S]  start the hunt in the background (unless it runs) and wait for it up to S seconds (560)
+#   bash perf.sh wait [S]  wait for the running hunt up to S seconds more (the same as hunt once it runs)
 #   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
 #   bash perf.sh go [S]    prepare, then the hunt until S seconds (570) have passed since the call began, then report
 # SLOTS=2 (round 8): two steps share the GPU (--gpus 0:2 --jobs 2): each engine start and measurement waits for
@@ -54,7 +55,7 @@ mhz = [m['sm_clock_mhz'] for m in json.load(open(sys.argv[1]))['details']['perf'
 print(round(statistics.median(mhz)) if mhz else 1980)" "$@"; }
 
 PHASE=${1:-prepare}
-[ "$PHASE" = go ] && PHASES="prepare hunt report" || PHASES=$PHASE
+case "$PHASE" in go) PHASES="prepare hunt report";; wait) PHASES="wait report";; *) PHASES=$PHASE;; esac
 [ "${SLOTS:-1}" = 2 ] && GPUS=(--gpus 0:2 --jobs 2) || GPUS=(--gpus 0)
 for PHASE in $PHASES; do
 case "$PHASE" in
@@ -96,14 +97,26 @@ prepare)
     steps $OUT/perf-p5.json
   fi
   ;;
-hunt)
+hunt|wait)
+  # The hunt runs in the background (its output under /tmp/pout), so a call's 10-minute cap does not stop it:
+  # this phase starts it unless it runs already, waits until it ends or S seconds have passed, and copies its
+  # output to $OUT. Call `wait [S]` again (within 30 s: the machine keeps /tmp only while warm) until it ends.
   t=$(date +%s)
-  [ "$PHASES" = hunt ] && LIMIT=${2:-540} || LIMIT=$(( ${2:-570} - (t - BEGAN) ))
-  timeout $LIMIT $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
-    "${GPU[@]}" "${BUILD[@]}" "${GPUS[@]}" --metric ${METRIC:-decode_tok_s} ${DIRECTION:---higher-is-better} --min-change 2 --max-samples 12 \
-    --state-dir /tmp/pstate --json $OUT/perf-hunt.json --markdown $OUT/perf-hunt.md >> $OUT/perf-hunt.out 2>&1
-  echo "hunt rc=$? wall=$(( $(date +%s) - t ))s (124: stopped at $LIMIT s; run this phase again to resume)"
-  tail -25 $OUT/perf-hunt.out
+  [ "$PHASES" = "$PHASE" ] && LIMIT=${2:-560} || LIMIT=$(( ${2:-570} - (t - BEGAN) ))
+  mkdir -p /tmp/pout
+  if ! { [ -f /tmp/pout/pid ] && kill -0 "$(cat /tmp/pout/pid)" 2>/dev/null; } && [ ! -f /tmp/pout/rc ]; then
+    setsid bash -c '"$@" > /tmp/pout/perf-hunt.out 2>&1; echo $? > /tmp/pout/rc' hunt \
+      $B run --repo /tmp/perf-history --good v0.24.0 --bad history --scenario dpa-fp8-kv-graph-capture \
+      "${GPU[@]}" "${BUILD[@]}" "${GPUS[@]}" --metric ${METRIC:-decode_tok_s} ${DIRECTION:---higher-is-better} \
+      --min-change 2 --max-samples 12 --state-dir /tmp/pstate --json /tmp/pout/perf-hunt.json \
+      --markdown /tmp/pout/perf-hunt.md < /dev/null &
+    echo $! > /tmp/pout/pid
+  fi
+  while [ ! -f /tmp/pout/rc ] && [ $(( $(date +%s) - t )) -lt $LIMIT ]; do sleep 5; done
+  cp /tmp/pout/perf-hunt.* $OUT/ 2>/dev/null
+  if [ -f /tmp/pout/rc ]; then echo "hunt ended rc=$(cat /tmp/pout/rc)"; else echo "hunt still running: call 'wait'"; fi
+  tail -25 /tmp/pout/perf-hunt.out
+  [ -f /tmp/pout/rc ] || exit 0  # no report yet
   ;;
 report)
   $B report latest --repo /tmp/perf-history --state-dir /tmp/pstate --format html -o $OUT/perf-hunt.html
