@@ -1,6 +1,7 @@
 """check=perf on a GPU that slots share (--gpus 0:2): each step's engine start and measurements hold a timing
 gate on that GPU, so two steps never time at once while their imports and shutdowns overlap; a performance
 hunt may then share a GPU between steps. Real child.py against the fake vLLM of test_dpa_fp8_kv_numerics.py."""
+import socket
 import threading
 
 import pytest
@@ -46,7 +47,7 @@ def test_two_steps_on_one_shared_gpu_never_time_at_once(tmp_path, nvidia_root): 
         gated.append((found["timing_gate"], found["measure"]))  # gate taken .. measurements done
     (_, first_measured), (second_gated, _) = sorted(gated)
     assert first_measured <= second_gated  # the later engine started only once the first had measured
-    assert list((cache / "timing").iterdir()) == [cache / "timing" / "gpu-0.lock"]
+    assert list((cache / "timing").iterdir()) == [cache / "timing" / f"{socket.gethostname()}-gpu-0.lock"]
 
 
 def test_a_gpu_of_its_own_takes_no_timing_gate(tmp_path, nvidia_root):  # noqa: F811
