@@ -854,6 +854,8 @@ def plan_text(plan: Plan) -> str:
             lines.append("time: no earlier step of this scenario in this state dir to time a round by")
     if plan.skipped_by_user:
         lines.append(f"skipped by --skip: {plan.skipped_by_user} commits")
+    if plan.held_build:
+        lines.append(plan.held_build)
     for probe in plan.probes:
         lines.append(f"  {named(probe.sha, plan.names)}  {probe.role:<28} {probe.build:<13} {probe.reason}")
         if probe.world:

@@ -869,6 +869,7 @@ class Plan:
     endpoint_rounds: int = 0   # rounds the endpoints take before the probes (0: not verified)
     step_seconds: float | None = None  # a step's time: the median of the scenario's earlier steps here (None: none)
     timed_steps: int = 0       # how many earlier steps that median is of
+    held_build: str | None = None  # a level inside AITER run by hand: what its held vLLM commit will run with
 
     @property
     def seconds_to_answer(self) -> float | None:
@@ -897,7 +898,8 @@ class Plan:
                 **({"step_seconds": self.step_seconds, "timed_steps": self.timed_steps,
                     "seconds_to_answer": self.seconds_to_answer} if self.step_seconds is not None else {}),
                 **({"names": dict(self.names)} if self.names else {}),
-                **({"pin_levels": list(self.pin_levels)} if self.pin_levels else {})}
+                **({"pin_levels": list(self.pin_levels)} if self.pin_levels else {}),
+                **({"held_build": self.held_build} if self.held_build else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:

@@ -4,17 +4,21 @@ AITER: the AITER checkout against the vLLM commit held), as aiter-mla-probe does
 
 A commit is bad when its vLLM side says `buggy` and its AITER side says `wide`. Run as a script, it runs
 `bisector run --follow-pins` in-process with this scenario (the kill-and-resume test needs it in a process
-of its own): `python follow_pins_world.py VLLM AITER STATE GOOD BAD`.
+of its own): `python follow_pins_world.py VLLM AITER STATE GOOD BAD`; killed_when_blocked kills such a run (or any
+run whose held steps block the same way) inside its second level. stand_in_aiter: an AITER package that builds and
+installs for real, for the GPU scenario's worlds.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,6 +30,8 @@ from scenarios.base import BaseScenario, Outcome, StepContext, Verdict  # noqa: 
 IDENTITY = {"GIT_AUTHOR_NAME": "AITER Dev", "GIT_AUTHOR_EMAIL": "dev@aiter.invalid",
             "GIT_COMMITTER_NAME": "Rewriter", "GIT_COMMITTER_EMAIL": "rewrite@aiter.invalid"}
 BLOCK = "FOLLOW_PINS_BLOCK"  # a folder: the third held-mode step waits there until killed
+AITER_SETUP = "from setuptools import setup\nsetup(name='amd-aiter', version=open('VERSION').read().strip(), " \
+              "packages=['aiter'])\n"
 
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
@@ -169,6 +175,34 @@ def unrelated_world(root: Path, wide_from: str) -> World:
                                                           "v2.0": "n5"}))
     v = vllm_history(root / "vllm", [("v1.0" if n < 3 else "v2.0", "buggy") for n in range(6)])
     return World(root / "vllm", aiter, v, a)
+
+
+def stand_in_aiter(repo, commits: int, flag: str, flagged_from: int) -> dict[int, str]:
+    """AITER a1..a<commits> in repo (conftest's RepoBuilder): an amd-aiter package that builds into a wheel, tagged
+    v0.1.12 at a1 and v0.1.13 at the last; its aiter module says flag = True from a<flagged_from> on, and COMMIT = n.
+    The commits by n."""
+    a = {}
+    for n in range(1, commits + 1):
+        files = {"aiter/__init__.py": f"{flag} = {n >= flagged_from}\nCOMMIT = {n}\n"}
+        if n == 1:
+            files |= {"setup.py": AITER_SETUP, "VERSION": "0.1.12\n", "requirements.txt": ""}
+        if n == commits:
+            files["VERSION"] = "0.1.13\n"
+        a[n] = repo.commit(f"AITER a{n}", files)
+        if n in (1, commits):
+            repo.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
+    return a
+
+
+def killed_when_blocked(argv: list[str], env: dict[str, str], block: Path, wait_for: Callable, seconds: float) -> None:
+    """Run argv in a session of its own until its third held step says `blocked` in block (the second level's
+    step waits there), then kill its whole process group; fails when it never gets there."""
+    killed = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert wait_for(lambda: (block / "blocked").exists() or killed.poll() is not None, seconds), \
+        "the second level never reached its third step"
+    assert killed.poll() is None, killed.communicate()
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
 
 
 def main(vllm: str, aiter: str, state: str, good: str, bad: str) -> None:

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
 from fake_docker import FakeDocker, image_key
+from follow_pins_world import killed_when_blocked, stand_in_aiter
 from helpers.fake_machine import mi300x_machine
 from helpers.fake_vllm import ROCM_TORCH_FILES, write_files
 from helpers.fake_vllm import fake_vllm as fake_vllm_package
@@ -45,8 +45,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAME = "dpa-fp8-kv-graph-capture"
 TEMPLATE = "rocm/vllm-ci:{commit}"
-SETUP = "from setuptools import setup\nsetup(name='amd-aiter', version=open('VERSION').read().strip(), " \
-        "packages=['aiter'])\n"
 # The fake vLLM's engine: graph capture "faults" (the recorded ROCm fault, then SIGABRT) when the AITER it
 # imports says so, or when this vLLM commit itself is broken. With $BLOCK_HELD set, the third run of a held vLLM
 # (a step inside AITER) says so there and waits until killed.
@@ -88,16 +86,7 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
     """AITER a1 (v0.1.12) .. a4 (v0.1.13), graph capture faulting from a3 on; vLLM v0..v3 moving the pin at
     v2 (which also breaks vLLM itself when the test asks); a fake / with two gfx942 GPUs; a fake ROCm torch."""
     aiter = make_repo("aiter")
-    a = {}
-    for n in range(1, 5):
-        files = {"aiter/__init__.py": f"GRAPH_CAPTURE_FAULTS = {n >= 3}\nCOMMIT = {n}\n"}
-        if n == 1:
-            files |= {"setup.py": SETUP, "VERSION": "0.1.12\n", "requirements.txt": ""}
-        if n == 4:
-            files["VERSION"] = "0.1.13\n"
-        a[n] = aiter.commit(f"AITER a{n}", files)
-        if n in (1, 4):
-            aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
+    a = stand_in_aiter(aiter, 4, "GRAPH_CAPTURE_FAULTS", flagged_from=3)
     monkeypatch.setattr(DpaFp8KvScenario, "system_root", mi300x_machine(tmp_path / "root"))
     monkeypatch.setenv("PYTHONPATH", str(write_files(tmp_path / "site", ROCM_TORCH_FILES)))
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "vllm-record.json"))
@@ -366,14 +355,7 @@ def test_a_kill_inside_the_gpu_level_resumes_there(world, tmp_path, wait_for):
     project = Path(__file__).resolve().parents[1]
     argv = [sys.executable, "-c", RUNNER, str(repo), v[0], v[-1], str(state), str(DpaFp8KvScenario.system_root)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), os.environ["PYTHONPATH"]])}
-    killed = subprocess.Popen(argv, env={**env, "BLOCK_HELD": str(block)}, start_new_session=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # the third step inside AITER begins, and waits
-    assert wait_for(lambda: (block / "blocked").exists() or killed.poll() is not None, 300), \
-        "the second level never reached its third step"
-    assert killed.poll() is None, killed.communicate()
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed_when_blocked(argv, {**env, "BLOCK_HELD": str(block)}, block, wait_for, 300)  # at the third step inside AITER
     with Store(state / "bisector.sqlite") as store:
         before = {row["id"]: row for row in store.runs()}
     [second_level] = [row for row in before.values() if json.loads(row["params"]).get("parent_run")]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from dpa_fp8_kv_records import CAPTURE_47, PREFIX, ROCM_SELECTED
 from fake_docker import FakeDocker, vllm_site
+from follow_pins_world import stand_in_aiter
 from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
-from test_dpa_fp8_kv_follow_pins import SETUP
 from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401
 from test_images_gpu import STACK, TEMPLATE
 
@@ -97,15 +97,7 @@ def test_check_perf_with_aiter_pinned_measures_each_commit_with_its_pinned_aiter
     """AITER a1 (v0.1.12, fast) .. a3 (v0.1.13, its decode slow); vLLM v0..v5 moves the pin at v3: the slowdown
     is v3's, measured with the AITER each commit pins, built and installed for real."""
     aiter = make_repo("aiter")
-    for n in range(1, 4):
-        files = {"aiter/__init__.py": f"SLOW_DECODE = {n == 3}\n"}
-        if n == 1:
-            files |= {"setup.py": SETUP, "VERSION": "0.1.12\n", "requirements.txt": ""}
-        if n == 3:
-            files["VERSION"] = "0.1.13\n"
-        aiter.commit(f"AITER a{n}", files)
-        if n in (1, 3):
-            aiter.git("tag", "v0.1.12" if n == 1 else "v0.1.13")
+    stand_in_aiter(aiter, 3, "SLOW_DECODE", flagged_from=3)
     monkeypatch.setenv("PYTHONPATH", str(write_files(tmp_path / "site", ROCM_TORCH_FILES)))
     monkeypatch.setattr(DpaFp8KvScenario, "system_root", gpu_root)
     vllm = make_repo("vllm")

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from follow_pins_world import BLOCK, PinnedState, rewritten_world, shared_world, unrelated_world
+from follow_pins_world import (
+    BLOCK,
+    PinnedState,
+    killed_when_blocked,
+    rewritten_world,
+    shared_world,
+    unrelated_world,
+)
 
 from bisector import report
 from bisector.engine.config import RunConfig
@@ -168,14 +174,7 @@ def test_a_kill_in_the_second_level_resumes_there(tmp_path, wait_for):
     block.mkdir()
     argv = [sys.executable, str(WORLD), str(world.vllm), str(world.aiter), str(tmp_path / "state"),
             world.v[0], world.v[-1]]
-    killed = subprocess.Popen(argv, env={**os.environ, BLOCK: str(block)}, start_new_session=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # the third step inside AITER begins, and waits
-    assert wait_for(lambda: (block / "blocked").exists() or killed.poll() is not None, 240), \
-        "the second level never reached its third step"
-    assert killed.poll() is None, killed.communicate()
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed_when_blocked(argv, {**os.environ, BLOCK: str(block)}, block, wait_for, 240)  # at the third step inside AITER
     before = rows(tmp_path)
     [first_level] = [row for row in before.values() if json.loads(row["params"]).get("parent_run") is None]
     [second_level] = [row for row in before.values() if json.loads(row["params"]).get("parent_run")]

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_dpa_fp8_kv_follow_pins import NAME, StandInBuild, world  # noqa: F401 - the fixture
+from fake_docker import FakeDocker
+from test_dpa_fp8_kv_follow_pins import NAME, TEMPLATE, StandInBuild, world  # noqa: F401 - the fixture
 
 from bisector import builds
 from bisector.builds import BuildSettings, parse_size
@@ -27,6 +28,7 @@ from bisector.builds.builder import Builder, NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import held_by_hand, pin_follow_up
 from bisector.engine.run import run_bisection
+from bisector.images import ImageSettings
 from bisector.refs import GitRepo
 from bisector.steps import Handler
 from bisector.world import WorldSettings
@@ -213,3 +215,50 @@ def test_by_hand_a_held_build_that_cannot_be_looked_for_says_why_in_one_line(mak
         assert level.world.held_build.path is None and level.world.held_build.said == why
         assert isinstance(level.builder, NoBuild)
     assert not (tmp_path / "state" / "held").exists()
+
+
+
+def test_the_plan_of_a_continuation_run_by_hand_says_what_its_held_build_will_be(make_repo, tmp_path, cli,
+                                                                                    monkeypatch):
+    """`--plan` on the GPU scenario's continuation itself (a level run by hand): its AITER checkouts are not built
+    (each step installs its AITER commit), and one line says what the held vLLM commit will run with: its build
+    restored from the state dir the continuation names, or why not (nothing stored there yet, --build none, a ref
+    vllm_repo does not have); the plan restores nothing."""
+    vllm, v = pinned_vllm(make_repo)
+    state = tmp_path / "state"
+    asked = RunConfig(repo=vllm.path, good=v[0], bad=v[-1], state_dir=state, scenario=create(NAME, {}))
+    continuation = shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], asked).continuation)
+    assert f"vllm_ref={v[2]}" in continuation and continuation[continuation.index("--state-dir") + 1] == str(state)
+
+    def held_line(*argv: str) -> str:
+        plan = tmp_path / "plan.json"
+        out = cli(*argv[1:], "--plan", "--json", str(plan))
+        assert out.returncode == 0, out.stderr
+        planned = json.loads(plan.read_text())
+        assert planned["builder"] == "none" and out.stdout.splitlines()[0].endswith(" --build none")
+        assert {probe["build"] for probe in planned["probes"]} == {"none"}  # AITER installed by each step, not built
+        assert planned["held_build"] in out.stdout.splitlines()
+        return planned["held_build"]
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the CLI's own: the same toolchain, the same native hash
+    native = Builder(BuildSettings("auto", sys.executable), GitRepo(vllm.path), state, builds.REGISTRY).native(v[2])
+    held = f"held vLLM {v[2][:12]}: "
+    assert held_line(*continuation) == held + f"its sources alone (native {native[:12]} not stored in this state " \
+                                              f"dir: run the first level with this --state-dir first)"
+    built = tmp_path / "built"
+    (built / "vllm").mkdir(parents=True)
+    (built / "vllm" / "_C.so").write_text("compiled\n")
+    ArtifactCache(state, parse_size("1G")).save(native, built, ["vllm/_C.so"], "source", None)  # the first level's
+    assert held_line(*continuation) == held + f"its build stored already (native {native[:12]}, source), " \
+                                              f"restored for each step"
+    assert held_line(*continuation, "--build", "none") == held + "its sources alone (--build none: no held build " \
+                                                                 "looked for)"
+    unknown = [f"vllm_ref={'f' * 40}" if arg == f"vllm_ref={v[2]}" else arg for arg in continuation]
+    assert held_line(*unknown) == f"held vLLM {'f' * 12}: its sources alone (held build not looked for: unknown " \
+                                  f"ref: {'f' * 40}; the builds are found in a local vllm_repo)"
+    assert not (state / "held").exists()  # nothing restored for a plan
+
+    FakeDocker(tmp_path / "fake").activate(monkeypatch)  # with --image the held commit's image holds its build
+    imaged = dataclasses.replace(asked, world=WorldSettings(ImageSettings(TEMPLATE)))
+    assert held_line(*shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], imaged).continuation)) == \
+        held + "its image holds its build"

@@ -308,7 +308,7 @@ def held_by_hand(cfg: RunConfig, state_dir: Path, handler: Handler) -> Iterator[
     while the run goes and said in one line before the run starts (the build restored, or why none is: the
     held commit's sources alone). Any other run: cfg as it is."""
     world = cfg.world
-    if cfg.level is not None or not world.aiter_at_step or world.held_commit is None:
+    if not level_by_hand(cfg) or world.held_commit is None:  # (None: said for the type checker)
         yield cfg
         return
     level = dataclasses.replace(cfg, builder=NoBuild())
@@ -321,15 +321,27 @@ def held_by_hand(cfg: RunConfig, state_dir: Path, handler: Handler) -> Iterator[
         yield dataclasses.replace(level, world=dataclasses.replace(world, held_build=held))
 
 
+def level_by_hand(cfg: RunConfig) -> bool:
+    """Whether cfg is a level inside AITER run by hand (its continuation): a scenario holding a vLLM commit, each
+    step installing its AITER commit, and no level above it."""
+    return cfg.level is None and cfg.world.aiter_at_step and cfg.world.held_commit is not None
+
+
+def held_vllm(held: Scenario, ref: str) -> tuple[GitRepo, str]:
+    """The held scenario's vllm_repo, a local repository, and ref resolved there (GitError: no vllm_repo named,
+    none there, or no such ref)."""
+    source = getattr(held, "options", {}).get("vllm_repo") or ""
+    if not source:
+        raise GitError("the scenario names no vllm_repo")
+    repo = GitRepo(os.path.expanduser(source))
+    return repo, repo.resolve(ref)
+
+
 def _held_build_by_hand(cfg: RunConfig, ref: str, state_dir: Path) -> HeldBuild:
     """The held commit (ref in the held scenario's vllm_repo) with the build state_dir's artifact cache holds for
     it, or why none: vllm_repo no local repository holding ref, --build none, nothing stored."""
-    source = getattr(cfg.scenario, "options", {}).get("vllm_repo") or ""
     try:
-        if not source:
-            raise GitError("the scenario names no vllm_repo")
-        repo = GitRepo(os.path.expanduser(source))
-        commit = repo.resolve(ref)
+        repo, commit = held_vllm(cfg.scenario, ref)
     except GitError as exc:
         return HeldBuild(ref, None, None, f"held build not looked for: {exc.message()} (the builds are found in a "
                                           f"local vllm_repo): its sources alone")

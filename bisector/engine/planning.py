@@ -1,5 +1,6 @@
 """`bisector run --plan`: the commits a run would test first, the build each needs, what they cost, what this
-machine lacks to run them, and with --follow-pins what a second level inside AITER would cost; nothing is run."""
+machine lacks to run them, with --follow-pins what a second level inside AITER would cost, and for such a level run
+by hand what its held vLLM commit will run with; nothing is run."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from pathlib import Path
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE, Builder, NoBuild
 from bisector.engine.config import RunConfig
-from bisector.engine.follow import NoLevel, plan_level, scenario_follow_up
+from bisector.engine.follow import NoLevel, held_vllm, level_by_hand, plan_level, scenario_follow_up
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
@@ -44,8 +45,10 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     ends, commits = asked.ends, asked.commits
     skipped = skipped_by_user(cfg, asked)
     state_dir = prepare_state_dir(choose_state_dir(asked.repo, cfg.state_dir))
-    # a scenario that runs the checkout as it is never builds, whatever --build says
-    builder = open_builder(cfg, asked.repo, state_dir) if cfg.scenario.needs_build else NoBuild()
+    # a scenario that runs the checkout as it is never builds, whatever --build says, nor does a level run by hand
+    # (each step installs its AITER commit; --build is the held vLLM commit's: planned_held_by_hand)
+    by_hand = level_by_hand(cfg)
+    builder = open_builder(cfg, asked.repo, state_dir) if cfg.scenario.needs_build and not by_hand else NoBuild()
     world = cfg.world.open(asked.repo, state_dir)
     world.resolve([*ends.olds, *(sha for sha, _ in commits), *ends.merge_bases])
     probes: list[PlannedStep] = []
@@ -102,7 +105,8 @@ def plan_bisection(cfg: RunConfig) -> Plan:
                 endpoint_rounds=math.ceil((len(ends.olds) + 1) / slots) if cfg.verify_endpoints else 0,
                 step_seconds=statistics.median(timed) if timed else None, timed_steps=len(timed),
                 names=asked.repo.names([probe.sha for probe in probes]),
-                pin_levels=planned_levels(cfg, asked, builder) if cfg.follow_pins else ())
+                pin_levels=planned_levels(cfg, asked, builder) if cfg.follow_pins else (),
+                held_build=planned_held_by_hand(cfg, state_dir) if by_hand else None)
 
 
 def planned_levels(cfg: RunConfig, asked: Range, builder: Build) -> tuple[str, ...]:
@@ -142,13 +146,15 @@ def _pinned_repo(repo: GitRepo, sha: str) -> str:
     return (pin.repo if pin else None) or DEFAULT_AITER_REPO
 
 
-def _planned_held_build(builder: Build, sha: str) -> str:
+def _planned_held_build(builder: Build, sha: str, by_hand: bool = False) -> str:
     """Whether a level holding sha on bare metal gets sha's build (Builder.held_tree), as the first level's
     builder would leave it: stored already, built by the first level's step on sha (the answer is always
-    tested), or the held commit's sources alone and why."""
+    tested), or the held commit's sources alone and why. by_hand: the level run by hand, which builds nothing
+    and finds only what is stored."""
     said = f"held vLLM {sha[:12]}"
     if isinstance(builder, NoBuild):
-        return f"{said}: its sources alone (--build none: the first level builds nothing)"
+        return f"{said}: its sources alone (--build none: " + \
+            ("no held build looked for)" if by_hand else "the first level builds nothing)")
     if not isinstance(builder, Builder):
         return f"{said}: its sources alone (build {builder.name} keeps no artifacts)"
     decision = builder.decide(sha)
@@ -156,9 +162,29 @@ def _planned_held_build(builder: Build, sha: str) -> str:
     if record is not None and record.status == "ok":
         return f"{said}: its build stored already (native {decision.native[:12]}, {record.strategy}), restored " \
                f"for each step"
-    if decision.strategy in builder.strategies:
-        return f"{said}: built by the first level ({decision.strategy}), then restored for each step"
-    return f"{said}: its sources alone ({decision.reason})"
+    if decision.strategy not in builder.strategies:
+        return f"{said}: its sources alone ({decision.reason})"
+    if by_hand:
+        return f"{said}: its sources alone (native {decision.native[:12]} not stored in this state dir: run the " \
+               f"first level with this --state-dir first)"
+    return f"{said}: built by the first level ({decision.strategy}), then restored for each step"
+
+
+def planned_held_by_hand(cfg: RunConfig, state_dir: Path) -> str:
+    """A level inside AITER run by hand (engine/follow.py held_by_hand): what its held vLLM commit will run with, in
+    one line: its image's build (--image), the build state_dir's artifact cache holds for it, restored for each
+    step, or its sources alone and why (vllm_repo no local repository with the commit, --build none, nothing
+    stored); nothing is restored for the plan."""
+    ref = cfg.world.held_commit
+    assert ref is not None
+    if cfg.world.image is not None:
+        return f"held vLLM {ref[:12]}: its image holds its build"
+    try:
+        repo, commit = held_vllm(cfg.scenario, ref)
+    except GitError as exc:
+        return f"held vLLM {ref[:12]}: its sources alone (held build not looked for: {exc.message()}; the builds " \
+               f"are found in a local vllm_repo)"
+    return _planned_held_build(open_builder(cfg, repo, state_dir), commit, by_hand=True)
 
 
 def _level_cost(change: PinChange, source: str, world: WorldSettings, held: str | None = None) -> str:
