@@ -80,10 +80,12 @@ def step_verdict(perf: Mapping | None, step: StepRecord) -> str:
     return step.verdict
 
 
-def plan_text(metric: str, fewest: int, most: int, testable: int, timeout: float | None) -> str:
-    """`--plan` of a performance hunt: how many runs, and what bounds their time."""
-    time = (f"at most {most} × --timeout {timeout:g}s = {most * timeout / 3600:.1f} h" if timeout
-            else "each run takes as long as one run of the benchmark; time one to know")
+def plan_text(metric: str, fewest: int, most: int, testable: int, timeout: float | None, slots: int = 1) -> str:
+    """`--plan` of a performance hunt: how many runs, and what bounds their time (slots runs side by side)."""
+    side = f" / {slots} slots" if slots > 1 else ""
+    time = (f"at most {most} × --timeout {timeout:g}s{side} = {most * timeout / slots / 3600:.1f} h" if timeout
+            else "each run takes as long as one run of the benchmark"
+            + (f", {slots} side by side" if slots > 1 else "") + "; time one to know")
     return (f"performance hunt on {metric}: {testable} commits to search; about {fewest} runs if each "
             f"commit decides at its first samples, {most} at most; {time}")
 

@@ -94,6 +94,19 @@ def test_plan_estimates_the_runs(cli, make_repo, tmp_path):
             "samples, 160 at most; at most 160 × --timeout 60s = 2.7 h") in result.stdout
 
 
+def test_the_plan_of_a_hunt_on_several_slots_bounds_its_time_by_runs_side_by_side(cli, make_repo, tmp_path):
+    pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")
+    repo = make_repo("r")
+    shas = repo.linear(9, 4)
+    common = ("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--metric", "tok_s", "--jobs",
+              "4", "--plan")
+    timed = cli(*common, "--state-dir", str(tmp_path / "s1"), "--timeout", "60", "--", "true")
+    assert timed.returncode == 0, timed.stderr
+    assert "× --timeout 60s / 4 slots = " in timed.stdout
+    untimed = cli(*common, "--state-dir", str(tmp_path / "s2"), "--", "true")
+    assert "each run takes as long as one run of the benchmark, 4 side by side; time one to know" in untimed.stdout
+
+
 def test_the_step_list_shows_what_the_hunt_decided_for_each_commit_not_the_runs_exit_codes(hunted, cli):
     """Every run of this hunt exits 0 (good by its exit code); the step list shows the hunt's verdict for the
     run's commit: the ends by name, a probe "like good" / "like bad"."""

@@ -192,7 +192,8 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
 
                 testable = planned.commits - planned.skipped_by_user - 1
                 fewest, most = perf.plan(testable)
-                click.echo(perf_report.plan_text(perf.metric, fewest, most, testable, timeout))
+                click.echo(perf_report.plan_text(perf.metric, fewest, most, testable, timeout,
+                                                 step_executor.size))
             if each_json:
                 write_output("--json", each_json, json.dumps(planned.to_json(), indent=2) + "\n")
             exit_codes.append(EXIT_OK)
