@@ -14,6 +14,8 @@ CPU-bound decode in round 6: a 2.1 ms step or a ~3.2 ms one, about half the engi
 
 - oracle: a reference, the least a hunt can cost: the ends' runs, then each probe by a sequential test that
   knows the true means, noise and outliers (error 1e-4 per probe); nothing it does is estimated.
+- ends known (--goal): a reference, the adaptive hunt with each end known from 40 runs of which only its first
+  5 are counted: what the probes cost by bisector's own rules when the ends need no estimating.
 
 A hunt is right when it names the culprit, wrong when it names another commit, and skip when it names none
 (inconclusive, or the endpoints not found to differ).
@@ -67,9 +69,21 @@ def adaptive(bench: Bench, max_samples: int) -> str | None:
     return hunt(bench, max_samples)[1]
 
 
-def hunt(bench: Bench, max_samples: int) -> tuple[PerfPolicy, str | None, str | None]:
-    """bisector's hunt: the policy as it ended, the culprit it names (or None) and why it stopped (or None)."""
+def known_ends(bench: Bench, max_samples: int, runs: int = 40) -> str | None:
+    """A reference: bisector's hunt with each end known from `runs` runs, of which only the hunt's own first
+    (ENDPOINT_START each) are counted. What the probes cost when the ends need no estimating."""
+    return hunt(bench, max_samples, known=runs)[1]
+
+
+def hunt(bench: Bench, max_samples: int, known: int = 0) -> tuple[PerfPolicy, str | None, str | None]:
+    """bisector's hunt: the policy as it ended, the culprit it names (or None) and why it stopped (or None).
+    known: each end starts with that many runs, not counted beyond the hunt's first (`known_ends`)."""
     history: dict[str, list[Execution]] = {sha: [] for sha in bench.shas}
+    if known:
+        for sha in (bench.shas[0], bench.shas[-1]):
+            history[sha] = [Execution(sha, Verdict.GOOD, "exit 0", None, 0.0, None, {},
+                                      metrics={"tok_s": bench.run(sha)}) for _ in range(known)]
+        bench.runs = 2 * PerfSettings.ENDPOINT_START  # only the hunt's own first runs of the ends count
     commits = [(sha, [bench.shas[i - 1]] if i else []) for i, sha in enumerate(bench.shas)][1:]
     ends = Endpoints(old=bench.shas[0], new=bench.shas[-1], old_name="good", new_name="bad",
                      old_ref="good", new_ref="bad")
@@ -203,10 +217,13 @@ def main() -> None:
                      outliers, phases)
         # the oracle's model has no slow phase: it is no reference there
         known = tally(oracle, args.seeds, args.commits, noise, slowdown, outliers) if not phases[0] else None
+        ends_known = tally(lambda bench: known_ends(bench, args.max_samples), args.seeds, args.commits, noise,
+                           slowdown, outliers, phases) if args.goal else None
         share = ours["runs"] / fixed_counts["runs"]
         missed = [why for why, failed in (("runs", share > 0.5), ("right", ours["right"] < fixed_counts["right"]),
                                           ("wrong", ours["wrong"] > 0)) if failed]
         for name, counts in ((f"fixed x{args.fixed_repeat}", fixed_counts), ("adaptive", ours),
+                             *((("ends known", ends_known),) if ends_known else ()),
                              *((("oracle", known),) if known else ())):
             mark = "" if name != "adaptive" else "met" if not missed else "missed: " + ", ".join(missed)
             wrong = f" (seeds {', '.join(map(str, counts['wrong_seeds'][:5]))})" if counts["wrong"] and mark else ""

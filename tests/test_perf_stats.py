@@ -138,6 +138,23 @@ def test_the_adaptive_hunt_takes_at_most_half_of_fixed_10s_runs_and_names_no_wro
     assert ours["runs"] <= 0.5 * fixed["runs"]
 
 
+def test_with_the_ends_known_the_hunts_own_rules_take_under_half_of_fixed_10s_runs():
+    """bench/perf_noise.py's `known_ends` reference (issue 35): the real PerfPolicy with each end known from 40
+    runs, only its first 5 counted, at 3 % noise, an 8 % slowdown and 10 % outliers: right on every seed, in
+    under half of fixed x10's runs (the hunt itself, estimating its ends, takes 55 % there). What the goal
+    misses is what estimating the ends costs, not the probes' rules (docs/perf.md, the figures)."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
+    noise = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noise)
+    fixed = noise.tally(lambda bench: noise.fixed(bench, 10), 12, 64, 0.03, 0.08, 0.10)
+    known = noise.tally(lambda bench: noise.known_ends(bench, 20), 12, 64, 0.03, 0.08, 0.10)
+    assert known["right"] == 12 and known["runs"] <= 0.5 * fixed["runs"]
+
+
 def test_ends_with_outliers_are_sampled_further_when_the_direction_is_known():
     """Six runs of each end, two of the good end's 2x slow (a busy machine): the two-sided tests call the ends
     the same (p = 0.59 > 0.37); with --higher-is-better the one-sided test (p = 0.29) leaves them undecided,
