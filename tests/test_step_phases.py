@@ -97,7 +97,7 @@ def test_gpu_scenario_times_its_child_from_the_marks_it_prints(tmp_path, nvidia_
     assert outcome.verdict is Verdict.GOOD, outcome.reason
     phases = outcome.details["phases"]
     assert [name for name in phases if name != "start_gate"] == \
-        ["probe", "prepare", "child_start", "import", "engine", work, "shutdown"], phases
+        ["probe", "prepare", "child_start", "import_torch", "import", "engine", work, "shutdown"], phases
     assert phases["import"] >= PAUSE and phases["engine"] >= PAUSE, phases  # where the fake vLLM slept
     assert all(seconds >= 0 for seconds in phases.values()), phases
     child = sum(seconds for name, seconds in phases.items() if name not in ("probe", "prepare"))

@@ -18,7 +18,7 @@ With --timing-gate PATH (a performance check on a GPU other steps share) it hold
 starts to the end of its measurements (hold_timing_gate): its timed part runs alone on the GPU, while the other
 steps' imports and shutdowns go on beside it.
 At the end of each of its parts it prints PHASE_MARKER, the part's name and the wall clock (mark_phase): child_start,
-import, start_gate, timing_gate, engine, then measure or decode.
+import_torch, import (vLLM's own, torch loaded), start_gate, timing_gate, engine, then measure or decode.
 """
 import argparse
 import dataclasses
@@ -280,6 +280,8 @@ def mark_phase(name):
 def main(argv):
     mark_phase("child_start")
     args = parse_args(argv)
+    import torch  # noqa: F401  (vLLM imports it first thing: timed apart, as on the H200 the imports took 15-22 s)
+    mark_phase("import_torch")
     from vllm import LLM, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
 
