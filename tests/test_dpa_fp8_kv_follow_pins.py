@@ -408,7 +408,9 @@ def test_the_plan_of_a_gpu_hunt_counts_the_aiter_builds_of_its_second_level(worl
               env=docker.env)
     assert out.returncode == 0, out.stderr
     assert json.loads(plan.read_text())["pin_levels"] == [line.replace(
-        "AITER installed per commit:", "AITER installed per commit, each layered over the held commit's image:")]
+        "AITER installed per commit:", "AITER installed per commit, each layered over the held commit's image:") +
+        f"; held vLLM {v[2][:12]}: every step in its image {expand(TEMPLATE, v[2])} (in the registry: pulled for the "
+        f"first step), which holds its build, with the step's AITER commit built and layered over it"]
 
 
 UNREACHABLE_AITER = "https://aiter.invalid/ROCm/aiter.git"  # what the Dockerfile pins; never reachable here

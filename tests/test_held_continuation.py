@@ -28,7 +28,7 @@ from bisector.builds.builder import Builder, NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import held_by_hand, pin_follow_up
 from bisector.engine.run import run_bisection
-from bisector.images import ImageSettings
+from bisector.images import REVISION_LABEL, ImageSettings, expand
 from bisector.refs import GitRepo
 from bisector.steps import Handler
 from bisector.world import WorldSettings
@@ -258,7 +258,74 @@ def test_the_plan_of_a_continuation_run_by_hand_says_what_its_held_build_will_be
                                   f"ref: {'f' * 40}; the builds are found in a local vllm_repo)"
     assert not (state / "held").exists()  # nothing restored for a plan
 
-    FakeDocker(tmp_path / "fake").activate(monkeypatch)  # with --image the held commit's image holds its build
-    imaged = dataclasses.replace(asked, world=WorldSettings(ImageSettings(TEMPLATE)))
-    assert held_line(*shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], imaged).continuation)) == \
-        held + "its image holds its build"
+
+
+def test_the_plan_of_a_continuation_with_image_runs_every_step_in_the_held_commits_image(make_repo, tmp_path, cli):
+    """`--plan` on the continuation of a level with --image: every step runs in the held vLLM commit's image with its
+    AITER commit layered over it, so the plan counts no images of the AITER commits (they have none of their own)
+    and says which image the steps run in: here, to pull, or missing (then every step would skip, and a warning says
+    what to do)."""
+    vllm, v = pinned_vllm(make_repo)
+    docker = FakeDocker(tmp_path / "fake")
+    asked = RunConfig(repo=vllm.path, good=v[0], bad=v[-1], state_dir=tmp_path / "state", scenario=create(NAME, {}),
+                      world=WorldSettings(ImageSettings(TEMPLATE)))
+    continuation = shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], asked).continuation)
+    assert continuation[-2:] == ["--image", TEMPLATE]
+
+    def planned(state: str) -> dict:
+        plan = tmp_path / "plan.json"  # a state dir each: the record keeps the runtime's answers
+        out = cli(*continuation[1:], "--plan", "--json", str(plan), "--state-dir", str(tmp_path / state),
+                  env=docker.env)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(plan.read_text())
+        first = out.stdout.splitlines()[0]
+        assert data["imaged"] is None and first == f"plan: {data['commits']} commits in range, --build none", first
+        assert data["held_build"] in out.stdout.splitlines()
+        assert [f"warning: {warning}" for warning in data["warnings"]] == \
+            [line for line in out.stdout.splitlines() if line.startswith("warning: ")]
+        return data
+
+    held, ref = f"held vLLM {v[2][:12]}: ", expand(TEMPLATE, v[2])
+    missing = planned("none")
+    assert missing["held_build"] == held + f"no image {ref}: every step would skip (no image to layer its AITER " \
+                                           f"commit over)"
+    assert missing["warnings"] == [f"the held vLLM commit {v[2][:12]} has no image (no image {ref}): every step "
+                                   f"would skip; push or pull the image --image names for it, or give --aiter pinned "
+                                   f"instead of --image (the level on this machine)"]
+    docker.add_image(ref, {}, labels={REVISION_LABEL: v[2]})
+    layered = "which holds its build, with the step's AITER commit built and layered over it"
+    pulled = planned("registry")
+    assert pulled["held_build"] == held + f"every step in its image {ref} (in the registry: pulled for the first " \
+                                          f"step), {layered}"
+    assert pulled["warnings"] == []
+    docker.make_local(ref)
+    assert planned("here")["held_build"] == held + f"every step in its image {ref} (here), {layered}"
+
+
+def test_the_plan_of_a_follow_pins_hunt_with_image_names_the_held_commits_image(make_repo, tmp_path, cli):
+    """`--plan --follow-pins --image` of the GPU scenario: the pin change's line says the level's steps run in the held
+    commit's image (here, to pull, or missing: every step of the level would skip)."""
+    vllm, v = pinned_vllm(make_repo)
+    docker = FakeDocker(tmp_path / "fake")
+
+    def level_line(state: str) -> str:
+        plan = tmp_path / "plan.json"
+        out = cli("run", "--plan", "--json", str(plan), "--repo", str(vllm.path), "--good", v[0], "--bad", v[-1],
+                  "--scenario", NAME, "--follow-pins", "--image", TEMPLATE,
+                  "--state-dir", str(tmp_path / state), env=docker.env)
+        assert out.returncode == 0, out.stderr
+        [level] = json.loads(plan.read_text())["pin_levels"]
+        assert level.startswith(f"{v[2][:12]} moves AITER v1.0 → v3.0: 2 AITER commits after v1.0 up to v3.0"), level
+        assert "AITER installed per commit, each layered over the held commit's image: " in level
+        assert f"follow-pins: {level}" in out.stdout.splitlines()
+        return level
+
+    held, ref = f"; held vLLM {v[2][:12]}: ", expand(TEMPLATE, v[2])
+    assert level_line("none").endswith(held + f"no image {ref}: every step would skip (no image to layer its AITER "
+                                              f"commit over)")
+    docker.add_image(ref, {}, labels={REVISION_LABEL: v[2]})
+    layered = "which holds its build, with the step's AITER commit built and layered over it"
+    assert level_line("registry").endswith(held + f"every step in its image {ref} (in the registry: pulled for the "
+                                                  f"first step), {layered}")
+    docker.make_local(ref)
+    assert level_line("here").endswith(held + f"every step in its image {ref} (here), {layered}")

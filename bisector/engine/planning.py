@@ -17,6 +17,7 @@ from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError
 from bisector.executor import LocalExecutor
+from bisector.images import ImageIndex
 from bisector.pins import (
     DEFAULT_AITER_REPO,
     DOCKERFILE,
@@ -98,24 +99,25 @@ def plan_bisection(cfg: RunConfig) -> Plan:
     timed = earlier_step_seconds(state_dir, cfg.scenario.name)
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
-                imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index else None,
+                imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index and not world.layering else None,
                 skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world), slots=slots,
                 rounds=expected_rounds(first_search.testable_mask.bit_count(), slots) - beside,
                 rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
                 endpoint_rounds=math.ceil((len(ends.olds) + 1) / slots) if cfg.verify_endpoints else 0,
                 step_seconds=statistics.median(timed) if timed else None, timed_steps=len(timed),
                 names=asked.repo.names([probe.sha for probe in probes]),
-                pin_levels=planned_levels(cfg, asked, builder) if cfg.follow_pins else (),
-                held_build=planned_held_by_hand(cfg, state_dir) if by_hand else None)
+                pin_levels=planned_levels(cfg, asked, builder, world) if cfg.follow_pins else (),
+                held_build=planned_held_by_hand(cfg, state_dir, world) if by_hand else None)
 
 
-def planned_levels(cfg: RunConfig, asked: Range, builder: Build) -> tuple[str, ...]:
+def planned_levels(cfg: RunConfig, asked: Range, builder: Build, world: World) -> tuple[str, ...]:
     """--follow-pins: each AITER pin change in the range (read from git objects: only the commits that touch
     docker/Dockerfile.rocm_base) and what the second level would cost were the answer that commit: the AITER
     commits between the pins (from a local AITER repository; a URL is not cloned for a plan), the steps of a
     bisection among them, the AITER builds those steps make where the level installs AITER per commit
     (the GPU scenario's level always does; others with --aiter pinned), and on bare metal whether the held
-    commit's build is restored for them (builder: the first level's). One line each."""
+    commit's build is restored for them (builder: the first level's), with --image the held commit's image every
+    step runs in (world: the first level's, which asked for it). One line each."""
     repo, ends = asked.repo, asked.ends
     touching = repo.range_commits(ends.olds, ends.new, paths=(DOCKERFILE,))
     changes = [(sha, change) for sha, _ in touching if (parents := repo.parents(sha))
@@ -135,7 +137,10 @@ def planned_levels(cfg: RunConfig, asked: Range, builder: Build) -> tuple[str, .
         else:
             level_world = cfg.world.for_level(follow.hold(str(repo.root), sha), sha)
             source = follow.repo or cfg.world.aiter_settings.repo or _pinned_repo(repo, sha)
-            held = _planned_held_build(builder, sha) if level_world.aiter_at_step and not level_world.image else None
+            held = None
+            if level_world.aiter_at_step:
+                held = _held_image(world.index, sha) if level_world.image and world.index else \
+                    _planned_held_build(builder, sha)
             lines.append(f"{moved}: {_level_cost(change, source, level_world, held)}")
     return tuple(lines)
 
@@ -170,21 +175,35 @@ def _planned_held_build(builder: Build, sha: str, by_hand: bool = False) -> str:
     return f"{said}: built by the first level ({decision.strategy}), then restored for each step"
 
 
-def planned_held_by_hand(cfg: RunConfig, state_dir: Path) -> str:
+def planned_held_by_hand(cfg: RunConfig, state_dir: Path, world: World) -> str:
     """A level inside AITER run by hand (engine/follow.py held_by_hand): what its held vLLM commit will run with, in
-    one line: its image's build (--image), the build state_dir's artifact cache holds for it, restored for each
-    step, or its sources alone and why (vllm_repo no local repository with the commit, --build none, nothing
-    stored); nothing is restored for the plan."""
+    one line: with --image its image, every step's AITER commit layered over it (world: the level's, layering), else
+    the build state_dir's artifact cache holds for it, restored for each step, or its sources alone and why
+    (vllm_repo no local repository with the commit, --build none, nothing stored); nothing is restored for the
+    plan."""
     ref = cfg.world.held_commit
     assert ref is not None
-    if cfg.world.image is not None:
-        return f"held vLLM {ref[:12]}: its image holds its build"
+    if world.index is not None:
+        return _held_image(world.index, ref)
     try:
         repo, commit = held_vllm(cfg.scenario, ref)
     except GitError as exc:
         return f"held vLLM {ref[:12]}: its sources alone (held build not looked for: {exc.message()}; the builds " \
                f"are found in a local vllm_repo)"
     return _planned_held_build(open_builder(cfg, repo, state_dir), commit, by_hand=True)
+
+
+def _held_image(index: ImageIndex, sha: str) -> str:
+    """A level inside AITER with --image, vLLM held at sha, in words: every step in sha's image (here, or pulled
+    from its registry), which holds its build, with the step's AITER commit built and layered over it; or no such
+    image, and every step skips."""
+    said = f"held vLLM {sha[:12]}"
+    info = index.info(sha)
+    if not info.present:
+        return f"{said}: {index.missing_reason(sha)}: every step would skip (no image to layer its AITER commit over)"
+    where = "here" if info.local else "in the registry: pulled for the first step"
+    return f"{said}: every step in its image {info.ref} ({where}), which holds its build, with the step's AITER " \
+           f"commit built and layered over it"
 
 
 def _level_cost(change: PinChange, source: str, world: WorldSettings, held: str | None = None) -> str:
@@ -236,6 +255,11 @@ def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: Worl
                 "or --build auto" if "no wheel" in refused[0].reason else ""
             warnings.append(f"{len(refused)} of {len(probes)} planned steps {why} ({refused[0].sha[:12]}: "
                             f"{refused[0].reason}): they would skip{hint}")
+    held = cfg.world.held_commit
+    if world.layering and world.index is not None and held is not None and not world.index.info(held).present:
+        warnings.append(f"the held vLLM commit {held[:12]} has no image ({world.index.missing_reason(held)}): every "
+                        f"step would skip; push or pull the image --image names for it, or give --aiter pinned "
+                        f"instead of --image (the level on this machine)")
     blind = world.untestable([probe.sha for probe in probes])
     if blind and world.index is not None:
         warnings.append(f"{len(blind)} of {len(probes)} planned steps have no image ({blind[0][:12]}: "
