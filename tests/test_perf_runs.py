@@ -1,24 +1,11 @@
 """The bench goal of performance hunts (issue 35): bench/perf_noise.py's seeded hunts, the real PerfPolicy over
 the real Bisection, against a fixed 10 runs per end and per probe."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers.perf_noise_bench import load_bench
 
 pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")
 
 pytestmark = pytest.mark.unit
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "perf_noise.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("perf_noise", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_noisy_hunts_take_fewer_runs_and_name_no_wrong_commit():
     """50 seeded 64-commit histories, 3 % noise, an 8 % slowdown: every hunt names the culprit, and the hunts

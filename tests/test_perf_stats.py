@@ -6,6 +6,7 @@ import random
 import sqlite3
 
 import pytest
+from helpers.perf_noise_bench import load_bench
 
 from bisector.metrics import MetricError, parse_output, read_file
 from bisector.seams import Verdict
@@ -81,12 +82,7 @@ def test_the_adaptive_hunt_names_no_wrong_commit_over_seeds_with_outliers():
     """bench/perf_noise.py's simulation (the real PerfPolicy and Bisection): 3 % noise, an 8 % slowdown and
     5 % of runs 2x slow: right or an honest skip, never a wrong commit, with fewer runs than 10 per commit."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
-    noise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noise)
+    noise = load_bench()
     right = runs = 0
     for seed in range(20):
         bench = noise.Bench(seed, 32, 0.03, 0.08, 0.05)
@@ -126,12 +122,7 @@ def test_the_adaptive_hunt_takes_at_most_half_of_fixed_10s_runs_and_names_no_wro
     at most half of the fixed 10-repeat strategy's runs, issue 35's goal (before: 54 %; the rank-test policy
     before that about 60 %)."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
-    noise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noise)
+    noise = load_bench()
     ours = noise.tally(lambda bench: noise.adaptive(bench, 20), 40, 64, 0.03, 0.08, 0.0)
     fixed = noise.tally(lambda bench: noise.fixed(bench, 10), 40, 64, 0.03, 0.08, 0.0)
     assert ours["wrong"] == 0 and ours["right"] >= 39
@@ -144,12 +135,7 @@ def test_with_the_ends_known_the_hunts_own_rules_take_under_half_of_fixed_10s_ru
     under half of fixed x10's runs (the hunt itself, estimating its ends, takes 55 % there). What the goal
     misses is what estimating the ends costs, not the probes' rules (docs/perf.md, the figures)."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
-    noise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noise)
+    noise = load_bench()
     fixed = noise.tally(lambda bench: noise.fixed(bench, 10), 12, 64, 0.03, 0.08, 0.10)
     known = noise.tally(lambda bench: noise.known_ends(bench, 20), 12, 64, 0.03, 0.08, 0.10)
     assert known["right"] == 12 and known["runs"] <= 0.5 * fixed["runs"]
@@ -283,12 +269,7 @@ def test_under_fast_and_slow_phases_the_adaptive_hunt_names_no_wrong_commit():
     6 % slowdown: the policy before named a wrong commit for seed 36 of 16 commits (and in 6 of 100 seeds of
     64 commits; fixed x10 in 95); now right or an honest skip (300 seeds in docs/perf.md)."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
-    noise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noise)
+    noise = load_bench()
     for seed in range(30, 40):
         bench = noise.Bench(seed, 16, 0.01, 0.06, 0.0, 0.5, 1.5)
         found = noise.adaptive(bench, 20)
@@ -422,12 +403,7 @@ def test_under_phases_and_outliers_the_adaptive_hunt_names_no_wrong_commit():
     """bench/perf_noise.py `--noise 0.03 --slowdown 0.08 --outliers 0.1 --slow-phase 0.5 --phase-factor 1.5`:
     the seeds on which the policy before named a wrong commit (6 of 300) are now right or an honest skip."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
-    noise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noise)
+    noise = load_bench()
     for seed in (11, 79, 138, 142, 153, 263):
         bench = noise.Bench(seed, 64, 0.03, 0.08, 0.1, 0.5, 1.5)
         found = noise.adaptive(bench, 20)
@@ -436,12 +412,7 @@ def test_under_phases_and_outliers_the_adaptive_hunt_names_no_wrong_commit():
 
 def _replay(seed: int, noise: float, slowdown: float, outliers: float, slow_phase: float, phase_factor: float):
     """bench/perf_noise.py's hunt of one seed (64 commits): (the commit it named or None, the culprit)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("perf_noise", Path(__file__).parents[1] / "bench" / "perf_noise.py")
-    noise_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noise_bench)
+    noise_bench = load_bench()
     bench = noise_bench.Bench(seed, 64, noise, slowdown, outliers, slow_phase, phase_factor)
     return noise_bench.adaptive(bench, 20), bench.shas[bench.culprit]
 
