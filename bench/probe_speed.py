@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bisector.archives import extract  # noqa: E402
 from scenarios.aiter_mla_probe import AiterMLAProbe  # noqa: E402
 from scenarios.base import StepContext  # noqa: E402
 
@@ -41,7 +42,7 @@ def export(repo: Path, ref: str, dest: Path) -> None:
     data = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", ref, "vllm"],
                           check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
+        extract(tar, dest)
 
 
 def main() -> int:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bisector.archives import extract
+
 _ROOT = Path(__file__).resolve().parents[1]
 _GIT_ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
             "GIT_COMMITTER_NAME": "Test Committer", "GIT_COMMITTER_EMAIL": "committer@example.com",
@@ -294,7 +296,7 @@ def extract_python_sources(sdist: Path, dest: Path) -> None:
             if member.isfile() and relative.startswith("vllm/") and relative.endswith(".py"):
                 member.name = relative
                 members.append(member)
-        tar.extractall(dest, members=members, filter="data")
+        extract(tar, dest, members)
 
 
 @pytest.fixture(scope="session")

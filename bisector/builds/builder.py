@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 
 import git
 
+from bisector.archives import extract
 from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import (
     FREE_COST,
@@ -273,7 +274,7 @@ class Builder:
         if present:
             archive = self.repo.git.archive("--format=tar", sha, "--", *present, stdout_as_string=False)
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-                tar.extractall(partial, filter="data")
+                extract(tar, partial)
         self.cache.restore(native, partial, link=True)
 
     def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:

@@ -17,6 +17,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bisector.archives import extract
 from bisector.pins import cache_root, pins_in_tree, unsafe_git_source
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
@@ -143,7 +144,7 @@ def export_package(git_dir: Path, commit: str, package: str, also: tuple[str, ..
     partial = _partial(dest)
     with tarfile.open(fileobj=io.BytesIO(archived.stdout)) as tar:
         members = [m for m in tar if m.isfile() and m.name.endswith(".py")]
-        tar.extractall(partial, members=members, filter="data")
+        extract(tar, partial, members)
     for path in also:
         shown = subprocess.run(["git", "-C", str(git_dir), "show", f"{commit}:{path}"], capture_output=True)
         if shown.returncode == 0:
