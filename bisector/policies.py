@@ -105,6 +105,7 @@ class SearchPolicy(Protocol):
     rerun: bool       # True: each step is one more execution, cached verdicts or not
     rounds: int       # rounds after the endpoint round so far
     confirmed: bool   # a seed pair settled the answer
+    learns_signature: bool  # the bad end's failure says which failures count (--signature auto)
 
     @property
     def verify_endpoints(self) -> bool: ...  # the endpoints are tested (and the bad one defines --signature auto)
@@ -122,6 +123,7 @@ class BisectPolicy:
     the endpoint round."""
 
     rerun = False
+    learns_signature = True
 
     def __init__(self, search: Bisection, ends: Endpoints, size: int, cost: Callable[[str], float],
                  seed_pair: tuple[str, str] | None = None, verify_endpoints: bool = True):
@@ -233,6 +235,7 @@ class FlakyPolicy:
 
     rerun = True
     confirmed = False
+    learns_signature = True
 
     def __init__(self, commits: Sequence[tuple[str, Sequence[str]]], ends: Endpoints,
                  settings: FlakySettings, history: Callable[[str], list],
@@ -330,6 +333,7 @@ class PerfPolicy:
     rerun = True
     confirmed = False
     verify_endpoints = True
+    learns_signature = False  # a run that fails is a skip, whatever its signature
 
     def __init__(self, search: Bisection, ends: Endpoints, settings: PerfSettings,
                  history: Callable[[str], list], cost: Callable[[str], float] | None = None):
@@ -594,6 +598,7 @@ class CalibratePolicy:
     rerun = True
     confirmed = False
     verify_endpoints = True
+    learns_signature = True
 
     def __init__(self, good: str, bad: str, runs: int):
         self.good, self.bad, self.runs = good, bad, runs

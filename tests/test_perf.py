@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,53 @@ def test_an_end_that_reports_no_metric_stops_the_hunt_with_exit_3(cli, make_repo
     assert f"endpoint check failed: good {shas[0]} ({shas[0][:12]}) cannot be measured: a run reported no " \
            "tok_s (BISECTOR_METRIC tok_s=VALUE)" in result.stderr
     assert json.loads(out.read_text())["perf"]["commits"][0]["samples"] == []
+
+
+def test_a_probes_runs_are_told_as_they_land_while_an_end_repeat_beside_them_still_runs(make_repo, tmp_path,
+                                                                                       git_env, wait_for):
+    """On the H200 the planted commit's three runs were printed only when the good end's repeat in their round
+    had landed, 2 minutes later: the lines were held for --signature auto, which a performance hunt never uses
+    (a failing run is a skip whatever its signature; the GPU scenario's default is auto). Here the good end's
+    repeat (its 6th run) waits until the probe runs beside it have all been told."""
+    repo = make_repo("r")
+    shas = repo.linear(10, 6)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "hold-run").write_text("0 5\n")
+    argv = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0], "--bad",
+            shas[-1], "--state-dir", str(tmp_path / "state"), "--metric", "tok_s", "--jobs", "2",
+            "--signature", "auto", "--json", str(tmp_path / "out.json"), *bench(tmp_path, "--seed", "7")]
+    hunt = subprocess.Popen(argv, env={**os.environ, **git_env, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(hunt.stderr), daemon=True)
+    reader.start()
+
+    def told(sha: str) -> tuple[int, int]:
+        """(runs of sha started, runs of sha told) so far."""
+        text = list(lines)
+        return (sum(line.startswith(f"  testing {sha[:12]}") for line in text),
+                sum(re.match(rf"step \d+: {sha[:12]} measured", line) is not None for line in text))
+
+    def probes_told() -> bool:
+        started = [told(sha) for sha in shas[1:-1]]
+        return any(count for count, _ in started) and all(count == landed for count, landed in started)
+
+    try:
+        assert wait_for(lambda: (runs / "held").exists() or hunt.poll() is not None)
+        assert hunt.poll() is None, "the hunt ended before the good end's 6th run"
+        assert wait_for(probes_told, 60), "".join(lines)
+    finally:
+        (runs / "release").touch()
+        try:
+            hunt.wait(timeout=120)
+        finally:
+            if hunt.poll() is None:
+                os.killpg(hunt.pid, signal.SIGKILL)
+                hunt.wait()
+        reader.join(timeout=10)
+    assert hunt.returncode == 0, "".join(lines)
+    assert json.loads((tmp_path / "out.json").read_text())["first_bad"]["sha"] == shas[6]
 
 
 def test_repeats_side_by_side_each_keep_their_own_log_and_sample(cli, make_repo, tmp_path):

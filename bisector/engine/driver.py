@@ -139,7 +139,8 @@ class RunContext:
 
         With `policy.rerun` every commit gets one more execution, cache or not (--flaky's evidence). With
         --signature auto still to learn, the round's other steps are judged once its endpoints have landed
-        (the bad end's signature says which failures count).
+        (the bad end's signature says which failures count), unless the policy learns none (a performance
+        hunt's failing run is a skip whatever its signature).
         """
         landed: list[Step] = []
         held: list[tuple[str, str, Callable[[], list[Execution]], bool]] = []  # waiting for the endpoints
@@ -158,7 +159,8 @@ class RunContext:
             """Land a finished step's verdicts (judged: decided now), or hold them until the endpoints land."""
             nonlocal endpoints_due
             rule = self.judge.signature
-            if role != "endpoint" and endpoints_due and rule.mode == "auto" and rule.learned is None:
+            if role != "endpoint" and endpoints_due and policy.learns_signature and rule.mode == "auto" \
+                    and rule.learned is None:
                 held.append((sha, role, judged, cached))
                 return
             for execution in judged():

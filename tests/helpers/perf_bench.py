@@ -4,7 +4,9 @@ Run in a checkout made by RepoBuilder.linear: its `state` file says good or bad;
 (a fraction) slower. Each run prints `BISECTOR_METRIC tok_s=VALUE` (throughput) and `latency_ms=VALUE`;
 the value's noise is a pseudo-random draw from the seed, the commit's counter and the run's number (kept
 per commit under --runs-dir), so the same history, seed and run order give the same samples. With
-RUNS_DIR/hold-after holding N the run after N runs (of any commit) creates RUNS_DIR/held and waits.
+RUNS_DIR/hold-after holding N the run after N runs (of any commit) creates RUNS_DIR/held and waits; with
+RUNS_DIR/hold-run holding "COUNTER RUN" that run of that commit (RUN counts from 0) creates RUNS_DIR/held and
+waits until RUNS_DIR/release exists.
 """
 import argparse
 import fcntl
@@ -44,6 +46,14 @@ if hold_after is not None:
         import time
         (args.runs_dir / "held").touch()
         time.sleep(600)
+hold_run = args.runs_dir / "hold-run"
+if hold_run.exists() and hold_run.read_text().split() == [commit, str(run)]:
+    import time
+    (args.runs_dir / "held").touch()
+    for _ in range(6000):  # released by the test, which gives up long before these 10 minutes
+        if (args.runs_dir / "release").exists():
+            break
+        time.sleep(0.1)
 rng = random.Random(f"{args.seed}/{commit}/{run}")
 speed = 1000.0 * (1 - args.slower if bad else 1.0) * (1 + rng.gauss(0, args.noise))
 if rng.random() < args.outliers:
