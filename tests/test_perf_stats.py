@@ -481,3 +481,42 @@ def test_against_overlapping_ends_the_end_with_fewer_runs_of_its_own_runs_again_
     assert policy.verdicts[shas[1]][0] == "old" and len(policy.pool("old")) > len(policy.pool("new"))
     assert policy.sampling is not None and policy.sampling[0] == shas[2] and policy.doubted is None
     assert batch.commits == ((shas[0], "endpoint"),)
+
+
+def test_the_h200_hunt_to_the_planted_commit_replays_to_the_same_answer_on_its_own_runs():
+    """Round 9 on the H200: the whole hunt of the planted decode slowdown (two steps sharing the GPU) named the
+    planted commit in 21 runs (tests/records/h200-r9-hunt.json). The real PerfPolicy, replayed over the real
+    history with each commit's recorded runs in the order they landed, asks for no run the H200 did not give
+    and names the same commit."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    from pathlib import Path
+
+    from bisector.perf import Direction, PerfSettings
+    from bisector.policies import Endpoints, PerfPolicy
+    from bisector.search import Bisection
+
+    records = Path(__file__).parent / "records"
+    hunt = json.loads((records / "h200-r9-hunt.json").read_text())
+    shas = [commit["sha"] for commit in json.loads((records / "h200-r8-perf-history.json").read_text())]
+    recorded = {entry["sha"]: list(entry["samples"]) for entry in hunt["perf"]["commits"]}
+    assert hunt["first_bad"]["sha"] == shas[5] and len(hunt["steps"]) == 21  # as the H200 named it
+    history: dict[str, list[Execution]] = {sha: [] for sha in shas}
+    commits = [(sha, [shas[n - 1]]) for n, sha in enumerate(shas)][1:]
+    ends = Endpoints(old=shas[0], new=shas[-1], old_name="good", new_name="bad", old_ref="v0.24.0",
+                     new_ref="history")
+    settings = PerfSettings("decode_tok_s", Direction.HIGHER, 0.02, 0, 12, parallel=2)
+    policy = PerfPolicy(Bisection(commits, ends.new), ends, settings, history.__getitem__)
+    batches = policy.batches()
+    batch = next(batches, None)
+    while batch is not None:
+        for sha, _ in batch.commits:
+            runs = history[sha]
+            assert len(runs) < len(recorded.get(sha, [])), f"the replay wants run {len(runs) + 1} of {sha[:12]}"
+            runs.append(Execution(sha, Verdict.GOOD, "exit 0", None, 0.0, None, {},
+                                  metrics={"decode_tok_s": recorded[sha][len(runs)]}))
+        try:
+            batch = batches.send([])
+        except StopIteration:
+            batch = None
+    assert policy.answer()[0].first_new == shas[5]
+    assert sum(len(runs) for runs in history.values()) == 21
