@@ -539,7 +539,20 @@ class PerfPolicy:
         return True
 
     def progress(self) -> tuple[int, int]:
-        return self.search.testable_mask.bit_count(), self.search.steps_left()
+        """(commits left, runs left): a step of a performance hunt is one run, so what is left is the ends' first
+        runs still due, then each probe still to decide at the runs a decided probe took on average (before
+        any is decided, its first batch), less those the probe being sampled has had, and an end's repeat with
+        every ENDPOINT_REPEAT_EVERY-th probe."""
+        settings, probes = self.settings, self.search.steps_left()
+        ends_due = 0 if self.rounds else sum(max(0, settings.warmup + settings.ENDPOINT_START - self.runs(sha))
+                                             for sha in (self.ends.old, self.ends.new))
+        decided = [self.runs(sha) - settings.warmup for sha in self.tested]
+        per_probe = min(math.ceil(sum(decided) / len(decided)) if decided else
+                        first_samples(max(len(self.pool("old")), len(self.pool("new")), settings.ENDPOINT_START)),
+                        settings.max_samples)
+        sampled = self.runs(self.sampling[0]) - settings.warmup if self.sampling and probes else 0
+        runs = ends_due + probes * per_probe - min(sampled, per_probe - 1) + probes // settings.ENDPOINT_REPEAT_EVERY
+        return self.search.testable_mask.bit_count(), max(runs, probes)
 
     def answer(self) -> tuple[Answer, dict]:
         return self.search.answer(), {"perf": self.record()}

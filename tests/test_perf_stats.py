@@ -483,12 +483,10 @@ def test_against_overlapping_ends_the_end_with_fewer_runs_of_its_own_runs_again_
     assert batch.commits == ((shas[0], "endpoint"),)
 
 
-def test_the_h200_hunt_to_the_planted_commit_replays_to_the_same_answer_on_its_own_runs():
-    """Round 9 on the H200: the whole hunt of the planted decode slowdown (two steps sharing the GPU) named the
-    planted commit in 21 runs (tests/records/h200-r9-hunt.json). The real PerfPolicy, replayed over the real
-    history with each commit's recorded runs in the order they landed, asks for no run the H200 did not give
-    and names the same commit."""
-    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+def _replay_h200_round_9(after_each_run=lambda policy, runs: None):
+    """The H200's round-9 hunt (tests/records/h200-r9-hunt.json) replayed through the real PerfPolicy over the
+    real history, each commit's recorded runs given in the order they landed; after_each_run(policy, runs so
+    far) is called as each lands. Returns (the policy as it ended, the history's shas, runs given)."""
     from pathlib import Path
 
     from bisector.perf import Direction, PerfSettings
@@ -507,16 +505,39 @@ def test_the_h200_hunt_to_the_planted_commit_replays_to_the_same_answer_on_its_o
     settings = PerfSettings("decode_tok_s", Direction.HIGHER, 0.02, 0, 12, parallel=2)
     policy = PerfPolicy(Bisection(commits, ends.new), ends, settings, history.__getitem__)
     batches = policy.batches()
-    batch = next(batches, None)
+    batch, given = next(batches, None), 0
     while batch is not None:
         for sha, _ in batch.commits:
             runs = history[sha]
             assert len(runs) < len(recorded.get(sha, [])), f"the replay wants run {len(runs) + 1} of {sha[:12]}"
             runs.append(Execution(sha, Verdict.GOOD, "exit 0", None, 0.0, None, {},
                                   metrics={"decode_tok_s": recorded[sha][len(runs)]}))
+            given += 1
+            after_each_run(policy, given)
         try:
             batch = batches.send([])
         except StopIteration:
             batch = None
+    return policy, shas, given
+
+
+def test_the_h200_hunt_to_the_planted_commit_replays_to_the_same_answer_on_its_own_runs():
+    """Round 9 on the H200: the whole hunt of the planted decode slowdown (two steps sharing the GPU) named the
+    planted commit in 21 runs. Replayed on its own runs, the hunt asks for no run the H200 did not give and
+    names the same commit in the same runs."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    policy, shas, given = _replay_h200_round_9()
     assert policy.answer()[0].first_new == shas[5]
-    assert sum(len(runs) for runs in history.values()) == 21
+    assert given == 21
+
+
+def test_a_performance_hunts_progress_counts_the_runs_left_not_the_probes():
+    """On the H200 the progress line said "~3 steps to go" with 11 runs left (a step of a performance hunt is
+    one run; the count was of probes), and its ETA was a quarter of the time left. Replayed, the runs-left
+    estimate after each run is within 3 of the runs the hunt still took (it was 8 short after the ends)."""
+    pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
+    estimates: list[tuple[int, int]] = []
+    _replay_h200_round_9(lambda policy, given: estimates.append((given, policy.progress()[1])))
+    assert len(estimates) == 21
+    for given, left in estimates[:-1]:
+        assert abs(left - (21 - given)) <= 3, estimates
