@@ -24,7 +24,7 @@ from bisector.gpus import gpu_env, gpu_slots, parse_gpu_slots, parse_gpus, share
 from bisector.pins import unsafe_git_source
 from bisector.process import interruptible
 from bisector.registry import Option, Registry
-from bisector.seams import BuildConfig, Executor, Verdict
+from bisector.seams import Executor, Verdict
 
 if TYPE_CHECKING:
     from bisector.engine.judge import Judge, JudgeSpec
@@ -70,7 +70,6 @@ class Placement:
     source: str               # the repository, as Ray workers reach it by default
     ray_address: str | None = None
     remote: str | None = None
-    build: BuildConfig | None = None  # build settings, opened on each Ray node
     build_ahead: int = 0      # --build-ahead, local only: builds of the next round's commits outstanding at most
 
     @property
@@ -189,7 +188,6 @@ class RayExecutor:
     def __init__(self, placement: Placement, cache_dir: str | None = None, retries: int = 3):
         self.source, self.size = placement.remote or placement.source, placement.jobs
         self.gpus_per_run = placement.per_run
-        self.build = placement.build  # build settings (e.g. builds.BuildSettings), opened on each node
         # Without --gpus-per-run, a cluster without GPUs runs the steps on CPUs.
         self.gpus_optional = placement.gpus_per_run is None
         self.address, self.retries = placement.ray_address, retries
@@ -237,10 +235,10 @@ class RayExecutor:
         return self.ray
 
     def run_step(self, judge: Judge, sha: str, done: list) -> Future:
-        from bisector.builds.builder import NoBuild
+        """Test sha in a Ray task that opens the judge's spec on its node: the settings the run's verdict cache
+        key names, its build among them (none in a level inside AITER run by hand, as here)."""
         self._start()
-        spec = dataclasses.replace(judge.spec, builder=self.build or NoBuild())
-        ref = self.task.remote(self.source, self.cache_dir, sha, done, spec)
+        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge.spec)
         future: Future = Future()
         self.refs[future] = ref
         ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, self.logs))

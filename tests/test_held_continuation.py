@@ -329,3 +329,34 @@ def test_the_plan_of_a_follow_pins_hunt_with_image_names_the_held_commits_image(
                                                   f"first step), {layered}")
     docker.make_local(ref)
     assert level_line("here").endswith(held + f"every step in its image {ref} (here), {layered}")
+
+
+def test_by_hand_with_image_one_line_says_which_image_every_step_runs_in(make_repo, tmp_path, cli):
+    """The continuation of a level with --image, run by hand: one line before the run starts says what its steps run
+    in, as its plan does: the held vLLM commit's image (here, or pulled from the registry for the first step) with
+    each AITER commit layered over it, or no such image: every step will skip, and what to do."""
+    vllm, v = pinned_vllm(make_repo)
+    docker = FakeDocker(tmp_path / "fake")
+    asked = RunConfig(repo=vllm.path, good=v[0], bad=v[-1], state_dir=tmp_path / "state", scenario=create(NAME, {}),
+                      world=WorldSettings(ImageSettings(TEMPLATE)))
+    continuation = shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], asked).continuation)
+
+    def said(state: str) -> str:
+        """The line said of the held commit by the continuation run in a state dir of its own (the record keeps
+        the runtime's answers)."""
+        out = cli(*continuation[1:], "--state-dir", str(tmp_path / state), env=docker.env)
+        assert "Traceback" not in out.stderr, out.stderr
+        [line] = [line for line in out.stderr.splitlines() if line.startswith(f"held vLLM {v[2][:12]}: ")]
+        said_before_the_run(out.stderr, line)
+        return line
+
+    held, ref = f"held vLLM {v[2][:12]}: ", expand(TEMPLATE, v[2])
+    assert said("none") == held + f"no image {ref}: every step will skip (no image to layer its AITER commit over); " \
+                                  f"push or pull the image --image names for it, or give --aiter pinned instead of " \
+                                  f"--image (the level on this machine)"
+    docker.add_image(ref, {}, labels={REVISION_LABEL: v[2]})
+    layered = "which holds its build, with the step's AITER commit built and layered over it"
+    assert said("registry") == held + f"every step in its image {ref} (in the registry: pulled for the first step), " \
+                                      f"{layered}"
+    docker.make_local(ref)
+    assert said("here") == held + f"every step in its image {ref} (here), {layered}"

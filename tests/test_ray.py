@@ -1,16 +1,23 @@
 """Bisecting through a real local Ray cluster (CPU-only machine, two declared GPUs)."""
 import json
 import os
+import shlex
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from test_held_continuation import NAME, pinned_vllm
 
 from bisector.engine.config import RunConfig
+from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
-from bisector.executor import Placement, RayExecutor, ray_runtime_env
+from bisector.executor import Placement, RayExecutor, node_cache_dir, ray_runtime_env
+from bisector.refs import GitRepo
 from bisector.store import Store
+from bisector.worktrees import NodeCheckout
+from scenarios import create
 from scenarios.command import CommandScenario
 
 # One local Ray cluster per module run: under pytest-xdist (--dist loadgroup) all of it on one worker.
@@ -143,3 +150,22 @@ def test_unreachable_remote_stops_the_run_with_exit_4(cluster, make_repo, tmp_pa
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("bisector: error: aborted: on Ray node ") and "nowhere" in last
     assert "Traceback" not in proc.stderr
+
+
+
+def test_a_level_inside_aiter_run_by_hand_builds_nothing_on_the_ray_nodes(cluster, make_repo, tmp_path, cli):
+    """The GPU scenario's continuation inside AITER run by hand on Ray (--build auto, the default): its steps on the
+    nodes open the run's own judge settings, which build none of the AITER checkouts (each step installs its AITER
+    commit), as its local steps and the automatic level do; no node opens a build (the artifact cache and its
+    record) for them. Here each step skips at that install (a stand-in AITER without requirements.txt)."""
+    vllm, v = pinned_vllm(make_repo)
+    asked = RunConfig(repo=vllm.path, good=v[0], bad=v[-1], state_dir=tmp_path / "state", scenario=create(NAME, {}))
+    continuation = shlex.split(pin_follow_up(GitRepo(vllm.path), v[2], asked).continuation)
+    source = continuation[continuation.index("--repo") + 1]
+    proc = cli(*continuation[1:], "--executor", "ray", "--ray-address", cluster)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr  # the ends skip: no verdict
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2 and all("aiter-requirements failed" in line for line in steps), proc.stderr
+    node_state = Path(f"{NodeCheckout(str(Path(source).resolve()), node_cache_dir(), v[0], tmp_path).clone_path}-state")
+    assert (node_state / "aiter").is_dir()  # the steps ran there: the world installs each AITER commit
+    assert not (node_state / "bisector.sqlite").exists()  # no build opened (an artifact cache keeps its record there)

@@ -167,7 +167,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
                                                   follow_pins)
         step_executor = create_executor(executor_kind, Placement(
             jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
-            builder, build_ahead))
+            build_ahead))
         if perf is not None and isinstance(step_executor, LocalExecutor):
             refuse_shared_for_timing(step_executor.slot_envs,
                                      isinstance(scenario, TimesAlone) and scenario.times_alone)

@@ -24,6 +24,7 @@ from bisector.engine.config import RunConfig
 from bisector.engine.state import choose_state_dir, open_builder
 from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
+from bisector.images import ImageIndex
 from bisector.picks import rewritten_equivalent
 from bisector.pins import (
     DEFAULT_AITER_REPO,
@@ -303,22 +304,46 @@ def _held_build(cfg: RunConfig, repo: GitRepo, held: Scenario, commit: str) -> H
 def held_by_hand(cfg: RunConfig, state_dir: Path, handler: Handler) -> Iterator[RunConfig]:
     """A level inside AITER run by hand (its continuation: a scenario holding vLLM at vllm_ref, each step
     installing its AITER commit; no level above it) set up as the automatic level is (_level_config), so both ask
-    the same question (one verdict cache key): no build of the AITER checkouts (the world installs them) and, on
-    bare metal, the held commit's tree with the build stored in state_dir's artifact cache, kept from pruning
-    while the run goes and said in one line before the run starts (the build restored, or why none is: the
-    held commit's sources alone). Any other run: cfg as it is."""
+    the same question (one verdict cache key): no build of the AITER checkouts (the world installs them), here or
+    on Ray's nodes (they open the run's judge spec), and one line said before the run starts: with --image the
+    held commit's image every step runs in, or that there is none and every step will skip (held_image); on bare
+    metal the held commit's tree with the build stored in state_dir's artifact cache, kept from pruning while
+    the run goes (the build restored, or why none is: the held commit's sources alone). Any other run: cfg as
+    it is."""
     world = cfg.world
     if not level_by_hand(cfg) or world.held_commit is None:  # (None: said for the type checker)
         yield cfg
         return
     level = dataclasses.replace(cfg, builder=NoBuild())
-    if world.image is not None:  # the held commit's image holds its build
+    if world.image is not None:  # the held commit's image holds its build: which image, or that there is none
+        index = world.open(GitRepo(cfg.repo), state_dir).index
+        assert index is not None  # (said for the type checker: --image opens an index)
+        handler.level(held_image(index, world.held_commit))
         yield level
         return
     held = _held_build_by_hand(cfg, world.held_commit, state_dir)
     handler.level(f"held vLLM {held.commit[:12]}: {held.said}")
     with holding(held):
         yield dataclasses.replace(level, world=dataclasses.replace(world, held_build=held))
+
+
+HELD_IMAGE_MISSING = "push or pull the image --image names for it, or give --aiter pinned instead of --image (the " \
+                     "level on this machine)"
+
+
+def held_image(index: ImageIndex, sha: str, planned: bool = False) -> str:
+    """A level inside AITER with --image, vLLM held at sha, in one line: every step in sha's image (here, or pulled
+    from its registry), which holds its build, with the step's AITER commit built and layered over it; or no such
+    image, every step skips, and what to do (planned: as `--plan` says it, which warns of that apart)."""
+    said = f"held vLLM {sha[:12]}"
+    info = index.info(sha)
+    if not info.present:
+        skips = "every step would skip" if planned else "every step will skip"
+        todo = "" if planned else f"; {HELD_IMAGE_MISSING}"
+        return f"{said}: {index.missing_reason(sha)}: {skips} (no image to layer its AITER commit over){todo}"
+    where = "here" if info.local else "in the registry: pulled for the first step"
+    return f"{said}: every step in its image {info.ref} ({where}), which holds its build, with the step's AITER " \
+           f"commit built and layered over it"
 
 
 def level_by_hand(cfg: RunConfig) -> bool:

@@ -11,13 +11,20 @@ from pathlib import Path
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE, Builder, NoBuild
 from bisector.engine.config import RunConfig
-from bisector.engine.follow import NoLevel, held_vllm, level_by_hand, plan_level, scenario_follow_up
+from bisector.engine.follow import (
+    HELD_IMAGE_MISSING,
+    NoLevel,
+    held_image,
+    held_vllm,
+    level_by_hand,
+    plan_level,
+    scenario_follow_up,
+)
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.run import skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError
 from bisector.executor import LocalExecutor
-from bisector.images import ImageIndex
 from bisector.pins import (
     DEFAULT_AITER_REPO,
     DOCKERFILE,
@@ -139,7 +146,7 @@ def planned_levels(cfg: RunConfig, asked: Range, builder: Build, world: World) -
             source = follow.repo or cfg.world.aiter_settings.repo or _pinned_repo(repo, sha)
             held = None
             if level_world.aiter_at_step:
-                held = _held_image(world.index, sha) if level_world.image and world.index else \
+                held = held_image(world.index, sha, planned=True) if level_world.image and world.index else \
                     _planned_held_build(builder, sha)
             lines.append(f"{moved}: {_level_cost(change, source, level_world, held)}")
     return tuple(lines)
@@ -184,26 +191,13 @@ def planned_held_by_hand(cfg: RunConfig, state_dir: Path, world: World) -> str:
     ref = cfg.world.held_commit
     assert ref is not None
     if world.index is not None:
-        return _held_image(world.index, ref)
+        return held_image(world.index, ref, planned=True)
     try:
         repo, commit = held_vllm(cfg.scenario, ref)
     except GitError as exc:
         return f"held vLLM {ref[:12]}: its sources alone (held build not looked for: {exc.message()}; the builds " \
                f"are found in a local vllm_repo)"
     return _planned_held_build(open_builder(cfg, repo, state_dir), commit, by_hand=True)
-
-
-def _held_image(index: ImageIndex, sha: str) -> str:
-    """A level inside AITER with --image, vLLM held at sha, in words: every step in sha's image (here, or pulled
-    from its registry), which holds its build, with the step's AITER commit built and layered over it; or no such
-    image, and every step skips."""
-    said = f"held vLLM {sha[:12]}"
-    info = index.info(sha)
-    if not info.present:
-        return f"{said}: {index.missing_reason(sha)}: every step would skip (no image to layer its AITER commit over)"
-    where = "here" if info.local else "in the registry: pulled for the first step"
-    return f"{said}: every step in its image {info.ref} ({where}), which holds its build, with the step's AITER " \
-           f"commit built and layered over it"
 
 
 def _level_cost(change: PinChange, source: str, world: WorldSettings, held: str | None = None) -> str:
@@ -258,8 +252,7 @@ def missing_preconditions(cfg: RunConfig, probes: list[PlannedStep], world: Worl
     held = cfg.world.held_commit
     if world.layering and world.index is not None and held is not None and not world.index.info(held).present:
         warnings.append(f"the held vLLM commit {held[:12]} has no image ({world.index.missing_reason(held)}): every "
-                        f"step would skip; push or pull the image --image names for it, or give --aiter pinned "
-                        f"instead of --image (the level on this machine)")
+                        f"step would skip; {HELD_IMAGE_MISSING}")
     blind = world.untestable([probe.sha for probe in probes])
     if blind and world.index is not None:
         warnings.append(f"{len(blind)} of {len(probes)} planned steps have no image ({blind[0][:12]}: "
