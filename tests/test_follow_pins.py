@@ -24,6 +24,8 @@ from bisector import report
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
 from bisector.errors import EXIT_ENDPOINT
+from bisector.executor import LocalExecutor, local_slots
+from bisector.seams import FollowUp
 from bisector.store import Store
 from scenarios.command import CommandScenario
 
@@ -77,6 +79,32 @@ def test_a_bump_inside_one_history_is_bisected_inside_aiter(tmp_path):
     listed = [report.run_line(row) for row in stored.values()]
     assert f"level 2 (AITER): first bad commit {world.a['a5'][:12]}" in listed[0]
     assert f"(level 2 of --follow-pins, under run {result.run_id})" in listed[1]
+
+
+class SlotsSeen(PinnedState):
+    """PinnedState whose held steps (a level inside AITER) note the GPUs their slot made visible."""
+
+    seen: list[str | None] = []
+
+    def run(self, ctx):
+        if self.options["vllm_repo"]:
+            SlotsSeen.seen.append(ctx.env.get("ROCR_VISIBLE_DEVICES"))
+        return super().run(ctx)
+
+    def follow_up(self, dependency):
+        return FollowUp(repo=self.options["aiter_repo"], hold=lambda repo, commit: SlotsSeen(
+            {"vllm_repo": repo, "vllm_ref": commit}))
+
+
+def test_a_level_inside_aiter_runs_its_steps_on_the_first_levels_gpu_slots(tmp_path):
+    """--gpus 2,3 --jobs 2: the first level's steps each see one GPU; so do the level's inside AITER (they ran
+    on plain slots, every step seeing every GPU, two engines side by side on the first)."""
+    world = shared_world(tmp_path)
+    SlotsSeen.seen = []
+    slots = LocalExecutor(local_slots(2, [2, 3], 1))
+    result = follow(world, tmp_path, scenario=SlotsSeen({"aiter_repo": str(world.aiter)}), executor=slots, jobs=2)
+    assert result.levels[0].culprit.sha == world.a["a5"]
+    assert SlotsSeen.seen and set(SlotsSeen.seen) <= {"2", "3"}, SlotsSeen.seen
 
 
 def test_a_rewritten_history_is_bisected_from_the_old_pins_equivalent(tmp_path):

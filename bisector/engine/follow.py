@@ -24,6 +24,7 @@ from bisector.engine.config import RunConfig
 from bisector.engine.state import choose_state_dir, open_builder
 from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
+from bisector.executor import LocalExecutor
 from bisector.images import ImageIndex
 from bisector.picks import rewritten_equivalent
 from bisector.pins import (
@@ -377,16 +378,25 @@ def _held_build_by_hand(cfg: RunConfig, ref: str, state_dir: Path) -> HeldBuild:
     return held
 
 
+def _level_executor(cfg: RunConfig) -> LocalExecutor | None:
+    """A level's steps run on this machine's slots as the first level's did (each slot's GPUs, from --gpus, or
+    its share of one), on an executor of their own (the first level's is shut down); on Ray, on --jobs plain
+    slots here (None), since Ray's nodes fetch the first level's repository, not the dependency."""
+    first = cfg.executor
+    return LocalExecutor(first.slot_envs) if isinstance(first, LocalExecutor) else None
+
+
 def _level_config(cfg: RunConfig, dependency: GitRepo, held: Scenario, plan: LevelPlan, level: PinLevel,
                   held_build: HeldBuild | None) -> RunConfig:
     """The first level's settings for a level inside the dependency: its repository and ends, the held
-    scenario, no build (the scenario installs what it needs), the world for_level (AITER per commit where the
-    held scenario's verdict depends on it, with the held commit's build: held_build), verified ends, the same
-    record (cfg.state_dir)."""
+    scenario, the first level's slots (_level_executor), no build (the scenario installs what it needs), the
+    world for_level (AITER per commit where the held scenario's verdict depends on it, with the held commit's
+    build: held_build), verified ends, the same record (cfg.state_dir)."""
     olds, new = (plan.olds[0] if len(plan.olds) == 1 else plan.olds), plan.new
     good, bad = (new, olds) if cfg.find_fix else (olds, new)
     return dataclasses.replace(
         cfg, repo=dependency.root, good=good, bad=bad, scenario=held, paths=(), verify_endpoints=True,
-        executor=None, builder=NoBuild(), fix=None, culprit=None, prefilter=None, envs=EnvSettings(python=cfg.python),
+        executor=_level_executor(cfg), builder=NoBuild(), fix=None, culprit=None, prefilter=None,
+        envs=EnvSettings(python=cfg.python),
         world=cfg.world.for_level(held, level.held_commit, held_build), follow_pins=False, level=level,
         chain=plan.chain)
