@@ -1,6 +1,7 @@
-"""check=perf on a GPU that slots share (--gpus 0:2): each step's engine start and measurements hold a timing
-gate on that GPU, so two steps never time at once while their imports and shutdowns overlap; a performance
-hunt may then share a GPU between steps. Real child.py against the fake vLLM of test_dpa_fp8_kv_numerics.py."""
+"""check=perf on a GPU that slots share (--gpus 0:2): each step's engine start holds a timing gate on that GPU
+shared and its measurements hold it alone, so engines start side by side but nothing starts or measures beside a
+measurement, while imports and shutdowns overlap; a performance hunt may then share a GPU between steps. Real
+child.py against the fake vLLM of test_dpa_fp8_kv_numerics.py."""
 import socket
 import threading
 
@@ -25,28 +26,61 @@ def marks(log_text: str) -> dict[str, float]:
     return found
 
 
-def test_two_steps_on_one_shared_gpu_never_time_at_once(tmp_path, nvidia_root):  # noqa: F811
+RENDEZVOUS = """import time
+from pathlib import Path
+
+
+def meet(folder, me, other):
+    \"\"\"This engine start has begun; wait until the other step's has too (a minute at most: then fail).\"\"\"
+    Path(folder, me).touch()
+    deadline = time.monotonic() + 60
+    while not Path(folder, other).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("the other step's engine never started beside this one")
+        time.sleep(0.02)
+"""
+
+
+def test_two_steps_on_one_shared_gpu_start_engines_side_by_side_and_never_measure_beside_anything(
+        tmp_path, nvidia_root):  # noqa: F811
+    """Each step's engine start holds the GPU's timing gate shared, its measurements alone: the two engines
+    start at once (each waits in its start for the other's to begin: with the gate held alone through the
+    start, as in round 8, the second could not begin and the first gave up), and neither step measures while
+    the other starts an engine or measures."""
     cache = tmp_path / "cache"  # one node's cache root: the gate beside it is the same for both steps
     shared = {SHARE_ENV: "0.5", "CUDA_VISIBLE_DEVICES": "0", "BISECTOR_CACHE_DIR": str(cache)}
+    meeting = tmp_path / "meeting"
+    meeting.mkdir()
+    # the node's first engine of these settings starts alone (it fills the compile cache): a run before theirs
+    assert measured(tmp_path / "first", nvidia_root, 0.002, "first", env=shared).verdict is Verdict.GOOD
     outcomes = {}
 
-    def step(name):
-        outcomes[name] = measured(tmp_path / name, nvidia_root, 0.01, name, env=shared)
+    def step(name, other):
+        (tmp_path / name / "site").mkdir(parents=True)
+        (tmp_path / name / "site" / "rendezvous.py").write_text(RENDEZVOUS)
+        outcomes[name] = measured(tmp_path / name, nvidia_root, 0.01, name, env=shared,
+                                  on_start="rendezvous:meet", on_start_args=(str(meeting), name, other))
 
-    threads = [threading.Thread(target=step, args=(name,)) for name in ("a", "b")]
+    threads = [threading.Thread(target=step, args=names) for names in (("a", "b"), ("b", "a"))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    gated = []
+    starts, measurements = {}, {}
     for name in ("a", "b"):
         assert outcomes[name].verdict is Verdict.GOOD, outcomes[name].reason
         found = marks((tmp_path / name / "logs" / f"{name}.log").read_text())
-        assert {"import", "timing_gate", "engine", "measure"} <= set(found)
-        assert outcomes[name].details["phases"]["timing_gate"] >= 0
-        gated.append((found["timing_gate"], found["measure"]))  # gate taken .. measurements done
-    (_, first_measured), (second_gated, _) = sorted(gated)
-    assert first_measured <= second_gated  # the later engine started only once the first had measured
+        assert {"import", "timing_gate", "engine", "measure_gate", "measure"} <= set(found)
+        assert outcomes[name].details["phases"]["measure_gate"] >= 0
+        starts[name] = (found["timing_gate"], found["engine"])  # gate taken shared .. engine up
+        measurements[name] = (found["measure_gate"], found["measure"])  # gate taken alone .. measured
+
+    def apart(one, two):
+        return one[1] <= two[0] or two[1] <= one[0]
+
+    assert not apart(starts["a"], starts["b"])  # side by side
+    assert apart(measurements["a"], measurements["b"])
+    assert apart(measurements["a"], starts["b"]) and apart(measurements["b"], starts["a"])
     assert list((cache / "timing").iterdir()) == [cache / "timing" / f"{socket.gethostname()}-gpu-0.lock"]
 
 

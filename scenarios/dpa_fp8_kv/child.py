@@ -14,11 +14,13 @@ step (this process and the engine core), the machine's steal time and the GPU's 
 once while it decodes) what the machine did meanwhile. An engine without step() (older vLLM) is measured as
 the difference of two generates --perf-tokens steps apart instead.
 With --start-gate PATH it waits, once vLLM is imported, until no other engine start compiles (pass_start_gate).
-With --timing-gate PATH (a performance check on a GPU other steps share) it holds that lock from before its engine
-starts to the end of its measurements (hold_timing_gate): its timed part runs alone on the GPU, while the other
-steps' imports and shutdowns go on beside it.
+With --timing-gate PATH (a performance check on a GPU other steps share) it holds that lock shared while its engine
+starts (other steps' engines may start beside it, none measures) and alone while it measures (hold_timing_gate):
+its measurements run with no other engine starting or measuring on the GPU, while the other steps' imports and
+shutdowns go on beside them.
 At the end of each of its parts it prints PHASE_MARKER, the part's name and the wall clock (mark_phase): child_start,
-import_torch, import (vLLM's own, torch loaded), start_gate, timing_gate, engine, then measure or decode.
+import_torch, import (vLLM's own, torch loaded), start_gate, timing_gate, engine, then measure_gate and measure,
+or decode.
 """
 import argparse
 import dataclasses
@@ -262,13 +264,14 @@ def pass_start_gate(path):
         fcntl.flock(gate, fcntl.LOCK_SH)
 
 
-def hold_timing_gate(path):
-    """Wait until no other step on this GPU starts an engine or measures, then hold the lock file until the
-    returned file is closed. A POSIX record lock: the engine processes vLLM forks do not inherit it, so closing
-    the file here releases it while they shut down."""
+def hold_timing_gate(path, alone):
+    """Hold the lock file until the returned file is closed: alone (to measure), once no other step on this GPU
+    starts an engine or measures; else shared (to start an engine), once none measures. A POSIX record lock:
+    the engine processes vLLM forks do not inherit it, so closing the file here releases it while they shut
+    down."""
     import fcntl
     gate = open(path, "a+b")
-    fcntl.lockf(gate, fcntl.LOCK_EX)
+    fcntl.lockf(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     return gate
 
 
@@ -293,13 +296,17 @@ def main(argv):
     if args.start_gate:  # vLLM and torch are loaded: wait here, not before the imports
         pass_start_gate(args.start_gate)
         mark_phase("start_gate")
-    timing = hold_timing_gate(args.timing_gate) if args.timing_gate else None
+    timing = hold_timing_gate(args.timing_gate, alone=False) if args.timing_gate else None
     if timing:
         mark_phase("timing_gate")
     llm = LLM(**engine_kwargs(args, engine_fields))
     mark_phase("engine")
     print(f"{READY_MARKER} dp_rank={rank}", flush=True)
     if args.perf_repeats:
+        if timing:  # let go, then taken alone: two engines waiting to measure never wait on each other
+            timing.close()
+            timing = hold_timing_gate(args.timing_gate, alone=True)
+            mark_phase("measure_gate")
         measure(llm, SamplingParams, args, vocab_size)
         mark_phase("measure")
         if timing:

@@ -375,8 +375,8 @@ def _numerics_verdict(settings, backend: str, reference, reference_name: str, pl
 
 
 def timing_gate(root: Path, devices: list[str]) -> Path:
-    """The lock file the steps sharing these GPUs of this host take turns on to time alone
-    (child.hold_timing_gate); named by host too, as a cache root may be shared between nodes."""
+    """The lock file the steps sharing these GPUs of this host hold shared to start an engine and alone to
+    measure (child.hold_timing_gate); named by host too, as a cache root may be shared between nodes."""
     gates = root / "timing"
     gates.mkdir(parents=True, exist_ok=True)
     return gates / f"{socket.gethostname()}-gpu-{'-'.join(devices)}.lock"

@@ -18,7 +18,8 @@
 #   bash perf.sh wait [S]  wait for the running hunt up to S seconds more (the same as hunt once it runs)
 #   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
 #   bash perf.sh go [S]    prepare, then the hunt until S seconds (570) have passed since the call began, then report
-# SLOTS=2 (round 8): two steps share the GPU (--gpus 0:2 --jobs 2): each engine start and measurement waits for
+# SLOTS=3 (round 9): three steps share it, engines starting side by side (the gate held shared), each measuring
+# alone (the gate held alone). SLOTS=2 (round 8): two steps share the GPU (--gpus 0:2 --jobs 2): each engine start and measurement waits for
 # the GPU's timing gate while the other step imports or shuts down; the KV cache option is doubled, as the slot's
 # share halves it (4G each, as with one slot). PAUSE_US=N [MHZ=M]: prepare plants N us without measuring v0.24.0
 # first (round 7 measured 1,139-1,147 us at 1,980 MHz).
@@ -33,7 +34,7 @@ B="python3 -P -m bisector.cli"
 BEGAN=$(date +%s)
 if [ "${SHAPE:-gpu}" = gpu ]; then
   BATCH=128; PAUSE_KIND=${PAUSE_KIND:-gpu}
-  [ "${SLOTS:-1}" = 2 ] && KV=8G || KV=4G
+  KV=$(( 4 * ${SLOTS:-1} ))G  # the slot's share of the GPU scales it back to 4G each
   SHAPED=(--option layers=16 --option perf_prompt_tokens=1500 --option max_model_len=2048
           --option kv_cache_memory_bytes=$KV --option max_num_seqs=$BATCH --option perf_batch=$BATCH)
 else
@@ -56,7 +57,7 @@ print(round(statistics.median(mhz)) if mhz else 1980)" "$@"; }
 
 PHASE=${1:-prepare}
 case "$PHASE" in go) PHASES="prepare hunt report";; wait) PHASES="wait report";; *) PHASES=$PHASE;; esac
-[ "${SLOTS:-1}" = 2 ] && GPUS=(--gpus 0:2 --jobs 2) || GPUS=(--gpus 0)
+[ "${SLOTS:-1}" -gt 1 ] && GPUS=(--gpus 0:$SLOTS --jobs $SLOTS) || GPUS=(--gpus 0)
 for PHASE in $PHASES; do
 case "$PHASE" in
 prepare)
