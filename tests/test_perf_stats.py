@@ -483,10 +483,11 @@ def test_against_overlapping_ends_the_end_with_fewer_runs_of_its_own_runs_again_
     assert batch.commits == ((shas[0], "endpoint"),)
 
 
-def _replay_h200_round_9(after_each_run=lambda policy, runs: None):
-    """The H200's round-9 hunt (tests/records/h200-r9-hunt.json) replayed through the real PerfPolicy over the
-    real history, each commit's recorded runs given in the order they landed; after_each_run(policy, runs so
-    far) is called as each lands. Returns (the policy as it ended, the history's shas, runs given)."""
+def _replay_h200_round_9(after_each_run=lambda policy, runs: None, record="h200-r9-hunt.json", slots=2):
+    """An H200 round-9 hunt (tests/records/h200-r9-hunt.json: two slots sharing the GPU;
+    h200-r9-three-slots-hunt.json: three) replayed through the real PerfPolicy over the real history, each
+    commit's recorded runs given in the order they landed; after_each_run(policy, runs so far) is called as each
+    lands. Returns (the policy as it ended, the history's shas, runs given)."""
     from pathlib import Path
 
     from bisector.perf import Direction, PerfSettings
@@ -494,7 +495,7 @@ def _replay_h200_round_9(after_each_run=lambda policy, runs: None):
     from bisector.search import Bisection
 
     records = Path(__file__).parent / "records"
-    hunt = json.loads((records / "h200-r9-hunt.json").read_text())
+    hunt = json.loads((records / record).read_text())
     shas = [commit["sha"] for commit in json.loads((records / "h200-r8-perf-history.json").read_text())]
     recorded = {entry["sha"]: list(entry["samples"]) for entry in hunt["perf"]["commits"]}
     assert hunt["first_bad"]["sha"] == shas[5] and len(hunt["steps"]) == 21  # as the H200 named it
@@ -502,7 +503,7 @@ def _replay_h200_round_9(after_each_run=lambda policy, runs: None):
     commits = [(sha, [shas[n - 1]]) for n, sha in enumerate(shas)][1:]
     ends = Endpoints(old=shas[0], new=shas[-1], old_name="good", new_name="bad", old_ref="v0.24.0",
                      new_ref="history")
-    settings = PerfSettings("decode_tok_s", Direction.HIGHER, 0.02, 0, 12, parallel=2)
+    settings = PerfSettings("decode_tok_s", Direction.HIGHER, 0.02, 0, 12, parallel=slots)
     policy = PerfPolicy(Bisection(commits, ends.new), ends, settings, history.__getitem__)
     batches = policy.batches()
     batch, given = next(batches, None), 0
@@ -521,12 +522,13 @@ def _replay_h200_round_9(after_each_run=lambda policy, runs: None):
     return policy, shas, given
 
 
-def test_the_h200_hunt_to_the_planted_commit_replays_to_the_same_answer_on_its_own_runs():
-    """Round 9 on the H200: the whole hunt of the planted decode slowdown (two steps sharing the GPU) named the
-    planted commit in 21 runs. Replayed on its own runs, the hunt asks for no run the H200 did not give and
-    names the same commit in the same runs."""
+@pytest.mark.parametrize("record, slots", [("h200-r9-hunt.json", 2), ("h200-r9-three-slots-hunt.json", 3)])
+def test_the_h200_hunt_to_the_planted_commit_replays_to_the_same_answer_on_its_own_runs(record, slots):
+    """Round 9 on the H200: the whole hunt of the planted decode slowdown (two steps sharing the GPU, then
+    three) named the planted commit in 21 runs. Replayed on its own runs, the hunt asks for no run the H200 did
+    not give and names the same commit in the same runs."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    policy, shas, given = _replay_h200_round_9()
+    policy, shas, given = _replay_h200_round_9(record=record, slots=slots)
     assert policy.answer()[0].first_new == shas[5]
     assert given == 21
 
