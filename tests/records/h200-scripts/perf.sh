@@ -18,13 +18,14 @@
 #   bash perf.sh wait [S]  wait for the running hunt up to S seconds more (the same as hunt once it runs)
 #   bash perf.sh report    the reports (text, JSON with every sample, Markdown, HTML with the plot, SVG)
 #   bash perf.sh go [S]    prepare, then the hunt until S seconds (570) have passed since the call began, then report
-# SLOTS=3 (round 9): three steps share it, engines starting side by side (the gate held shared), each measuring
-# alone (the gate held alone). SLOTS=2 (round 8): two steps share the GPU (--gpus 0:2 --jobs 2): each engine start and measurement waits for
-# the GPU's timing gate while the other step imports or shuts down; the KV cache option is doubled, as the slot's
-# share halves it (4G each, as with one slot). PAUSE_US=N [MHZ=M]: prepare plants N us without measuring v0.24.0
-# first (round 7 measured 1,139-1,147 us at 1,980 MHz).
-# Each run starts an engine (about 30-40 s with the compile cache warm); the hunt takes 12 runs of the ends
-# and 5 or more per probe (3 probes): about 27-40 runs, so two or three `hunt` calls.
+# SLOTS=N: N steps share the GPU (--gpus 0:N --jobs N): engines start side by side (the GPU's timing gate held
+# shared), each step measures alone (the gate held alone), imports and shutdowns overlap; the KV cache option is
+# N x 4G, as the slot's share divides it (4G each, as with one slot). Round 8 ran SLOTS=2 with the gate held alone
+# from engine start to the end of the measurements; round 9 SLOTS=2 (734 s for the hunt) and, after the gate
+# change, SLOTS=3 (525 s). PAUSE_US=N [MHZ=M]: prepare plants N us without measuring v0.24.0 first (round 7
+# measured 1,139-1,147 us at 1,980 MHz).
+# Each run starts an engine (about 30-40 s with the compile cache warm); round 9's hunts took 21 runs (the ends
+# 5 and 6, probes 4, 3 and 3): `go` then `wait`, the calls back to back.
 set -x
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 ln -sfn "$PWD" .device/src 2>/dev/null
