@@ -154,8 +154,9 @@ class Configurable(Protocol):
 @runtime_checkable
 class TimesAlone(Protocol):
     """A scenario whose timed part can run alone on its GPUs while other steps share them (--gpus ID:N): its
-    engine start and measurements wait until no other step on those GPUs is in its own (times_alone True for
-    these options), so a performance hunt may overlap the steps' untimed parts."""
+    measurements wait until no other step on those GPUs starts an engine or measures, and its engine start until
+    none measures (times_alone True for these options), so a performance hunt may overlap the steps' untimed
+    parts."""
 
     @property
     def times_alone(self) -> bool: ...
