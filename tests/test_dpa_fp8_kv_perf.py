@@ -3,6 +3,7 @@ test_dpa_fp8_kv_numerics.py (tests/helpers/fake_vllm.py), whose engine steps her
 speed), every spike_every-th step spike_factor times that (planted noise)."""
 import os
 import statistics
+import subprocess
 import sys
 
 import pytest
@@ -87,6 +88,38 @@ def test_each_repeat_says_what_the_machine_did_meanwhile(tmp_path, nvidia_root):
         assert measurement["cpu_ms_per_step"] < 5 and measurement["step_ms_median"] >= 10
     # the run's metric is the median of its repeats', for `run --metric cpu_ms_per_step --lower-is-better`
     assert busy.metrics["cpu_ms_per_step"] >= 9 > 5 > waiting.metrics["cpu_ms_per_step"]
+
+
+# a process whose child spins half a second of CPU, then whose threads start and end without pause
+CHURNING_ENGINE = """
+import subprocess, sys, threading
+SPIN = ("import sys, time\\nend = time.process_time() + 0.5\\nwhile time.process_time() < end: pass\\n"
+        "print(flush=True)\\nsys.stdin.read()")
+kid = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+kid.stdout.readline()
+print(flush=True)
+while True:
+    threads = [threading.Thread(target=lambda: None) for _ in range(8)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+"""
+
+
+def test_the_cpu_time_of_an_engine_whose_threads_come_and_go_is_always_read(tmp_path):
+    """The CPU time of the engine's process tree is read while its threads start and end (an engine core's
+    do): a thread that ends between the listing of the process's threads and the reading of its children is
+    no error. CI saw a repeat lose its cpu_ms_per_step that way (a fifth of the reads failed before)."""
+    from scenarios.dpa_fp8_kv.child import _tree_cpu_seconds
+    churn = subprocess.Popen([sys.executable, "-c", CHURNING_ENGINE], stdout=subprocess.PIPE)
+    try:
+        churn.stdout.readline()  # its child has spun half a second of CPU, and its threads churn
+        readings = [_tree_cpu_seconds(churn.pid) for _ in range(2000)]
+    finally:
+        churn.kill()
+        churn.wait()
+    assert None not in readings
+    assert min(readings) >= 0.45  # the child's half second counts: the tree was walked
+    assert _tree_cpu_seconds(churn.pid) is None  # a process that is gone has no figure
 
 
 def test_long_prompts_and_more_layers_ask_for_a_gpu_bound_decode(tmp_path, nvidia_root):  # noqa: F811

@@ -189,7 +189,10 @@ def machine_figures(before, after, steps):
 
 
 def _tree_cpu_seconds(pid):
-    """User and system CPU seconds of pid and its live descendants (/proc/PID/task/*/children), or None."""
+    """User and system CPU seconds of pid and its live descendants (/proc/PID/task/*/children), or None where
+    /proc cannot say (no stat for pid, or a kernel without the children files)."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return None
     ticks = os.sysconf("SC_CLK_TCK")
     total, pending, seen = 0.0, [pid], set()
     while pending:
@@ -201,13 +204,28 @@ def _tree_cpu_seconds(pid):
             with open(f"/proc/{current}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
             total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as f:
-                    pending.extend(int(child) for child in f.read().split())
         except (OSError, ValueError, IndexError):
             if current == pid:
                 return None
+            continue  # a descendant that ended meanwhile
+        pending.extend(_child_pids(current))
     return total
+
+
+def _child_pids(pid):
+    """The children of pid's threads; a thread that ends while they are read has none (not an error)."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return children
 
 
 def _steal_seconds():
