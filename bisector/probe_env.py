@@ -74,13 +74,18 @@ def last_error_line(exc: subprocess.CalledProcessError, default: str = "no outpu
     return ((exc.stderr or "").strip().splitlines() or [default])[-1]
 
 
-@functools.lru_cache(maxsize=None)
 def python_environment(python: str, distributions: tuple[str, ...] = ()) -> dict:
     """The --python interpreter's version and prefix, and the installed versions of distributions
-    (None when absent): what a scenario's verdict cache identity records of its environment."""
-    executable = shutil.which(python) or python
+    (None when absent): what a scenario's verdict cache identity records of its environment. Asked once per
+    interpreter, distributions and this process's environment (which the probe inherits: PATH, PYTHONPATH)."""
+    return _probed_environment(python, distributions, tuple(sorted(os.environ.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _probed_environment(python: str, distributions: tuple[str, ...], environ: tuple) -> dict:
+    executable = shutil.which(python, path=dict(environ).get("PATH")) or python
     try:
-        found = run_probe(executable, distributions, timeout=60)
+        found = run_probe(executable, distributions, env=dict(environ), timeout=60)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return {"python": f"unavailable: {python} ({type(exc).__name__})"}
     return {"python": found["python"], "prefix": found["prefix"], **found["versions"],

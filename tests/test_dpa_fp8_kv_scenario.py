@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dpa_fp8_kv_records import FAULT, RECORDS
 from helpers.fake_machine import h200_machine, mi300x_machine
-from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
+from helpers.fake_vllm import CUDA_TORCH_FILES, ROCM_TORCH_FILES, fake_vllm, write_files
 
 from bisector.process import Cancelled
 from scenarios import create
@@ -143,6 +143,20 @@ def test_the_gpus_a_step_sees_are_part_of_the_verdict_key(tmp_path, gpu_root, nv
                                                       "visible_devices": {}}
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
     assert gpus(gpu_root) == {**mi300x, "visible_devices": {"HIP_VISIBLE_DEVICES": "1"}}
+
+
+def test_the_torch_in_the_key_is_asked_again_when_this_processs_environment_changes(tmp_path, monkeypatch):
+    """The key names the torch the --python sees, asked once per environment: a process whose PYTHONPATH now
+    brings another torch gets that torch's key (a cached answer from the earlier environment once made a run's
+    keys differ from those of the same run started afresh: the verdicts stored by one were not served to the
+    other)."""
+    scenario = create(NAME, {})
+    torches = (("rocm", ROCM_TORCH_FILES, "2.9.0+rocm7.0"), ("cuda", CUDA_TORCH_FILES, "2.11.0+cu130"))
+    for name, files, version in torches:
+        monkeypatch.setenv("PYTHONPATH", str(write_files(tmp_path / name, files)))
+        assert scenario.identity(sys.executable)["environment"]["torch"] == version
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "rocm"))
+    assert scenario.identity(sys.executable)["environment"]["torch"] == "2.9.0+rocm7.0"
 
 
 @pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="this machine has /dev/kfd")
