@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.terminal import AS_A_FOREGROUND_JOB
 
 pytestmark = pytest.mark.integration
 
@@ -310,13 +311,6 @@ def test_bad_input_is_one_line_exit_2_and_repository_untouched(make_repo, tmp_pa
     assert len(lines) == 1 and lines[0].startswith("bisector: error: "), proc.stderr
     assert repo.snapshot() == before
     assert not (repo.path / ".git" / "bisector").exists()
-
-
-# Ctrl-C reaches a terminal's foreground job with SIGINT at its default. Under a test runner started by a
-# background job (a CI runner) SIGINT is ignored, and Python keeps it ignored in the CLI, as it should:
-# start the CLI as a foreground job is started.
-AS_A_FOREGROUND_JOB = ("-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 def test_ctrl_c_exits_130_and_removes_worktrees(make_repo, tmp_path, git, git_env, project_root, wait_for):

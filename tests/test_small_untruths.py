@@ -1,5 +1,6 @@
 """Printed lines that said something untrue (issue 34 items 4 and 7), each checked on a real CLI run."""
 import pytest
+from helpers.terminal import AS_A_FOREGROUND_JOB
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,8 @@ def test_interrupt_says_what_a_rerun_does_and_the_rerun_resumes(make_repo, tmp_p
     argv = [sys.executable, "-m", "bisector.cli", "run", "--repo", str(repo.path), "--good", shas[0], "--bad",
             shas[-1], "--json", str(out)]
     env = {**os.environ, **git_env, "PYTHONPATH": str(project_root)}
-    first = subprocess.Popen([*argv, "--no-cache", "--", "sh", str(script)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([sys.executable, *AS_A_FOREGROUND_JOB, *argv[1:], "--no-cache", "--", "sh", str(script)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: blocked.exists() or first.poll() is not None) and first.poll() is None
     first.send_signal(signal.SIGINT)
     _, said = first.communicate(timeout=120)
