@@ -83,9 +83,10 @@ def python_environment(python: str, distributions: tuple[str, ...] = ()) -> dict
 
 @functools.lru_cache(maxsize=None)
 def _probed_environment(python: str, distributions: tuple[str, ...], environ: tuple) -> dict:
-    executable = shutil.which(python, path=dict(environ).get("PATH")) or python
+    env = dict(environ)
+    executable = shutil.which(python, path=env.get("PATH")) or python
     try:
-        found = run_probe(executable, distributions, env=dict(environ), timeout=60)
+        found = run_probe(executable, distributions, env=env, timeout=60)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return {"python": f"unavailable: {python} ({type(exc).__name__})"}
     return {"python": found["python"], "prefix": found["prefix"], **found["versions"],
