@@ -19,7 +19,7 @@ SECRET = "s3cr@t-t0ken"  # a password with '@' inside: a redaction that stops at
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int = EXIT_USAGE) -> str:
-    """The one `bisector: error:` line proc printed on stderr, after checking its exit code and that no traceback came."""
+    """The one `bisector: error:` line proc printed on stderr, once its exit code is checked and no traceback came."""
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
