@@ -14,6 +14,7 @@ from bisector.builds.native import installed_rocm_version, rocm_root
 from bisector.cachedir import human_size
 from bisector.gpus import GPU_VARIABLES
 from bisector.probe_env import run_probe
+from bisector.redact import redact
 
 
 def _command(argv: list[str], timeout: float = 20) -> str | None:
@@ -118,7 +119,8 @@ def container_runtime(name: str) -> str:
 
 
 def report(python: str, state_dir: Path | None, runtime: str = "docker", config: Sequence[str] = ()) -> str:
-    """The doctor's text: one `name: value` line per fact, then the configuration's lines (bisector.config)."""
+    """The doctor's text: one `name: value` line per fact, then the configuration's lines (bisector.config);
+    credentials in it redacted (bisector.redact), as configured URLs and error messages may carry them."""
     packages = python_packages(python)
     lines = [f"bisector: {__version__}",
              f"platform: {platform.platform()}",
@@ -141,4 +143,4 @@ def report(python: str, state_dir: Path | None, runtime: str = "docker", config:
         lines.append(f"compile cache: ${compile_cache.SIZE_ENV} unusable: {exc}")
     else:
         lines.append(compile_cache.describe(compile_cache.cache_root(), cap))
-    return "\n".join([*lines, *config])
+    return redact("\n".join([*lines, *config]))

@@ -37,6 +37,14 @@ CALLER_GIT_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE", "G
                         "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE", "GIT_PREFIX", "GIT_INTERNAL_SUPER_PREFIX",
                         "GIT_SHALLOW_FILE", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES",
                         "GIT_DISCOVERY_ACROSS_FILESYSTEM")
+# A write refused for want of room: a full disk (ENOSPC), a quota (EDQUOT), a file size limit (EFBIG: `ulimit -f`).
+# The machine's fault, not the commit's: a step that meets one is no verdict (cause "machine", never stored).
+NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def no_room(exc: OSError) -> bool:
+    """Whether exc is a write refused for want of room (NO_ROOM_ERRNOS): the machine's fault."""
+    return exc.errno in NO_ROOM_ERRNOS
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,20 @@
 """Credentials kept out of every output and the record: a URL's userinfo and token-like query values.
 
 `https://user:TOKEN@host/x?token=T&sig=S` reads `https://***@host/x?token=***&sig=***`, also where a
-path's normalisation left `https:/user:TOKEN@host`. The query rule also matches after `;`, so
-`&amp;token=` in rendered HTML and XML is redacted too.
+path's normalisation left `https:/user:TOKEN@host`. The userinfo ends at the last `@` before the host (a
+password may hold `@` and `:`, raw or percent-encoded); it cannot hold `/`, `?`, `#` or whitespace, which end
+the authority. The query rule also matches after `;` (so `&amp;token=` in rendered HTML and XML is redacted
+too) and in a fragment (`#access_token=`, as OAuth redirects carry it).
 """
 from __future__ import annotations
 
 import re
 
 REDACTED = "***"
-_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})[^/\s@?#'\"<>]+@")
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})[^/\s?#'\"<>]+@")  # greedy: to the last @
 _SECRET_KEYS = (r"[\w.-]*(?:token|secret|passw(?:or)?d|signature|credential)[\w.-]*|sig|pwd|auth|"
                 r"api[_-]?key|key|client[_-]?secret")
-_QUERY = re.compile(rf"([?&;](?:{_SECRET_KEYS})=)[^&;\s#'\"<>\\]+", re.IGNORECASE)
+_QUERY = re.compile(rf"([?&;#](?:{_SECRET_KEYS})=)[^&;\s#'\"<>\\]+", re.IGNORECASE)
 
 
 def redact(text: str) -> str:

@@ -27,7 +27,10 @@ def main() -> None:
         kill_group()
     pid = os.fork()
     if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # the dispositions the command would get from a shell (as Popen's restore_signals gives them): Python
+        # ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec
+        for number in (signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(number, signal.SIG_DFL)
         try:
             os.execvp(argv[0], argv)
         finally:

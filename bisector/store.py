@@ -1,4 +1,7 @@
-"""SQLite record of runs, steps and every scenario execution (the verdict cache)."""
+"""SQLite record of runs, steps and every scenario execution (the verdict cache).
+
+Every text a row keeps (params and command lines, results and stop reasons, reasons, details, marks, key parts)
+is redacted as it is written (bisector.redact): no credential reaches the record, whatever its callers pass."""
 from __future__ import annotations
 
 import functools
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from bisector.errors import EXIT_RECORD, BisectorError
+from bisector.redact import redact, redact_json
 from bisector.seams import Verdict
 
 SCHEMA_VERSION = 6  # PRAGMA user_version of the files this bisector writes
@@ -290,7 +294,7 @@ class Store:
             self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?", (resumed,))
         cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params, resumed_from) "
                               "VALUES (?, ?, 'running', ?, ?, ?, ?)",
-                              (kind, key, pid, time.time(), json.dumps(params), resumed))
+                              (kind, key, pid, time.time(), _json(params), resumed))
         return cur.lastrowid, resumed
 
     @contextmanager
@@ -312,12 +316,12 @@ class Store:
     @_guarded
     def finish_run(self, run_id: int, status: str, result: dict | None) -> None:
         self.db.execute("UPDATE runs SET status = ?, finished = ?, result = ? WHERE id = ?",
-                        (status, time.time(), json.dumps(result) if result is not None else None, run_id))
+                        (status, time.time(), _json(result) if result is not None else None, run_id))
 
     @_guarded
     def update_result(self, run_id: int, result: dict) -> None:
         """Replace a finished run's result (--follow-pins adds the levels that followed it)."""
-        self.db.execute("UPDATE runs SET result = ? WHERE id = ?", (json.dumps(result), run_id))
+        self.db.execute("UPDATE runs SET result = ? WHERE id = ?", (_json(result), run_id))
 
     @_guarded
     def run(self, run_id: int | str) -> sqlite3.Row | None:
@@ -374,9 +378,9 @@ class Store:
         self.db.execute("INSERT INTO executions (sha, scenario_key, verdict, reason, log_path, seconds, "
                         "build, details, recorded, run_id, signature, timed_out_after, image_digest, metrics) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (execution.sha, scenario_key, execution.verdict.value, execution.reason,
-                         execution.log_path, execution.seconds, execution.build,
-                         json.dumps(execution.details), time.time(), run_id, execution.signature,
+                        (execution.sha, scenario_key, execution.verdict.value, redact(execution.reason),
+                         execution.log_path, execution.seconds, _text(execution.build),
+                         _json(execution.details), time.time(), run_id, _text(execution.signature),
                          execution.timed_out_after, execution.image_digest,
                          json.dumps(execution.metrics) if execution.metrics else None))
 
@@ -386,7 +390,7 @@ class Store:
     def remember_key(self, key: str, parts: dict) -> None:
         """Keep what a verdict cache key stands for, for `bisector cache list`."""
         self.db.execute("INSERT OR REPLACE INTO cache_keys (key, parts) VALUES (?, ?)",
-                        (key, json.dumps(parts, sort_keys=True, default=str)))
+                        (key, json.dumps(redact_json(parts), sort_keys=True, default=str)))
 
     def step_seconds(self, scenario: str, latest: int = 50) -> list[float]:
         """How long the latest executions of scenario (its name, any options) ran, newest first."""
@@ -416,7 +420,7 @@ class Store:
     def add_mark(self, run_id: int, sha: str, verdict: Verdict, reason: str = "") -> None:
         """Record sha's verdict, given by hand to run run_id (a later mark of the same commit replaces it)."""
         self.db.execute("INSERT INTO marks (run_id, sha, verdict, reason, recorded) VALUES (?, ?, ?, ?, ?)",
-                        (run_id, sha, verdict.value, reason, time.time()))
+                        (run_id, sha, verdict.value, redact(reason), time.time()))
 
     @_guarded
     def marks(self, runs: tuple[int, ...]) -> dict[str, Execution]:
@@ -437,8 +441,9 @@ class Store:
                  cached: bool) -> None:
         self.db.execute("INSERT INTO steps (run_id, seq, round, sha, role, verdict, reason, log_path, "
                         "seconds, cached, build, recorded, cause) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run_id, seq, round_no, execution.sha, role, execution.verdict.value, execution.reason,
-                         execution.log_path, execution.seconds, int(cached), execution.build, time.time(),
+                        (run_id, seq, round_no, execution.sha, role, execution.verdict.value,
+                         redact(execution.reason), execution.log_path, execution.seconds, int(cached),
+                         _text(execution.build), time.time(),
                          execution.cause))
 
     @_guarded
@@ -490,7 +495,7 @@ class Store:
                         "info = excluded.info, checked = excluded.checked, "
                         "pulled = MAX(images.pulled, excluded.pulled), size = COALESCE(excluded.size, images.size), "
                         "last_used = COALESCE(excluded.last_used, images.last_used)",
-                        (ref, int(present), json.dumps(info), now, int(pulled), info.get("size"),
+                        (ref, int(present), _json(info), now, int(pulled), info.get("size"),
                          now if pulled else None))
 
     @_guarded
@@ -506,6 +511,16 @@ class Store:
     def forget_pulled(self, ref: str) -> None:
         """ref was removed from this machine: no longer this tool's, not known to be here."""
         self.db.execute("UPDATE images SET pulled = 0 WHERE ref = ?", (ref,))
+
+
+def _json(value) -> str:
+    """value as the JSON a row keeps, every string in it redacted."""
+    return json.dumps(redact_json(value))
+
+
+def _text(value: str | None) -> str | None:
+    """value as a row keeps it, redacted (None stays None)."""
+    return None if value is None else redact(value)
 
 
 def run_scenario_name(params: dict) -> str:

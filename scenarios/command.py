@@ -8,7 +8,7 @@ from pathlib import Path
 from bisector.errors import ScenarioAbort, ScenarioError
 from bisector.metrics import FILE_VARIABLE, MetricError, parse_output, read_file
 from bisector.probe_env import python_environment
-from bisector.process import run_process
+from bisector.process import no_room, run_process
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
@@ -18,13 +18,16 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "
 # Signals sent from outside (the OOM killer, a `kill` of a hung step, Ctrl-C, a closed terminal): no
 # evidence about the commit, so a skip that is never cached (the next run judges the commit again).
 OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"})
+# A file size limit hit (`ulimit -f`, a quota): the machine's, a skip that is never cached either.
+MACHINE_SIGNALS = frozenset({"SIGXFSZ"})
 
 
 class CommandScenario(BaseScenario):
     """Exit 0 good, 125 skip, 1-127 bad; killed by a crash signal (CRASH_SIGNALS) bad, by one from outside
-    (OUTSIDE_SIGNALS) or any other a skip; other exits >= 128 abort the run. A good run's metrics
-    (bisector.metrics: `BISECTOR_METRIC name=value` lines, else the JSON file `$BISECTOR_METRIC_FILE`
-    names, whose values win) are its Outcome's.
+    (OUTSIDE_SIGNALS), the machine's (MACHINE_SIGNALS) or any other a skip; other exits >= 128 abort the run;
+    a step whose log cannot be written for want of room (a full disk, `ulimit -f`) is the machine's skip. A
+    good run's metrics (bisector.metrics: `BISECTOR_METRIC name=value` lines, else the JSON file
+    `$BISECTOR_METRIC_FILE` names, whose values win) are its Outcome's.
 
     What decides a command's verdict (the files it reads, the variables it sees) cannot be known, so
     its verdicts are reused across runs only with --reuse-verdicts (inputs_known False)."""
@@ -67,6 +70,9 @@ class CommandScenario(BaseScenario):
         try:
             result = run_process(argv, ctx.checkout, ctx.log_path, ctx.timeout, env, ctx.cancel)
         except OSError as exc:
+            if no_room(exc):  # the step's log (or the tool's files beside it) could not be written
+                return Outcome(Verdict.SKIP, f"cannot run {argv[0]}: {exc.strerror} (a full disk, a quota or a "
+                               f"file size limit)", str(ctx.log_path), cause="machine")
             return Outcome(Verdict.SKIP, f"cannot start {argv[0]}: {exc.strerror}", str(ctx.log_path))
         log = str(ctx.log_path)
         code = result.returncode
@@ -95,7 +101,8 @@ class CommandScenario(BaseScenario):
 
 def _killed(signal_name: str, faults: list[str], log: str, failed: dict) -> Outcome:
     """A command killed by a signal: a crash (or a GPU fault line) is bad; a kill from outside is no
-    verdict and not cached (cause "external-signal"); any other signal is no evidence either."""
+    verdict and not cached (cause "external-signal"), as a file size limit's is (cause "machine"); any other
+    signal is no evidence either."""
     reason = f"killed by {signal_name}"
     if signal_name in CRASH_SIGNALS or faults:
         return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)
@@ -103,6 +110,9 @@ def _killed(signal_name: str, faults: list[str], log: str, failed: dict) -> Outc
         cause = " (OOM killer?)" if signal_name == "SIGKILL" else ""
         return Outcome(Verdict.SKIP, f"{reason} from outside{cause}: no verdict", log, {"signal": signal_name},
                        cause="external-signal")
+    if signal_name in MACHINE_SIGNALS:
+        return Outcome(Verdict.SKIP, f"{reason}: a file size limit (ulimit -f, a quota), no verdict", log,
+                       {"signal": signal_name}, cause="machine")
     return Outcome(Verdict.SKIP, f"{reason}, not a crash signal: no verdict", log)
 
 

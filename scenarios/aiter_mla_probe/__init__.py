@@ -12,7 +12,7 @@ from typing import cast
 from bisector.errors import ScenarioError
 from bisector.pins import unsafe_git_source
 from bisector.probe_env import python_environment
-from bisector.process import run_process
+from bisector.process import no_room, run_process
 from bisector.seams import FollowUp, Scenario
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig
@@ -91,8 +91,9 @@ class AiterMLAProbe(BaseScenario):
         timeout = ctx.timeout or DEFAULT_TIMEOUT
         try:
             result = run_process(argv, ctx.checkout, ctx.log_path, timeout, env, ctx.cancel)
-        except OSError as exc:
-            return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log)
+        except OSError as exc:  # no room for its log (a full disk, `ulimit -f`): the machine's
+            return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log,
+                           cause="machine" if no_room(exc) else None)
         if result.timed_out:
             return Outcome(Verdict.SKIP, f"timed out after {timeout:g}s", log, {"timed_out": True})
         reported = [line for line in result.output.splitlines() if line.startswith(RESULT_PREFIX)]
