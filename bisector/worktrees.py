@@ -124,8 +124,9 @@ def _add_tree(repo_git: git.Git, repo: GitRepo, tree: Path, sha: str) -> None:
 
 class OwnWorktree:
     """One tool-owned work tree of sha outside the pool (`bisector shell`): `<base>/shell-<pid>-<n>/tree`
-    beside the marker, made on entry and removed on exit unless keep. The pool never touches it (its slots
-    live under `worktrees/`), so it may outlive a run that starts meanwhile."""
+    beside the marker, made on entry and removed on exit unless keep (and always when the block raised: a set-up
+    that failed or was interrupted keeps nothing). The pool never touches it (its slots live under `worktrees/`),
+    so it may outlive a run that starts meanwhile."""
 
     def __init__(self, repo: GitRepo, base: Path, sha: str, keep: bool = False):
         self.repo, self.sha, self.keep = repo, sha, keep
@@ -151,8 +152,8 @@ class OwnWorktree:
             raise GitError(f"cannot check out {self.sha[:12]}: {detail[-1].strip()}") from None
         return self.tree
 
-    def __exit__(self, *exc) -> None:
-        if self.tree is not None and not self.keep:
+    def __exit__(self, kind, *exc) -> None:
+        if self.tree is not None and (kind is not None or not self.keep):
             _remove_tree(self.git, self.repo, self.tree)
             with contextlib.suppress(OSError):
                 self.base.rmdir()  # the last one gone: no empty folder left
