@@ -141,11 +141,21 @@ class LocalExecutor:
                     fresh = [skipped]
                 else:
                     judging = time.monotonic()
-                    fresh = judge.test(worktree, sha, done, self.logs, slot, cancel)
+                    fresh = judge.test(worktree, sha, done, self.logs, {**slot, **self._refusal()}, cancel)
                     judged = time.monotonic() - judging
             return with_worktree_time(fresh, time.monotonic() - started - judged)
         finally:
             self.slots.put(slot)
+
+    def _refusal(self) -> dict[str, str]:
+        """With --isolate, the variables that keep a step's pushes out of the repository (worktrees.push_refusal);
+        a linked worktree shares its refs with the repository anyway."""
+        assert self.worktrees is not None
+        if not self.worktrees.isolate:
+            return {}
+        from bisector.worktrees import push_refusal
+
+        return push_refusal([self.worktrees.repo.root, self.worktrees.repo.common_dir])
 
     def build_ahead(self, judge: Judge, sha: str) -> Future:
         """Check out and build sha beside the steps, one such build at a time, in a worktree of the pool
@@ -192,6 +202,8 @@ class RayExecutor:
         self.gpus_optional = placement.gpus_per_run is None
         self.address, self.retries = placement.ray_address, retries
         self.cache_dir = cache_dir  # default: each node's own, see node_cache_dir()
+        self.protected = (placement.source,)  # the repository under test: no step pushes there (nor to source)
+        self.isolate = False  # --isolate: each step in a clone of its own (bound by start())
         self.refs: dict[Future, object] = {}
         self.ray: Any = None  # the ray module, once started
         self.owns_ray = False
@@ -209,8 +221,9 @@ class RayExecutor:
         return cls(placement)
 
     def start(self, pool, logs: Path) -> None:
-        """Steps check out on their nodes; only the logs come back here."""
-        self.logs = logs
+        """Steps check out on their nodes (in clones of their own when the pool isolates); only the logs come
+        back here."""
+        self.logs, self.isolate = logs, bool(getattr(pool, "isolate", False))
 
     def _start(self):
         if self.ray is None:
@@ -238,7 +251,7 @@ class RayExecutor:
         """Test sha in a Ray task that opens the judge's spec on its node: the settings the run's verdict cache
         key names, its build among them (none in a level inside AITER run by hand, as here)."""
         self._start()
-        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge.spec)
+        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge.spec, self.isolate, self.protected)
         future: Future = Future()
         self.refs[future] = ref
         ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, self.logs))
@@ -361,8 +374,11 @@ def _last_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1]
 
 
-def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec: JudgeSpec) -> list:
-    """Ray task body: clone or fetch, worktree, build, scenario; returns (execution, log text) pairs.
+def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec: JudgeSpec, isolate: bool = False,
+                  protected: Sequence[str] = ()) -> list:
+    """Ray task body: clone or fetch, worktree (with isolate a clone of its own), build, scenario; returns
+    (execution, log text) pairs. The step's pushes to source and to protected (the repository under test)
+    are refused, as a local slot's under --isolate.
 
     The node's clone and build artifacts live under its cache dir; spec (the judge's settings) is opened
     here against that clone.
@@ -370,16 +386,17 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec
     import git
     import ray
 
-    from bisector.worktrees import NodeCheckout
+    from bisector.worktrees import NodeCheckout, push_refusal
     gpus = ray.get_gpu_ids()
-    env = gpu_env(gpus) if gpus else {}
+    env = {**(gpu_env(gpus) if gpus else {}), **push_refusal([source, *protected])}
     cache = Path(cache_dir) if cache_dir else node_cache_dir()
     started, judged = time.monotonic(), 0.0
     with interruptible(), tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
         with contextlib.ExitStack() as stack:
             try:
                 try:
-                    checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree"))
+                    checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree",
+                                                                isolate))
                 except git.GitCommandError as exc:
                     skipped = checkout_skip(sha, str(exc.stderr), None)
                     if skipped is None:

@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, Mapping
 
 import git
 
@@ -25,6 +25,8 @@ from bisector.refs import GitRepo
 
 MARKER = "bisector-slot"
 NO_HOOKS = "core.hooksPath=/dev/null"  # the user's hooks (git-lfs's post-checkout, ...) never run on tool checkouts
+# where a step's push to the repository under test goes instead: a path that can never be a repository
+NOWHERE = "/dev/null/bisector-refuses-pushes-to-the-repository-under-test"
 
 
 def hookless_git(work_dir: Path) -> git.Git:
@@ -93,6 +95,46 @@ def _mark(tree: Path, admin: Path | None, clone: bool = False) -> None:
     (tree.parent / MARKER).write_text(json.dumps({"admin": str(admin) if admin else None, "clone": clone}))
 
 
+def push_refusal(locations: Iterable[str | Path | None], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Variables that make git turn a push to any of locations (a path, as given and resolved, bare or as a
+    file:// URL; a URL) into a push to NOWHERE (`url.NOWHERE.pushInsteadOf`, numbered after the configuration
+    environ passes in GIT_CONFIG_COUNT already): a step's `git push`, to `origin` or to a remote it added,
+    never reaches the repository under test."""
+    prefixes: dict[str, None] = {}
+    for location in (str(given) for given in locations if given):
+        if "://" in location:
+            prefixes[location] = None
+            continue
+        for path in (location, str(Path(location).resolve())):
+            prefixes.update({path: None, f"file://{path}": None})
+    try:
+        count = max(0, int(environ.get("GIT_CONFIG_COUNT", "0")))
+    except ValueError:
+        count = 0
+    refusal = {"GIT_CONFIG_COUNT": str(count + len(prefixes))}
+    for n, prefix in enumerate(prefixes, count):
+        refusal[f"GIT_CONFIG_KEY_{n}"], refusal[f"GIT_CONFIG_VALUE_{n}"] = f"url.{NOWHERE}.pushInsteadOf", prefix
+    return refusal
+
+
+def borrowing_clone(source_git: git.Git, common_dir: Path, tree: Path, sha: str) -> None:
+    """A clone of its own at tree, marked as the tool's (refs, stash, config and worktree list its own, no
+    remote), borrowing common_dir's objects through alternates, sha checked out. git clone --shared copies a
+    shallow repository's objects instead of borrowing them: that clone is made by hand (init, alternates, the
+    shallow boundary copied)."""
+    if (common_dir / "shallow").is_file():
+        source_git.init("--quiet", "--", str(tree))
+        (tree / ".git" / "objects" / "info").mkdir(parents=True, exist_ok=True)
+        (tree / ".git" / "objects" / "info" / "alternates").write_text(f"{common_dir / 'objects'}\n")
+        shutil.copyfile(common_dir / "shallow", tree / ".git" / "shallow")
+        _mark(tree, tree / ".git", clone=True)
+    else:
+        source_git.clone("--shared", "--no-checkout", "--quiet", "--", str(common_dir), str(tree))
+        _mark(tree, tree / ".git", clone=True)
+        slot_git(tree).remote("remove", "origin")  # (a push to the repository itself: push_refusal)
+    slot_git(tree).checkout("--detach", "--force", "--quiet", sha)
+
+
 def _remove_tree(repo_git: git.Git, repo: GitRepo, tree: Path) -> None:
     """Remove one of the tool's marked work trees by path: its registration, then its folder (with the marker)."""
     admin = _admin_of(tree)
@@ -124,8 +166,9 @@ def _add_tree(repo_git: git.Git, repo: GitRepo, tree: Path, sha: str) -> None:
 
 class OwnWorktree:
     """One tool-owned work tree of sha outside the pool (`bisector shell`): `<base>/shell-<pid>-<n>/tree`
-    beside the marker, made on entry and removed on exit unless keep. The pool never touches it (its slots
-    live under `worktrees/`), so it may outlive a run that starts meanwhile."""
+    beside the marker, made on entry and removed on exit unless keep (and always when the block raised: a set-up
+    that failed or was interrupted keeps nothing). The pool never touches it (its slots live under `worktrees/`),
+    so it may outlive a run that starts meanwhile."""
 
     def __init__(self, repo: GitRepo, base: Path, sha: str, keep: bool = False):
         self.repo, self.sha, self.keep = repo, sha, keep
@@ -151,8 +194,8 @@ class OwnWorktree:
             raise GitError(f"cannot check out {self.sha[:12]}: {detail[-1].strip()}") from None
         return self.tree
 
-    def __exit__(self, *exc) -> None:
-        if self.tree is not None and not self.keep:
+    def __exit__(self, kind, *exc) -> None:
+        if self.tree is not None and (kind is not None or not self.keep):
             _remove_tree(self.git, self.repo, self.tree)
             with contextlib.suppress(OSError):
                 self.base.rmdir()  # the last one gone: no empty folder left
@@ -172,11 +215,14 @@ class WorktreePool:
         self.repo, self.isolate = repo, isolate
         self.git = hookless_git(repo.root)
         self.base = Path(state_dir).resolve() / "worktrees"  # resolved: git records slots by their real path
+        self.promisor: str | None = None  # a partial clone's promisor remote (isolate: see _fetch_missing)
         self.free: list[Path] = []
         self.all: list[Path] = []
         self.lock = threading.Lock()
 
     def __enter__(self) -> "WorktreePool":
+        if self.isolate:
+            self.promisor = _promisor_remote(self.git)
         self.base.mkdir(parents=True, exist_ok=True)
         for slot in sorted(self.base.iterdir()):
             if (slot / MARKER).is_file():
@@ -223,18 +269,31 @@ class WorktreePool:
         _mark(tree, None)
         try:
             if self.isolate:
-                self.git.clone("--shared", "--no-checkout", "--quiet", "--", str(self.repo.common_dir), str(tree))
-                _mark(tree, tree / ".git", clone=True)
-                clone = slot_git(tree)
-                clone.remote("remove", "origin")  # a step's `git push` reaches no repository of the user's
-                clone.checkout("--detach", "--force", "--quiet", sha)
+                borrowing_clone(self.git, self.repo.common_dir, tree, sha)
             else:
                 _add_tree(self.git, self.repo, tree, sha)
-        except git.GitCommandError:  # e.g. a partial clone's missing objects: no slot is left behind
+            self._check(tree)
+        except BaseException:  # e.g. a partial clone's objects that cannot be fetched: no slot is left behind
             self._remove(tree)
             raise
-        self._check(tree)
         return tree
+
+    def _fetch_missing(self, sha: str) -> None:
+        """Fetch into a partial clone the objects of sha it lacks, from its promisor remote, as a checkout in the
+        repository itself would: a slot that borrows the repository's objects cannot fetch them on its own."""
+        if self.promisor is None:
+            return
+        listed = self.git.rev_list("--objects", "--no-walk", "--missing=print", sha)
+        missing = [line[1:] for line in listed.splitlines() if line.startswith("?")]
+        if not missing:
+            return
+        try:
+            self.git.fetch("--quiet", "--no-tags", "--no-write-fetch-head", "--recurse-submodules=no",
+                           "--filter=blob:none", self.promisor, *missing)
+        except git.GitCommandError as exc:
+            detail = (str(exc.stderr).strip().splitlines() or [""])[-1].strip()
+            raise git.GitCommandError(exc.command, exc.status, f"cannot fetch {len(missing)} objects of {sha[:12]} "
+                                      f"from promisor remote {self.promisor}: {detail}") from None
 
     def _check(self, tree: Path) -> None:
         """Raise SlotError unless tree is still the worktree this pool registered."""
@@ -253,6 +312,8 @@ class WorktreePool:
 
     def acquire(self, sha: str) -> Path:
         """A worktree with sha checked out, clean apart from ignored files (build outputs)."""
+        if self.isolate:
+            self._fetch_missing(sha)
         with self.lock:
             tree = self.free.pop() if self.free else None
         if tree is not None:
@@ -297,15 +358,17 @@ class _Lease:
 
 
 class NodeCheckout:
-    """A worktree of sha at `path`, from this node's clone of source (a URL or a path all nodes see).
+    """A worktree of sha at `path`, from this node's clone of source (a URL or a path all nodes see); with
+    isolate a clone of its own borrowing that clone's objects (as a local slot under --isolate), so that what
+    a step's git does to refs, the stash or worktrees stays in it.
 
     Steps on one node share one clone under cache_root, cloned once and fetched when sha is new; a
     file lock serializes cloning, fetching and adding or removing worktrees. `with` it: on exit the
     worktree is removed.
     """
 
-    def __init__(self, source: str, cache_root: Path, sha: str, path: Path):
-        self.source, self.sha, self.path = source, sha, Path(path)
+    def __init__(self, source: str, cache_root: Path, sha: str, path: Path, isolate: bool = False):
+        self.source, self.sha, self.path, self.isolate = source, sha, Path(path), isolate
         self.cache_root = Path(cache_root)
         self.clone_path = self.cache_root / hashlib.sha256(source.encode()).hexdigest()[:16]
         self.repo: GitRepo  # the node's clone, once entered
@@ -332,9 +395,12 @@ class NodeCheckout:
                                     "+refs/heads/*:refs/remotes/origin/*")
                 if not _has_commit(clone, self.sha):
                     clone.git.fetch("--quiet", "origin", self.sha)
-                hookless_git(self.clone_path).worktree("add", "--detach", "--force", "--quiet", str(self.path),
-                                                       self.sha)
-                _mark(self.path, _admin_of(self.path))
+                if self.isolate:
+                    borrowing_clone(hookless_git(self.clone_path), self.clone_path / ".git", self.path, self.sha)
+                else:
+                    hookless_git(self.clone_path).worktree("add", "--detach", "--force", "--quiet",
+                                                           str(self.path), self.sha)
+                    _mark(self.path, _admin_of(self.path))
             except git.GitCommandError as exc:
                 detail = (exc.stderr or "").strip().splitlines() or [str(exc)]
                 raise GitError(f"cannot get {self.sha[:12]} from {self.source}: {detail[-1].strip()}") from None
@@ -342,12 +408,28 @@ class NodeCheckout:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.isolate:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
         with self._locked():
             try:
                 self.repo.git.worktree("remove", "--force", str(self.path))
             except git.GitCommandError:
                 shutil.rmtree(self.path, ignore_errors=True)
             self.repo.git.worktree("prune")
+
+
+def _promisor_remote(repo_git: git.Git) -> str | None:
+    """The remote a partial clone fetches the objects it lacks from (extensions.partialClone, else the first
+    remote marked promisor), None for a repository that lacks none."""
+    with contextlib.suppress(git.GitCommandError):  # (git exits 1 for a key that is not set)
+        return repo_git.config("--get", "extensions.partialClone")
+    try:
+        listed = repo_git.config("--bool", "--get-regexp", r"^remote\..*\.promisor$")
+    except git.GitCommandError:
+        return None
+    return next((key[len("remote."):-len(".promisor")] for key, _, value in
+                 (line.partition(" ") for line in listed.splitlines()) if value == "true"), None)
 
 
 def _has_commit(repo: git.Repo, sha: str) -> bool:

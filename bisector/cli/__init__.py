@@ -113,6 +113,8 @@ class BisectorGroup(click.Group):
 def main() -> None:
     """Find the vLLM commit behind a ROCm GPU fault, and prove its fix backports."""
     signal.signal(signal.SIGTERM, _sigterm)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup it stays ignored
+        signal.signal(signal.SIGHUP, _sigterm)  # a closed terminal or a dropped ssh: as SIGTERM
 
 
 def _configured(exc: click.ClickException) -> str:

@@ -108,7 +108,8 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
                    "at the answer (a level of its own, in the same record).")
 @click.option("--isolate", is_flag=True,
               help="Run each step in a clone of its own (objects borrowed from the repository), for scripts "
-                   "that change refs, the stash or worktrees: those stay out of the repository.")
+                   "that change refs, the stash or worktrees: those stay out of the repository, and a step's "
+                   "push to it is refused (on Ray too).")
 @click.option("--metric", metavar="NAME",
               help="A performance hunt: bisect on this metric's samples (BISECTOR_METRIC NAME=VALUE lines, or "
                    "$BISECTOR_METRIC_FILE) instead of exit codes; see docs/perf.md.")

@@ -55,19 +55,17 @@ def shell_command(ref, repo, state_dir, python, build, rocm_arch, wheels, allow_
     checked = GitRepo(Path(repo))
     sha = checked.resolve(ref)  # a bad REV stops here: nothing made yet
     scenario = CommandScenario(argv, in_image=bool(world["image"]))  # what a step runs a command with
-    settings = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size) \
+    settings = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, tuple(command)) \
         .allowing_install(allow_install_into_python)
     places = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)
     directory = prepare_state_dir(choose_state_dir(checked, state_dir))
     judge = JudgeSpec(scenario, settings, None, python, envs=EnvSettings(env_mode, python, env_cache_size),
                       world=places).open(checked, directory)
     judge.world.resolve([sha])
-    with OwnWorktree(checked, directory / "shells", sha, keep) as tree:
-        try:
-            code = _run_in(judge, tree, sha, argv, directory / "logs")
-        finally:
-            if keep:
-                click.echo(f"kept worktree: {tree} (remove it with `git worktree remove --force {tree}`)", err=True)
+    with OwnWorktree(checked, directory / "shells", sha, keep) as tree:  # kept only once the command ran
+        code = _run_in(judge, tree, sha, argv, directory / "logs")
+        if keep:
+            click.echo(f"kept worktree: {tree} (remove it with `git worktree remove --force {tree}`)", err=True)
     sys.exit(code)
 
 
@@ -95,7 +93,8 @@ def _run_in(judge: Judge, tree: Path, sha: str, argv: list[str], logs: Path) -> 
                 BuildResult("image", True, place.summary)
             if not built.ok:
                 raise EnvironmentFailed(f"{sha[:12]}: build failed: {built.reason}"
-                                        + (f" (log: {built.log_path})" if built.log_path else ""))
+                                        + (f" (log: {built.log_path})" if built.log_path else "")
+                                        + "; --build none opens the commit unbuilt")
             step_env = {**(place.slot_env if place.slot_env is not None else slot_env), **stands_on.env, **built.env}
             click.echo(f"bisector: {sha[:12]} in {tree} ({built.summary or built.strategy})", err=True)
             if place.container is not None:  # the checkout at its own path inside the commit's image
@@ -109,15 +108,69 @@ def _run_in(judge: Judge, tree: Path, sha: str, argv: list[str], logs: Path) -> 
 
 
 def _wait(argv: list[str], cwd: Path, env: dict | None) -> int:
-    """argv's exit code; Ctrl-C belongs to it (an interactive shell keeps it), SIGTERM ends it."""
-    child = subprocess.Popen(argv, cwd=cwd, env=env)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """argv's exit code. It runs in a process group of its own, given the terminal when this process has it;
+    Ctrl-C belongs to it (an interactive shell keeps it); SIGTERM and SIGHUP (bisector.cli turns them into
+    KeyboardInterrupt) end its whole group, as does its end: nothing it started outlives the worktree."""
+    terminal = _own_terminal()
+    child = subprocess.Popen(argv, cwd=cwd, env=env, preexec_fn=lambda: _lead_group(terminal))
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: _signal_group(child.pid, signal.SIGINT))
     try:
         code = child.wait()
-    except KeyboardInterrupt:  # SIGTERM (bisector.cli turns it into one)
-        child.terminate()
-        child.wait()
+    except KeyboardInterrupt:
+        _end_group(child)
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGINT, previous)
+        _signal_group(child.pid, signal.SIGKILL)  # what the command left running
+        if terminal is not None:
+            _take_terminal(terminal)
     return 128 - code if code < 0 else code
+
+
+GRACE_SECONDS = 5.0  # a command's group has this long to end on SIGTERM before it is killed
+
+
+def _end_group(child: subprocess.Popen) -> None:
+    """SIGTERM to child's process group, then SIGKILL to what is left of it."""
+    _signal_group(child.pid, signal.SIGTERM)
+    try:
+        child.wait(GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _lead_group(terminal: int | None) -> None:
+    """In the command's process before it starts: a process group of its own, in the terminal's foreground when
+    the shell had it (Popen's process_group is Python 3.11's)."""
+    os.setpgid(0, 0)
+    if terminal is not None:
+        _take_terminal(terminal)
+
+
+def _own_terminal() -> int | None:
+    """stdin's terminal when this process's group is in its foreground (an interactive shell), else None."""
+    try:
+        return 0 if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() else None
+    except OSError:
+        return None
+
+
+def _take_terminal(fd: int) -> None:
+    """Make the calling process's group the foreground of terminal fd (SIGTTOU, sent to a background group
+    that does this, ignored meanwhile)."""
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, os.getpgrp())
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, previous if previous is not None else signal.SIG_DFL)
