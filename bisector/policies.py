@@ -481,14 +481,16 @@ class PerfPolicy:
                 seen = Comparison(one_sided.result if one_sided.result is Result.DIFFERENT else Result.UNKNOWN,
                                   one_sided.p_value, one_sided.high_threshold)
         moved = change(before, after)
+        # of the magnitude of the old end's median; from 0 any change is more than any --min-change of it
+        by = f"{moved.absolute:+,.6g} absolute, from 0" if moved.relative is None else f"{moved.relative:+.1%}"
         described = (f"{settings.metric} {moved.before:,.6g} at {ends.old_name} {ends.old_ref}, "
-                     f"{moved.after:,.6g} at {ends.new_name} {ends.new_ref} ({moved.relative:+.1%}, "
+                     f"{moved.after:,.6g} at {ends.new_name} {ends.new_ref} ({by}, "
                      f"p = {seen.p_value:.2g}, {len(before)} and {len(after)} samples)")
         if seen.result is Result.DIFFERENT:
-            if abs(moved.relative) < settings.min_change:
+            if moved.relative is not None and abs(moved.relative) < settings.min_change:
                 raise EndpointError(f"the endpoints do not differ by --min-change {settings.min_change:.1%}: "
                                     f"{described}")
-            worse = settings.direction.worse(moved.relative)
+            worse = settings.direction.worse(moved.absolute)
             if settings.direction is not Direction.ANY and worse == ends.find_fix:
                 # a regression hunt's new end must be worse, a fix hunt's better
                 raise EndpointError(f"the endpoints differ the wrong way for {settings.direction}: {described}")
