@@ -50,7 +50,7 @@ def moved_text(change: Mapping) -> str:
 
 def change_text(metric: str, change: Mapping) -> str:
     """`tok_s 10,340 → 9,410 (−9.0 %, 95 % CI −10.1 … −7.8 %, p = 2e-6)`; from a baseline of 0 the change and
-    its interval in the metric's units (`errors 0 → 5.00 (+5.00 absolute, from 0; 95 % CI +4.00 … +6.00, …)`)."""
+    its interval in the metric's units (`errors 0 → 5.00 (+5.00 absolute, from 0; 95 % CI +5.00 … +6.00, …)`)."""
     low, high = change["ci"]
     confidence = round(change.get("confidence", 0.95) * 100)
     interval = f"{signed(low)} … {signed(high)}" if change["relative"] is None else \
