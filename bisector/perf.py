@@ -131,37 +131,50 @@ def compare(a: Sequence[float], b: Sequence[float], lower: bool | None = None) -
 
 @dataclass(frozen=True)
 class Change:
-    """From `before` to `after`: medians, the relative change of the median, its confidence interval
-    (bootstrap over both sides, percentile method) and the comparison's p-value."""
+    """From `before` to `after`: medians, the change of the median relative to the magnitude of before's (a
+    negative metric, a log-probability, falls as a positive one does), its confidence interval (bootstrap over
+    both sides, percentile method) and the comparison's p-value. From a median of 0 no change is relative:
+    `relative` is None and the interval is of the absolute change."""
 
     before: float
     after: float
-    relative: float          # after / before - 1 (-0.09: 9 % lower)
-    low: float               # the relative change's CONFIDENCE interval
+    relative: float | None   # (after - before) / |before| (-0.09: 9 % lower); None: before is 0
+    low: float               # the CONFIDENCE interval of relative (where it is None: of after - before)
     high: float
     p_value: float
 
+    @property
+    def absolute(self) -> float:
+        return self.after - self.before
+
+    def largest_shift(self) -> float:
+        """The largest change of the median, in the metric's units, that the interval allows."""
+        return max(abs(self.low), abs(self.high)) * (1.0 if self.relative is None else abs(self.before))
+
     def to_json(self) -> dict:
-        return {"before": self.before, "after": self.after, "relative": round(self.relative, 6),
-                "ci": [round(self.low, 6), round(self.high, 6)], "confidence": CONFIDENCE,
-                "p_value": self.p_value}
+        return {"before": self.before, "after": self.after,
+                "relative": None if self.relative is None else round(self.relative, 6),
+                "absolute": self.absolute, "ci": [round(self.low, 6), round(self.high, 6)],
+                "confidence": CONFIDENCE, "p_value": self.p_value}
 
 
 def change(before: Sequence[float], after: Sequence[float]) -> Change:
-    """How `after`'s median differs from `before`'s, with a bootstrap confidence interval of the ratio."""
+    """How `after`'s median differs from `before`'s (relative to |before|'s median; from 0, absolute), with a
+    bootstrap confidence interval."""
     import numpy as np
     from scipy import stats
 
     med_before, med_after = statistics.median(before), statistics.median(after)
-    relative = med_after / med_before - 1 if med_before else math.inf
-    low = high = relative
-    if med_before and len(set(before) | set(after)) > 1 and len(before) > 1 and len(after) > 1:
-        def ratio(x, y, axis):
-            return np.median(y, axis=axis) / np.median(x, axis=axis) - 1
+    relative = (med_after - med_before) / abs(med_before) if med_before else None
+    low = high = med_after - med_before if relative is None else relative
+    if len(set(before) | set(after)) > 1 and len(before) > 1 and len(after) > 1:
+        def moved(x, y, axis):
+            shift = np.median(y, axis=axis) - np.median(x, axis=axis)
+            return shift if relative is None else shift / np.abs(np.median(x, axis=axis))
 
         with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
             warnings.simplefilter("ignore")
-            interval = stats.bootstrap((list(before), list(after)), ratio, vectorized=True, paired=False,
+            interval = stats.bootstrap((list(before), list(after)), moved, vectorized=True, paired=False,
                                        confidence_level=CONFIDENCE, n_resamples=BOOTSTRAP_RESAMPLES,
                                        method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED)
                                        ).confidence_interval
@@ -180,11 +193,12 @@ class Direction(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    def worse(self, relative: float) -> bool:
-        """Whether a relative change (after / before - 1) is for the worse (ANY: no way is worse)."""
+    def worse(self, shift: float) -> bool:
+        """Whether a change (after - before, or any multiple of it by a positive number) is for the worse
+        (ANY: no way is worse)."""
         if self is Direction.LOWER:
-            return relative > 0
-        return self is Direction.HIGHER and relative < 0
+            return shift > 0
+        return self is Direction.HIGHER and shift < 0
 
 
 @dataclass(frozen=True)
@@ -410,8 +424,7 @@ def equivalent(samples: Sequence[float], end: Sequence[float], margin: float) ->
     """Whether the 95 % bootstrap interval of the change of samples' median from end's lies within +-margin."""
     if len(samples) < 2 or len(end) < 2:
         return False
-    moved = change(end, samples)
-    return moved.before * max(abs(moved.low), abs(moved.high)) < margin
+    return change(end, samples).largest_shift() < margin
 
 
 def first_samples(pool: int) -> int:

@@ -17,6 +17,8 @@ MINUS = "\u2212"
 def number(value: float) -> str:
     """A measurement for people: thousands separated, about four significant digits."""
     size = abs(value)
+    if not size:
+        return "0"
     digits = 0 if size >= 1000 else 1 if size >= 100 else 2 if size >= 1 else 4
     return f"{value:,.{digits}f}".replace("-", MINUS)
 
@@ -35,12 +37,27 @@ def p_text(p: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+def signed(value: float) -> str:
+    return ("+" if value >= 0 else "") + number(value)
+
+
+def moved_text(change: Mapping) -> str:
+    """A change in words: `−9.0 %` of the magnitude of the baseline; from a baseline of 0, `+5.00 absolute, from 0`."""
+    if change["relative"] is None:
+        return f"{signed(change['after'] - change['before'])} absolute, from 0"
+    return percent(change["relative"])
+
+
 def change_text(metric: str, change: Mapping) -> str:
-    """`tok_s 10,340 → 9,410 (−9.0 %, 95 % CI −10.1 … −7.8 %, p = 2e-6)`."""
+    """`tok_s 10,340 → 9,410 (−9.0 %, 95 % CI −10.1 … −7.8 %, p = 2e-6)`; from a baseline of 0 the change and
+    its interval in the metric's units (`errors 0 → 5.00 (+5.00 absolute, from 0; 95 % CI +5.00 … +6.00, …)`)."""
     low, high = change["ci"]
     confidence = round(change.get("confidence", 0.95) * 100)
-    return (f"{metric} {number(change['before'])} → {number(change['after'])} ({percent(change['relative'])}, "
-            f"{confidence} % CI {percent(low).removesuffix(' %')} … {percent(high)}, "
+    interval = f"{signed(low)} … {signed(high)}" if change["relative"] is None else \
+        f"{percent(low).removesuffix(' %')} … {percent(high)}"
+    said = moved_text(change)
+    return (f"{metric} {number(change['before'])} → {number(change['after'])} ({said}"
+            f"{';' if change['relative'] is None else ','} {confidence} % CI {interval}, "
             f"p = {p_text(change['p_value'])})")
 
 
@@ -58,7 +75,7 @@ def notes(perf: Mapping) -> list[str]:
         if entry["samples"]:
             said += f", median {number(entry['median'])}"
             if entry.get("change") and entry["role"] == "probe":
-                said += f" ({percent(entry['change']['relative'])})"
+                said += f" ({moved_text(entry['change'])})"
         if entry.get("reason"):
             said += f": {entry['reason']}"
         lines.append("  " + said)

@@ -328,7 +328,8 @@ class PerfPolicy:
     commit can be told apart within max_samples, the hunt stops (an EndpointError naming the range left). A
     run that fails, skips or reports no value of the metric makes its commit a skip (an end: an
     EndpointError). Every run is stored, so a resumed or repeated run starts from all earlier samples
-    (`history`)."""
+    (`history`). A probe marked by hand (`marks`: bisector mark) is decided like the end its verdict names (a
+    skip: skipped) without a run; one step serves the mark."""
 
     rerun = True
     confirmed = False
@@ -336,11 +337,13 @@ class PerfPolicy:
     learns_signature = False  # a run that fails is a skip, whatever its signature
 
     def __init__(self, search: Bisection, ends: Endpoints, settings: PerfSettings,
-                 history: Callable[[str], list], cost: Callable[[str], float] | None = None):
-        """history(sha): sha's stored executions, oldest first."""
+                 history: Callable[[str], list], cost: Callable[[str], float] | None = None,
+                 marks: Mapping[str, Any] | None = None):
+        """history(sha): sha's stored executions, oldest first; marks: sha -> its verdict given by hand."""
         if len(ends.olds) > 1 or ends.merge_bases:
             raise UsageError(f"--metric needs one --{ends.old_name} that is an ancestor of --{ends.new_name}")
         self.search, self.ends, self.settings, self.history, self.cost = search, ends, settings, history, cost
+        self.marks = marks or {}
         self.rounds = 0
         self.failed: dict[str, str] = {}      # sha -> why its runs give no samples
         self.verdicts: dict[str, tuple[str | None, str]] = {}  # probe sha -> (its end, or None: skip; why)
@@ -401,6 +404,11 @@ class PerfPolicy:
             self._tellable()
             self.rounds += 1
             sha = self.search.next_probes(1, cost=self.cost)[0]
+            if sha in self.marks:  # like the end its verdict names, untested: one step serves the mark
+                yield Batch(self.rounds, ((sha, "probe"),))
+                end = {Term.OLD: "old", Term.NEW: "new", Term.SKIP: None}[self.ends.to_term[self.marks[sha].verdict]]
+                self._record(sha, end, self.marks[sha].reason)
+                continue
             # the first batch: as many samples as can differ from the larger pool at all (decide like the end of
             # the smaller pool); one like the other end takes a run or so more
             wanted = min(first_samples(max(len(self.pool("old")), len(self.pool("new")))), settings.max_samples)
@@ -473,14 +481,16 @@ class PerfPolicy:
                 seen = Comparison(one_sided.result if one_sided.result is Result.DIFFERENT else Result.UNKNOWN,
                                   one_sided.p_value, one_sided.high_threshold)
         moved = change(before, after)
+        # of the magnitude of the old end's median; from 0 any change is more than any --min-change of it
+        by = f"{moved.absolute:+,.6g} absolute, from 0" if moved.relative is None else f"{moved.relative:+.1%}"
         described = (f"{settings.metric} {moved.before:,.6g} at {ends.old_name} {ends.old_ref}, "
-                     f"{moved.after:,.6g} at {ends.new_name} {ends.new_ref} ({moved.relative:+.1%}, "
+                     f"{moved.after:,.6g} at {ends.new_name} {ends.new_ref} ({by}, "
                      f"p = {seen.p_value:.2g}, {len(before)} and {len(after)} samples)")
         if seen.result is Result.DIFFERENT:
-            if abs(moved.relative) < settings.min_change:
+            if moved.relative is not None and abs(moved.relative) < settings.min_change:
                 raise EndpointError(f"the endpoints do not differ by --min-change {settings.min_change:.1%}: "
                                     f"{described}")
-            worse = settings.direction.worse(moved.relative)
+            worse = settings.direction.worse(moved.absolute)
             if settings.direction is not Direction.ANY and worse == ends.find_fix:
                 # a regression hunt's new end must be worse, a fix hunt's better
                 raise EndpointError(f"the endpoints differ the wrong way for {settings.direction}: {described}")
@@ -546,7 +556,7 @@ class PerfPolicy:
         settings, probes = self.settings, self.search.steps_left()
         ends_due = 0 if self.rounds else sum(max(0, settings.warmup + settings.ENDPOINT_START - self.runs(sha))
                                              for sha in (self.ends.old, self.ends.new))
-        decided = [self.runs(sha) - settings.warmup for sha in self.tested]
+        decided = [self.runs(sha) - settings.warmup for sha in self.tested if sha not in self.marks]
         per_probe = min(math.ceil(sum(decided) / len(decided)) if decided else
                         first_samples(max(len(self.pool("old")), len(self.pool("new")), settings.ENDPOINT_START)),
                         settings.max_samples)

@@ -45,6 +45,9 @@ def mark_command(run_id, rev, verdict, reason, repo, state_dir):
         if sha not in _range(run_repo, row, params):
             raise UsageError(f"{rev} ({sha[:12]}) is not in run {row['id']}'s range "
                              f"{_ends(params['good'])}..{_ends(params['bad'])}")
+        if params.get("perf") and sha in {*_shas(params["good"]), *_shas(params["bad"])}:
+            raise UsageError(f"run {row['id']} is a performance hunt: its ends are measured, not marked (a commit "
+                             f"between them marked good or bad is decided like that end, untested)")
         directory = resolve_state_dir(repo, state_dir)
         assert directory is not None, "open_record found the record in it"
         with locked(directory / "lock", EXCLUSIVE, wait=False) as held:

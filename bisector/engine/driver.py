@@ -6,11 +6,12 @@ from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from dataclasses import dataclass
 from functools import partial
 from itertools import zip_longest
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Generator, Protocol, runtime_checkable
 
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE
 from bisector.engine.judge import Judge, signature_of
+from bisector.errors import AbortError
 from bisector.policies import Batch, SearchPolicy
 from bisector.process import Cancelled
 from bisector.seams import Executor, Verdict
@@ -80,6 +81,8 @@ class RunContext:
         self.own_runs = store.lineage(run_id) if run_id is not None else ()  # this run and those it resumes
         self.served_runs = None if cache.reuse_verdicts or judge.scenario.inputs_known else self.own_runs
         self.marks = store.marks(self.own_runs)  # verdicts given by hand to this run or one it resumes
+        self.marks_used: set[str] = set()  # the commits whose mark a step of this run was served
+        self.sent = 0  # steps sent to the executor
         store.remember_key(judge.key, judge.key_parts)
 
     def history(self, sha: str) -> list[Execution]:
@@ -125,9 +128,19 @@ class RunContext:
         assert decided is not None, "Judge.test returned executions that settle no verdict"
         return decided
 
-    def _served(self, sha: str, done: list[Execution]) -> list[Execution]:
+    def _mark(self, sha: str, policy: SearchPolicy) -> Execution | None:
+        """sha's verdict given by hand, if any. A policy whose every step is one more run (`rerun`) is served it
+        once in the run, then the commit runs: a mark is one verdict, never a stream of runs."""
+        if policy.rerun and sha in self.marks_used:
+            return None
+        mark = self.marks.get(sha)
+        if mark is not None:
+            self.marks_used.add(sha)
+        return mark
+
+    def _served(self, sha: str, done: list[Execution], mark: Execution | None) -> list[Execution]:
         """sha's verdict given by hand, else the one its stored runs settle (decided when it lands)."""
-        hit = self.marks.get(sha) or self.judge.decide(done)
+        hit = mark or self.judge.decide(done)
         assert hit is not None, "a served verdict no longer settles"
         return [hit]
 
@@ -179,11 +192,13 @@ class RunContext:
         futures = {}
         for sha, role in batch.commits:
             done = [] if policy.rerun else self.history(sha)
-            hit = self.marks.get(sha) or (None if policy.rerun else self.judge.decide(done))
+            mark = self._mark(sha, policy)
+            hit = mark or (None if policy.rerun else self.judge.decide(done))
             if hit is not None:  # a verdict given by hand is used, not tested (and not a cached one)
-                arrive(sha, role, partial(self._served, sha, done), not hit.manual)
+                arrive(sha, role, partial(self._served, sha, done, mark), not hit.manual)
                 continue
             self.handler.testing(sha, role)
+            self.sent += 1
             futures[self.executor.run_step(self.judge, sha, done)] = (sha, role, done)
         self._build_next(batch, policy)
         cancelled = set()
@@ -238,10 +253,27 @@ class RunContext:
         batches = policy.batches()
         batch = next(batches, None)  # then each round's landed steps are sent for the next batch
         while batch is not None:
+            news = self.sent, len(self.marks_used)
             landed = self.run_round(batch, policy)
-            try:
-                batch = batches.send(landed)
-            except StopIteration:
-                batch = None
+            asked, batch = batch, next_batch(batches, landed)
+            if batch is not None and batch.commits == asked.commits and news == (self.sent, len(self.marks_used)):
+                raise AbortError(stalled(asked))
         self.settle_builds_ahead()
         return policy.rounds
+
+
+def next_batch(batches: Generator[Batch, list[Step], None], landed: list[Step]) -> Batch | None:
+    """The batch a policy asks for once it has heard what landed; None when it is done."""
+    try:
+        return batches.send(landed)
+    except StopIteration:
+        return None
+
+
+def stalled(batch: Batch) -> str:
+    """Why a run stops whose policy asked again for the batch it was just answered with nothing new (every
+    verdict served from the cache or a mark already used, nothing run): the same answer again would loop."""
+    commits = ", ".join(dict.fromkeys(sha[:12] for sha, _ in batch.commits))
+    return (f"the search asked again for the same commits ({commits}) after they were answered with nothing new "
+            f"(no step ran, no mark was new): a bug in bisector's search policy, stopped rather than looping; "
+            f"the verdicts so far are kept")

@@ -110,7 +110,7 @@ def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContex
     for sha in blind:
         search.record(sha, Term.SKIP)
     if cfg.perf:
-        return PerfPolicy(search, asked.ends, cfg.perf, ctx.history, cost)
+        return PerfPolicy(search, asked.ends, cfg.perf, ctx.history, cost, ctx.marks)
     return BisectPolicy(search, asked.ends, ctx.executor.size, cost, seeds.pair if seeds else None,
                         cfg.verify_endpoints)
 
