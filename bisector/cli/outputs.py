@@ -20,7 +20,7 @@ def name_part(text: str) -> str:
     """text as part of a file name: itself when it is at most NAME_KEPT letters, digits and `. _ + , -`;
     else those characters kept (each run of others one `_`, cut to NAME_KEPT), then `-` and 8 hex digits of
     text's sha256, so that no two values share a name and none holds '/' or '='."""
-    if NAME_SAFE.fullmatch(text) and len(text) <= NAME_KEPT or not text:
+    if not text or (NAME_SAFE.fullmatch(text) and len(text) <= NAME_KEPT):
         return text
     kept = "_".join(NAME_SAFE.findall(text))[:NAME_KEPT]
     return f"{kept}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
