@@ -12,6 +12,7 @@ from bisector.results import StepRecord
 
 COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#f9a825"}
 MINUS = "\u2212"
+PLOT_MARK = "<!-- bisector: a performance hunt's plot (beside its JSON report, rewritten by each hunt) -->"
 
 
 def number(value: float) -> str:
@@ -130,6 +131,7 @@ def svg(perf: Mapping, order: Sequence[str], culprit: str | None) -> str:
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             PLOT_MARK,
              f"<title>{e(perf['metric'])} per tested commit</title>",
              f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<text x="{left}" y="16" font-size="13">{e(perf["metric"])} per tested commit, oldest first '

@@ -343,10 +343,12 @@ class Store:
     def runs(self) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM runs ORDER BY id").fetchall()
 
-    def latest_finished(self, repo: str | None = None, scenario: str | None = None) -> sqlite3.Row | None:
-        """The last finished run, of repository repo (its root path) and scenario name when given."""
-        for row in reversed(self.db.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY id")
-                            .fetchall()):
+    def latest(self, repo: str | None = None, scenario: str | None = None,
+               ended: bool = True) -> sqlite3.Row | None:
+        """The last run that ended (whatever its outcome: finished, failed, interrupted; with ended=False any
+        run, one still running too), of repository repo (its root path) and scenario name when given."""
+        status = "WHERE status != 'running' " if ended else ""
+        for row in reversed(self.db.execute(f"SELECT * FROM runs {status}ORDER BY id").fetchall()):
             params = json.loads(row["params"])
             if repo is not None and params.get("repo") != repo:
                 continue

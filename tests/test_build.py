@@ -92,7 +92,7 @@ def stand_in(repo, count: int, native_at: set[int], bad_from: int, broken: set[i
 def run_auto(cli):
     def run(repo, shas, python, state_dir, *extra):
         return cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1],
-                   "--state-dir", str(state_dir), "--python", python, "--json", str(state_dir / "r.json"),
+                   "--state-dir", str(state_dir), "--python", python, "--json", str(state_dir.with_name("r.json")),
                    "--build", "auto", "--allow-install-into-python", *extra, "--", python, "check.py",
                    env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"})
 
@@ -112,7 +112,7 @@ def test_auto_compiles_once_per_native_hash_and_reuses_artifacts(make_repo, venv
     state = tmp_path / "state"
     proc = run_auto(repo, shas, venv_python, state)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads((state / "r.json").read_text())
+    result = json.loads(state.with_name("r.json").read_text())
     assert result["first_bad"]["sha"] == shas[17]
     builds = [s["build"].split(":")[0] for s in result["steps"]]
     # a step compiles, or finds its native compiled ahead of it (--build-ahead, logs under logs/run-N/ahead/)
@@ -215,7 +215,7 @@ def test_precompiled_wheels_replace_compiles(make_repo, venv_python, tmp_path, s
         if served:
             server.shutdown()
     assert proc.returncode == 0, proc.stderr
-    result = json.loads((state / "r.json").read_text())
+    result = json.loads(state.with_name("r.json").read_text())
     assert result["first_bad"]["sha"] == shas[9]
     builds = [s["build"].split(":")[0] for s in result["steps"]]
     assert "source" not in builds and "precompiled" in builds

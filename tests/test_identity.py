@@ -204,7 +204,7 @@ def test_plan_of_a_scenario_that_needs_no_build_lists_no_builds(tmp_path):
 
 
 def test_runs_and_report_latest_follow_the_repository(tmp_path):
-    """Two repositories share one state dir: `latest --repo R` is R's last finished run."""
+    """Two repositories share one state dir: `latest --repo R` is R's last run that ended (a stopped one too)."""
     state = tmp_path / "state"
     one, two = tmp_path / "one", tmp_path / "two"
     shas_one, shas_two = linear_repo(one, bad_from=3), linear_repo(two, bad_from=9)
@@ -217,14 +217,16 @@ def test_runs_and_report_latest_follow_the_repository(tmp_path):
 
     latest = cli("report", "latest", "--repo", str(one), "--state-dir", str(state), "--format", "json")
     assert latest.returncode == 0, latest.stderr
-    record = json.loads(latest.stdout)
+    assert json.loads(latest.stdout)["outcome"] == "endpoint"  # the failing run: it ended, at its ends
+    first = cli("report", "1", "--repo", str(one), "--state-dir", str(state), "--format", "json")
+    record = json.loads(first.stdout)
     assert record["culprit"]["sha"] == shas_one[3] and record["repo"] == str(one)
     assert record["command_line"][:2] == ["bisector", "run"]
     assert record["command_line"][-5:] == ["--", "grep", "-q", "good", "state"]
     text = cli("report", "latest", "--repo", str(two), "--state-dir", str(state)).stdout
     assert shas_two[9] in text and "command: bisector run --repo" in text
     none = cli("report", "latest", "--repo", str(one), "--scenario", "aiter-mla-probe", "--state-dir", str(state))
-    assert none.returncode == 2 and "no finished run" in none.stderr
+    assert none.returncode == 2 and "with scenario aiter-mla-probe has ended" in none.stderr
 
     listed = cli("runs", "--repo", str(one), "--state-dir", str(state))
     lines = listed.stdout.splitlines()

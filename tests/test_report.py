@@ -162,8 +162,8 @@ def test_unfinished_run_has_no_report(tmp_path, cli):
     proc = cli("report", str(run_id), "--state-dir", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr == f"bisector: error: run {run_id} is running: it has no result to report\n"
-    latest = cli("report", "latest", "--state-dir", str(tmp_path))  # latest: the last finished run
-    assert latest.returncode == 2 and "no finished run" in latest.stderr
+    latest = cli("report", "latest", "--state-dir", str(tmp_path))  # latest: the last run that ended
+    assert latest.returncode == 2 and "has ended" in latest.stderr
 
 
 @pytest.mark.parametrize("url, template", [

@@ -10,7 +10,6 @@ from bisector.builds import BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
     build_options,
-    check_writable,
     command_line,
     env_options,
     log_limit_option,
@@ -23,6 +22,7 @@ from bisector.cli.options import (
     world_options,
     write_output,
 )
+from bisector.cli.outputs import check_outputs
 from bisector.envs import EnvSettings
 from bisector.errors import (
     UsageError,
@@ -73,8 +73,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
 
     outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
                ("--junit", junit_file, report.backport_junit))
-    for option, path, _ in outputs:
-        check_writable(option, path)
+    check_outputs(repo, state_dir, [(option, path) for option, path, _ in outputs])
     if scenario_name and command:
         raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
     if options and not scenario_name:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from bisector.cli.options import check_writable, python_option, state_dir_option, write_output
+from bisector.cli.options import python_option, state_dir_option, write_output
+from bisector.cli.outputs import check_outputs
 from bisector.cli.state import resolve_state_dir
 from bisector.envs import EnvSettings, EnvStore
 from bisector.errors import (
@@ -43,7 +44,7 @@ def env_create(repo, ref, state_dir, python, json_file):
     """Create (or find) the environment a commit runs in with --env per-commit."""
     from bisector.refs import GitRepo
 
-    check_writable("--json", json_file)
+    check_outputs(repo, state_dir, [("--json", json_file)])
     git_repo = GitRepo(Path(repo))
     sha = git_repo.resolve(ref)
     store = open_env_store(repo, state_dir, python)

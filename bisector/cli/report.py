@@ -6,13 +6,13 @@ from pathlib import Path
 import click
 
 from bisector.cli.options import (
-    check_writable,
     not_an_option,
     pr_links,
     pr_url_template_option,
     state_dir_option,
     write_output,
 )
+from bisector.cli.outputs import check_outputs
 from bisector.cli.state import open_record, repo_root
 from bisector.errors import (
     GitError,
@@ -28,7 +28,7 @@ SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
 @click.argument("run_id", metavar="RUN_ID|latest")
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
               help="Repository whose record to read.")
-@click.option("--scenario", "scenario_name", help="latest: the last finished run of this scenario.")
+@click.option("--scenario", "scenario_name", help="latest: the last run of this scenario that ended.")
 @state_dir_option
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to FILE, not stdout.")
@@ -36,22 +36,25 @@ SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
 def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_template):
     """Regenerate a run's report from the stored record (bisection or backport).
 
-    `latest` is the last finished run of --repo (and of --scenario when given)."""
+    `latest` is the last run of --repo (and of --scenario when given) that ended, whatever its outcome."""
     from bisector import report
 
     if run_id != "latest" and not (run_id.isascii() and run_id.isdigit()):
         raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
-    check_writable("--output", output)
+    check_outputs(repo, state_dir, [("--output", output)])
     pr_url_template = pr_links(repo, pr_url_template)
     store = open_record(repo, state_dir)
     try:
         if run_id == "latest":
             root = repo_root(repo)
-            row = store.latest_finished(root, scenario_name)
+            row = store.latest(root, scenario_name)
             if row is None:
-                raise UsageError(f"no finished run of {root or 'any repository'}"
+                running = store.latest(root, scenario_name, ended=False)
+                raise UsageError(f"no run of {root or 'any repository'}"
                                  + (f" with scenario {scenario_name}" if scenario_name else "")
-                                 + f" in {store.path}")
+                                 + f" has ended in {store.path}"
+                                 + (f" (run {running['id']} has not ended: it is running, or was killed)"
+                                    if running else ""))
         else:
             row = store.run(run_id) if int(run_id) <= SQLITE_MAX_INTEGER else None
             if row is None:

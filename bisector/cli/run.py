@@ -12,7 +12,6 @@ from bisector.cli.options import (
     FiniteFloat,
     RegistryChoice,
     build_options,
-    check_writable,
     command_line,
     env_options,
     log_limit_option,
@@ -29,6 +28,7 @@ from bisector.cli.options import (
     world_options,
     write_output,
 )
+from bisector.cli.outputs import check_outputs, labelled, plot_beside, value_names
 from bisector.cli.progress import ProgressHandler, console, escape, resume_hint
 from bisector.envs import EnvSettings
 from bisector.errors import (
@@ -152,10 +152,11 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     perf = _perf_settings(click.get_current_context().params)
     skip = (*skip, *_skip_file_revs(skip_file)) if skip_file else skip
     runs = option_values(options) if scenario_name else [("", {})]
-    outputs = [(label, _labelled(json_file, label), _labelled(markdown_file, label)) for label, _ in runs]
-    for _, each_json, each_markdown in outputs:
-        check_writable("--json", each_json)
-        check_writable("--markdown", each_markdown)
+    outputs = [(label, labelled(json_file, name), labelled(markdown_file, name))
+               for (label, _), name in zip(runs, value_names(runs))]
+    plots = [("--json", plot_beside(each)) for _, each, _ in outputs if each and perf and not plan]
+    check_outputs(repo, state_dir, [(option, path) for _, each_json, each_markdown in outputs
+                                    for option, path in (("--json", each_json), ("--markdown", each_markdown))], plots)
     prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
     pr_url_template = pr_links(repo, pr_url_template)
     builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
@@ -223,7 +224,7 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
         if result.perf:  # the metric per tested commit, beside the JSON
             from bisector import perf_report
 
-            write_output("--json", json_file.with_suffix(".svg"),
+            write_output("--json", plot_beside(json_file),
                          perf_report.svg(result.perf, result.range, result.culprit.sha if result.culprit else None))
     if markdown_file:
         write_output("--markdown", markdown_file, report.bisect_markdown(result, pr_url_template))
@@ -260,14 +261,6 @@ def _perf_settings(params: dict):
         raise UsageError(missing)
     return PerfSettings(metric, Direction(params["direction"] or "any"), params["min_change"] / 100,
                         params["warmup"], params["max_samples"], params["jobs"])
-
-
-def _labelled(path: Path | None, label: str) -> Path | None:
-    """A report path of one run among several (a comma-listed --option): its values before the suffix,
-    `run.json` → `run.arch=gfx950.json`."""
-    if path is None or not label:
-        return path
-    return path.with_name(f"{path.stem}.{label.replace(' ', '.')}{path.suffix}")
 
 
 def _skip_file_revs(path: Path) -> list[str]:

@@ -11,7 +11,6 @@ from bisector.builds import BuildSettings
 from bisector.cli.options import (
     FiniteFloat,
     build_options,
-    check_writable,
     env_options,
     log_limit_option,
     not_an_option,
@@ -23,6 +22,7 @@ from bisector.cli.options import (
     world_options,
     write_output,
 )
+from bisector.cli.outputs import check_outputs
 from bisector.envs import EnvSettings
 from bisector.errors import (
     EXIT_BAD,
@@ -78,7 +78,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import JudgeOne, judge_one
     from bisector.world import WorldSettings
-    check_writable("--json", json_file)
+    check_outputs(repo, state_dir, [("--json", json_file)])
     scenario = _scenario_asked(name, options, command, bool(world["image"]))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
@@ -118,7 +118,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
     from bisector.world import WorldSettings
-    check_writable("--json", json_file)
+    check_outputs(repo, state_dir, [("--json", json_file)])
     scenario = _scenario_asked(name, options, command, bool(world["image"]))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
