@@ -83,3 +83,80 @@ def test_a_build_in_the_users_python_leaves_their_editable_vllm_as_it_was(build,
     assert hostile.tree_listing(tree) == users
     assert _python(python, "-c", WHERE_IS_VLLM, cwd=tmp_path).split() == ["user", str(tree / "vllm" / "__init__.py")]
     assert repo.snapshot() == before
+
+
+def _users_disk(tmp_path: Path) -> Path:
+    """A user's big disk named as the cache root, already holding their own models/ and compile/ folders."""
+    disk = tmp_path / "big-disk"
+    (disk / "models" / "llama").mkdir(parents=True)
+    (disk / "models" / "llama" / "model.safetensors").write_bytes(b"weights" * 1000)
+    (disk / "compile").mkdir()
+    (disk / "compile" / "notes.txt").write_text("my own build notes\n")
+    return disk
+
+
+def _forget(cli, repo, disk: Path):
+    return cli("cache", "forget", "--compile", "--repo", str(repo.path), env={"BISECTOR_CACHE_DIR": str(disk)})
+
+
+def _list(cli, repo, disk: Path):
+    return cli("cache", "list", "--repo", str(repo.path), env={"BISECTOR_CACHE_DIR": str(disk)})
+
+
+def _step(cli, repo, disk: Path):
+    """A GPU step's hold on the root (trimmed to a cap of 0 first), as the dpa-fp8-kv scenario takes it."""
+    from bisector.compile_cache import in_use
+    from bisector.errors import UsageError
+    with pytest.raises(UsageError) as refused:
+        with in_use(disk, 0):
+            pass
+    return subprocess.CompletedProcess([], 2, "", f"bisector: error: {refused.value}\n")
+
+
+@pytest.mark.parametrize("command", [_forget, _step], ids=["cache-forget-compile", "a-step-trimming-to-its-cap"])
+def test_a_cache_root_holding_the_users_files_is_refused_in_one_line(command, make_repo, tmp_path, cli, hostile):
+    """Item 2: `cache forget --compile` deleted the user's models/ and compile/ wholesale; a step's trim to the
+    cap would have removed them too."""
+    disk = _users_disk(tmp_path)
+    before = hostile.tree_listing(disk)
+    repo = make_repo()
+    repo.commit("one", {"a": "1"})
+    line = hostile.one_line_error(command(cli, repo, disk))
+    assert f"cache dir {disk} holds files bisector did not make (no bisector-cache marker)" in line, line
+    assert "$BISECTOR_CACHE_DIR" in line, line
+    assert hostile.tree_listing(disk) == before and sorted(p.name for p in disk.iterdir()) == ["compile", "models"]
+
+
+def test_cache_list_counts_none_of_the_users_files(make_repo, tmp_path, cli, hostile):
+    """Item 2: `cache list` counted the user's files as the cache's (their weights as a model dir)."""
+    disk = _users_disk(tmp_path)
+    before = hostile.tree_listing(disk)
+    repo = make_repo()
+    sha = repo.commit("one", {"a": "1"})
+    judged = cli("scenario", "run", "command", "--repo", str(repo.path), "--ref", sha, "--", "true")
+    assert judged.returncode == 0, judged.stderr  # a record with one cached verdict
+    proc = _list(cli, repo, disk)
+    assert proc.returncode == 0, proc.stderr
+    compile_line = proc.stderr.strip().splitlines()[-1]
+    assert compile_line.startswith(f"compile cache: {disk} is not bisector's"), proc.stderr
+    assert "nothing counted" in compile_line and "model dirs" not in compile_line, proc.stderr
+    assert hostile.tree_listing(disk) == before
+
+
+def test_forget_compile_in_the_tools_own_root_removes_only_what_the_tool_wrote(make_repo, tmp_path, cli, hostile):
+    """Item 2: in a root the tool made (marked), the caches and model dirs go; a file the user put beside them
+    stays."""
+    from bisector.compile_cache import in_use, publish
+    root = tmp_path / "cache-root"
+    with in_use(root, 1 << 30):  # a step made the root and wrote into it
+        publish(root, "0123456789abcdef", lambda tmp: (tmp / "config.json").write_text("{}"))
+        (root / "compile" / "vllm" / "torch_compile_cache").mkdir(parents=True)
+        (root / "compile" / "vllm" / "torch_compile_cache" / "entry").write_text("compiled")
+    (root / "compile" / "notes.txt").write_text("the user's, put here later\n")
+    repo = make_repo()
+    repo.commit("one", {"a": "1"})
+    proc = _forget(cli, repo, root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("deleted 2 compile cache entries and model dirs"), proc.stdout
+    assert not (root / "models").exists() and not (root / "compile" / "vllm").exists()
+    assert (root / "compile" / "notes.txt").read_text() == "the user's, put here later\n"
