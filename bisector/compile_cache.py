@@ -165,7 +165,8 @@ def first_start(root: Path, key: str) -> Iterator[Start]:
     marked warm nobody waits. The gate opens as soon as the first start saves a compiled model it did not
     find (vLLM does so when its compile is done, before it captures CUDA graphs), else when it calls `up`
     (the engine is up); leaving the block, however the start ended, opens it too, and a first start whose
-    process died opens it with its lock."""
+    process died opens it with its lock. UsageError when root is not the tool's."""
+    claim_root(root)
     marker = root / WARM / key
     if marker.exists():
         yield Start(lambda: None)
