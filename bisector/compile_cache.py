@@ -50,8 +50,8 @@ class CacheBusy(RuntimeError):
 def cache_root(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     given = env.get(ROOT_ENV)
-    if given:
-        return Path(given)
+    if given:  # `~` expanded, a relative path taken from the current directory (once)
+        return Path(os.path.abspath(os.path.expanduser(given)))
     base = env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache"
     return Path(base) / "bisector"
 

@@ -160,3 +160,83 @@ def test_forget_compile_in_the_tools_own_root_removes_only_what_the_tool_wrote(m
     assert proc.stdout.startswith("deleted 2 compile cache entries and model dirs"), proc.stdout
     assert not (root / "models").exists() and not (root / "compile" / "vllm").exists()
     assert (root / "compile" / "notes.txt").read_text() == "the user's, put here later\n"
+
+
+def _configure(place: str, tmp_path: Path, repo, key: str, value: str) -> dict:
+    """key = value set in one place: the user's config.toml, [tool.bisector] of the repository's pyproject.toml
+    (committed: the work tree stays clean) or BISECTOR_<KEY>; the environment commands then run with."""
+    home, config_home = tmp_path / "home", tmp_path / "config-home"
+    home.mkdir(exist_ok=True)
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(config_home)}
+    if place == "config.toml":
+        (config_home / "bisector").mkdir(parents=True)
+        (config_home / "bisector" / "config.toml").write_text(f'{key} = "{value}"\n')
+    elif place == "pyproject.toml":
+        repo.commit("config", {"pyproject.toml": f'[tool.bisector]\n{key} = "{value}"\n'})
+    else:
+        env[f"BISECTOR_{key.upper()}"] = value
+    return env
+
+
+PLACES = ["config.toml", "pyproject.toml", "BISECTOR_*"]
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_configured_state_dir_under_home_is_the_same_from_every_directory(place, make_repo, tmp_path, cli,
+                                                                             state_is_good):
+    """Item 4: `state_dir = "~/bisector-state"` made a folder named `~` under the current directory; a later
+    `bisector runs` from another directory found no record."""
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=2)
+    env = _configure(place, tmp_path, repo, "state_dir", "~/bisector-state")
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--", *state_is_good,
+               cwd=here, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not (here / "~").exists() and not (repo.path / "~").exists()
+    assert (tmp_path / "home" / "bisector-state" / "bisector-state").is_file()  # the state dir, marked
+    listed = cli("runs", "--repo", str(repo.path), cwd=there, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.strip().splitlines()) == 1, listed.stdout
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_configured_aiter_repo_under_home_is_expanded(place, make_repo, tmp_path, cli):
+    """Item 4, the other path key: `aiter_repo = "~/mirrors/aiter.git"` stands for the folder under $HOME."""
+    repo = make_repo()
+    repo.commit("one", {"a": "1"})
+    env = _configure(place, tmp_path, repo, "aiter_repo", "~/mirrors/aiter.git")
+    proc = cli("doctor", "--repo", str(repo.path), cwd=tmp_path, env=env)
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("config aiter_repo: "))
+    assert line.startswith(f"config aiter_repo: {tmp_path / 'home' / 'mirrors' / 'aiter.git'} ("), line
+
+
+@pytest.mark.parametrize("written, resolved", [("state-here", "config-home/bisector/state-here"),
+                                               ("../state-beside", "config-home/state-beside")])
+def test_a_relative_state_dir_in_a_config_file_is_taken_from_the_files_folder(written, resolved, make_repo,
+                                                                              tmp_path, cli, state_is_good):
+    """Item 4: a relative path in a config file means the same from every directory: the file's folder's."""
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=2)
+    env = _configure("config.toml", tmp_path, repo, "state_dir", written)
+    for cwd in (tmp_path, repo.path):
+        proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--", *state_is_good,
+                   cwd=cwd, env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / resolved / "bisector-state").is_file()
+    listed = cli("runs", "--repo", str(repo.path), cwd=repo.path, env=env)
+    assert len(listed.stdout.strip().splitlines()) == 2, listed.stdout  # both runs in the one record
+
+
+def test_a_cache_dir_under_home_in_its_variable_is_expanded(make_repo, tmp_path, cli):
+    """Item 4, a path-valued variable: BISECTOR_CACHE_DIR="~/gpu-cache" is the folder under $HOME."""
+    repo = make_repo()
+    sha = repo.commit("one", {"a": "1"})
+    env = {"HOME": str(tmp_path / "home"), "BISECTOR_CACHE_DIR": "~/gpu-cache"}
+    (tmp_path / "home").mkdir()
+    judged = cli("scenario", "run", "command", "--repo", str(repo.path), "--ref", sha, "--", "true", env=env)
+    assert judged.returncode == 0, judged.stderr
+    proc = cli("cache", "list", "--repo", str(repo.path), cwd=tmp_path, env=env)
+    assert f"compile cache: {tmp_path / 'home' / 'gpu-cache'} " in proc.stderr, proc.stderr
+    assert not (tmp_path / "~").exists()
