@@ -1,5 +1,5 @@
 """What every cache of the tool shares: file locks (flock), least-recently-used eviction to a cap that keeps
-entries in use, "used" marks, and sizes in words.
+entries in use, "used" marks, sizes in words, and the marker that makes a directory the tool's (`claim`).
 
 A cache says what its entries are, how recently each was used and how much each counts against the cap (its
 bytes, or 1 when the cap is a count); `evict` removes the least recently used first until the rest fit, and
@@ -13,6 +13,8 @@ import fcntl
 import shutil
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator, TypeVar
+
+from bisector.errors import UsageError
 
 SHARED = fcntl.LOCK_SH
 EXCLUSIVE = fcntl.LOCK_EX
@@ -87,6 +89,28 @@ def used_at(home: Path) -> float:
         return (home / USED_MARK).stat().st_mtime
     except FileNotFoundError:
         return 0.0
+
+
+def foreign(path: Path, marker: str, taken_over: Callable[[Path], bool] = lambda path: False) -> bool:
+    """Whether path holds files the tool did not make: a directory with files but without the marker file, that
+    taken_over does not recognise as an earlier version's (OSError when it cannot be read)."""
+    if (path / marker).is_file() or not path.is_dir():
+        return False
+    return any(path.iterdir()) and not taken_over(path)
+
+
+def claim(path: Path, marker: str, what: str, taken_over: Callable[[Path], bool] = lambda path: False,
+          hint: str = "give a new or empty directory") -> None:
+    """Mark path (created if missing) as the tool's `what` with the marker file, or raise UsageError in one line
+    when it holds files the tool did not make (`foreign`): the tool deletes and rewrites files in it."""
+    try:
+        if foreign(path, marker, taken_over):
+            raise UsageError(f"{what} {path} holds files bisector did not make (no {marker} marker); {hint}")
+    except OSError as exc:
+        raise UsageError(f"{what} not readable: {path} ({exc.strerror})") from None
+    if not (path / marker).is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        (path / marker).write_text(f"This directory is a bisector {what}: the tool made and manages its files.\n")
 
 
 def human_size(size: float, decimal: bool = False) -> str:

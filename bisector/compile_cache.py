@@ -15,6 +15,10 @@ Everything lives under one root, `$BISECTOR_CACHE_DIR` (default `$XDG_CACHE_HOME
 Steps hold a shared lock on the root while they run; trimming to the size cap (least recently used
 entry first) and `cache forget --compile` need it exclusively, so they never delete what a running step
 reads. A Ray node keeps its own root.
+
+The root is the tool's as a state dir is (`claim_root`, the `bisector-cache` marker): a folder already
+holding files the tool did not make (a user's own `models/` on a big disk) is refused in one line, never
+counted, trimmed or cleared; and clearing removes only the folders the tool writes (TOOL_FOLDERS).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from bisector.cachedir import EXCLUSIVE, SHARED, evict, human_size, lock_file, locked, take
+from bisector.cachedir import EXCLUSIVE, SHARED, claim, evict, foreign, human_size, lock_file, locked, take
 
 ROOT_ENV = "BISECTOR_CACHE_DIR"
 SIZE_ENV = "BISECTOR_COMPILE_CACHE_SIZE"
@@ -36,6 +40,7 @@ DEFAULT_SIZE = 10 * 1024 ** 3
 # Folders whose children are the unit of eviction (relative to the root).
 CONTAINERS = ("compile/vllm/torch_compile_cache/torch_aot_compile", "compile/vllm/torch_compile_cache",
               "compile/vllm", "compile/triton", "compile/inductor", "models")
+ROOT_MARKER = "bisector-cache"  # marks the root as the tool's (cachedir.claim)
 
 
 class CacheBusy(RuntimeError):
@@ -45,10 +50,22 @@ class CacheBusy(RuntimeError):
 def cache_root(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     given = env.get(ROOT_ENV)
-    if given:
-        return Path(given)
+    if given:  # `~` expanded, a relative path taken from the current directory (once)
+        return Path(os.path.abspath(os.path.expanduser(given)))
     base = env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache"
     return Path(base) / "bisector"
+
+
+def _default_root(root: Path) -> bool:
+    """Whether root is the default root (made unmarked by earlier versions: the tool's by its name)."""
+    return root == cache_root({name: value for name, value in os.environ.items() if name != ROOT_ENV})
+
+
+def claim_root(root: Path) -> None:
+    """Mark root as the tool's cache root (made if missing), or raise UsageError in one line when it holds files
+    the tool did not make."""
+    claim(root, ROOT_MARKER, "cache dir", taken_over=_default_root,
+          hint=f"point ${ROOT_ENV} at a new or empty directory")
 
 
 def size_cap(env: Mapping[str, str] | None = None) -> int:
@@ -109,7 +126,8 @@ def trim(root: Path, cap: int) -> list[Entry]:
 @contextlib.contextmanager
 def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
     """Hold root for one step: trim it to cap first when no other step holds it, then keep a shared
-    lock until the step ends. Yields what trimming removed."""
+    lock until the step ends. Yields what trimming removed; UsageError when root is not the tool's."""
+    claim_root(root)
     with lock_file(root / ".lock") as lock:
         removed = trim(root, cap) if take(lock, EXCLUSIVE, wait=False) else []  # else other steps run
         take(lock, SHARED)
@@ -117,6 +135,8 @@ def in_use(root: Path, cap: int) -> Iterator[list[Entry]]:
 
 
 WARM = "compile/warm"
+# What the tool writes under the root (clear removes these, nothing else): the caches and the warm marks.
+TOOL_FOLDERS = ("compile/vllm", "compile/triton", "compile/inductor", WARM, "models")
 WAIT_POLL = 0.2  # seconds between looks for the first start's saved compile
 # vLLM saves an engine's compiled model here last of its compiles (torch_aot_compile/<hash>/rank_<r>/model)
 AOT_MODELS = "compile/vllm/torch_compile_cache/torch_aot_compile/*/rank_*/model"
@@ -145,7 +165,8 @@ def first_start(root: Path, key: str) -> Iterator[Start]:
     marked warm nobody waits. The gate opens as soon as the first start saves a compiled model it did not
     find (vLLM does so when its compile is done, before it captures CUDA graphs), else when it calls `up`
     (the engine is up); leaving the block, however the start ended, opens it too, and a first start whose
-    process died opens it with its lock."""
+    process died opens it with its lock. UsageError when root is not the tool's."""
+    claim_root(root)
     marker = root / WARM / key
     if marker.exists():
         yield Start(lambda: None)
@@ -185,18 +206,21 @@ def first_start(root: Path, key: str) -> Iterator[Start]:
 
 
 def clear(root: Path) -> tuple[int, int]:
-    """Delete the compile caches and model dirs under root: (entries, bytes). CacheBusy while a step runs."""
+    """Delete the compile caches and model dirs under root: (entries, bytes). CacheBusy while a step runs,
+    UsageError when root is not the tool's."""
     if not root.is_dir():
         return 0, 0
+    claim_root(root)
     with locked(root / ".lock", EXCLUSIVE, wait=False) as lock:
         if lock is None:
             raise CacheBusy(f"{root} is in use by a running step")
         found = entries(root)
         for entry in found:
             _remove(entry.path)
-        for top in ("compile", "models"):
-            if (root / top).is_dir():
-                shutil.rmtree(root / top, ignore_errors=True)
+        for folder in TOOL_FOLDERS:
+            shutil.rmtree(root / folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (root / "compile").rmdir()  # only when nothing else is left in it
         return len(found), sum(entry.size for entry in found)
 
 
@@ -204,6 +228,13 @@ def describe(root: Path, cap: int) -> str:
     """One line: where the caches are, their size against the cap, how many entries."""
     if not root.is_dir():
         return f"compile cache: {root} (empty; cap {human_size(cap)})"
+    try:
+        others = foreign(root, ROOT_MARKER, _default_root)
+    except OSError as exc:
+        return f"compile cache: {root} not readable ({exc.strerror})"
+    if others:
+        return f"compile cache: {root} is not bisector's (it holds files bisector did not make, no {ROOT_MARKER} " \
+               f"marker): nothing counted; point ${ROOT_ENV} at a new or empty directory"
     found = entries(root)
     models = sum(1 for entry in found if entry.path.parent == root / "models")
     return (f"compile cache: {root} ({human_size(sum(entry.size for entry in found))} of {human_size(cap)}, "
@@ -212,7 +243,9 @@ def describe(root: Path, cap: int) -> str:
 
 def publish(root: Path, name: str, fill) -> tuple[Path, bool]:
     """root/models/name, written once: fill(tmp_dir) writes the content into a fresh temporary dir beside
-    it, which is then renamed into place (a concurrent writer's copy wins ties). (path, written here)."""
+    it, which is then renamed into place (a concurrent writer's copy wins ties). (path, written here);
+    UsageError when root is not the tool's."""
+    claim_root(root)
     target = root / "models" / name
     if target.is_dir():
         return target, False

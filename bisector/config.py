@@ -34,7 +34,7 @@ class Key:
     parameter: str  # the click parameter's name
     option: str  # how the command line spells it
     default: str
-    path: bool = False  # a relative path in a file is taken from that file's folder
+    path: bool = False  # `~` expanded; a relative path in a file is taken from that file's folder
 
 
 KEYS: dict[str, Key] = {
@@ -113,7 +113,8 @@ def load(repo: str | Path, env: Mapping[str, str] = os.environ) -> Config:
     for key in KEYS:
         variable = ENV_PREFIX + key.upper()
         if env.get(variable, "").strip():  # set but empty counts as unset
-            settings[key] = Setting(env[variable], f"${variable}")
+            value = env[variable]
+            settings[key] = Setting(_expand_home(value) if KEYS[key].path else value, f"${variable}")
     return Config(settings)
 
 
@@ -140,7 +141,8 @@ def _read(path: Path, table: str | None) -> dict[str, Any]:
 
 
 def _value(path: Path, source: str, key: str, value: Any) -> str:
-    """The value as the command line would spell it; a relative path taken from the file's folder."""
+    """The value as the command line would spell it: a path with `~` expanded, a relative one taken from the
+    file's folder (state_dir always, aiter_repo when it exists there: else it may be a `host:path` remote)."""
     if key == "gpus" and isinstance(value, list) and value and all(type(item) is int for item in value):
         return ",".join(map(str, value))
     if key == "gpus" and type(value) is int:
@@ -149,7 +151,12 @@ def _value(path: Path, source: str, key: str, value: Any) -> str:
         wanted = "a non-empty string" + (" or a list of GPU ids" if key == "gpus" else "")
         raise UsageError(f"{source}: {key} must be {wanted}, got {value!r}")
     if KEYS[key].path and "://" not in value:
-        relative = Path(value).expanduser()
-        if not relative.is_absolute() and (key == "state_dir" or (path.parent / relative).exists()):
-            return os.path.normpath(path.parent / relative)
+        value = _expand_home(value)
+        if not os.path.isabs(value) and (key == "state_dir" or (path.parent / value).exists()):
+            return os.path.normpath(path.parent / value)
     return value
+
+
+def _expand_home(value: str) -> str:
+    """A path value with a leading `~` or `~user` expanded, as a shell would (a URL is left as it is)."""
+    return value if "://" in value else os.path.expanduser(value)

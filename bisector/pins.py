@@ -175,7 +175,7 @@ class DependencyUnavailable(Exception):
 
 def cache_root() -> Path:
     """Where clones of dependency repositories are kept (the AITER probe's cache)."""
-    return Path(os.environ.get("BISECTOR_AITER_CACHE") or Path.home() / ".cache" / "bisector" / "aiter")
+    return Path(os.environ.get("BISECTOR_AITER_CACHE") or Path.home() / ".cache" / "bisector" / "aiter").expanduser()
 
 
 def dependency_checkout(source: str, refs: tuple[str, ...]) -> Path:

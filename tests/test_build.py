@@ -240,7 +240,7 @@ def test_plan_shows_rocm_build_commands_and_runs_nothing(make_repo, tmp_path, cl
     assert first["build"] == "source"
     pip, develop = first["commands"]
     assert pip["argv"][1:] == ["-m", "pip", "install", "-r", "requirements/rocm-build.txt"]
-    assert develop["argv"][1:] == ["setup.py", "develop"]
+    assert develop["argv"][1:] == ["setup.py", "egg_info", "build_ext", "--inplace"]
     assert develop["env"]["PYTORCH_ROCM_ARCH"] == "gfx950" and develop["env"]["MAX_JOBS"] == "7"
     assert "PYTORCH_ROCM_ARCH=gfx950 MAX_JOBS=7" in proc.stdout
     # commits sharing an earlier step's native hash need no build; the probe prefers them
@@ -256,7 +256,7 @@ def test_source_plan_is_vllms_rocm_build():
                        compiler_cache_env("ccache", Path("/state/compiler-cache"), Path("/wt")))
     assert [c.argv for c in plan] == [
         ("/env/bin/python", "-m", "pip", "install", "-r", "requirements/build/rocm.txt"),
-        ("/env/bin/python", "setup.py", "develop")]
+        ("/env/bin/python", "setup.py", "egg_info", "build_ext", "--inplace")]
     assert plan[1].env == {"PYTORCH_ROCM_ARCH": "gfx942;gfx950", "MAX_JOBS": "32",
                            "CCACHE_DIR": "/state/compiler-cache/ccache", "CCACHE_BASEDIR": "/wt"}
     sccache = source_plan("py", None, rocm, 8, compiler_cache_env("sccache", Path("/c"), Path("/wt")))

@@ -18,7 +18,8 @@ AOT = "compile/vllm/torch_compile_cache/torch_aot_compile"
 
 
 def entry(root: Path, rel: str, size: int, age: float) -> Path:
-    """A cache entry folder of size bytes, last written age seconds ago."""
+    """A cache entry folder of size bytes, last written age seconds ago, in root made the tool's."""
+    compile_cache.claim_root(root)
     path = root / rel
     path.mkdir(parents=True)
     (path / "blob").write_bytes(b"x" * size)

@@ -74,7 +74,7 @@ def test_a_users_tag_on_the_commit_never_decides_the_built_version(make_repo, sc
     develop = "".join(log.read_text() for log in state.rglob("build-*-develop.log"))
     assert "Can't parse version from tag" not in develop, develop[-2000:]
     assert proc.returncode == 0, (outcome, proc.stderr)
-    assert outcome["verdict"] == "good" and "running develop" in develop
+    assert outcome["verdict"] == "good" and "running build_ext" in develop
     assert repo.snapshot() == before
 
 
@@ -173,8 +173,8 @@ def test_a_develop_in_the_users_python_fetches_no_missing_requirement(make_repo,
     assert proc.returncode == 0, proc.stdout + proc.stderr
     after = subprocess.run(freeze, check=True, capture_output=True, text=True).stdout
     assert "absent" not in after
-    # what stays is the worktree's link (an egg-link), no package
-    assert [line for line in after.splitlines() if "vllm" not in line] == before.splitlines()
+    # nor the worktree's link (an egg-link): the step imports the worktree through PYTHONPATH
+    assert after == before
 
 
 # vLLM's precompiled path in miniature: with VLLM_USE_PRECOMPILED the wheel is opened before anything else.

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 # A strategy that only copies files costs nothing; one that compiles costs a compile.
 FREE_COST, COMPILE_COST = 0.0, 1.0
 UNAVAILABLE = "unavailable"
+# How a build makes the worktree runnable: what `setup.py develop` does to the tree (metadata, extensions in
+# place), never its link into the environment (an egg-link, easy-install.pth or PEP 660 install, which would
+# replace a user's own editable vLLM with a slot that is removed after the step); steps import the worktree
+# through PYTHONPATH (Target.env).
+BUILD_IN_PLACE = ("setup.py", "egg_info", "build_ext", "--inplace")
 
 
 @dataclass(frozen=True)

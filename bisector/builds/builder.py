@@ -280,8 +280,7 @@ class Builder:
     def _in_users_python(self, decision: Decision, environment: Environment | None) -> Decision | str:
         """decision as it may run in environment. In --python itself (the shared environment, none of the
         tool's own) without --allow-install-into-python nothing is installed there: a package install is
-        refused (why, as a string), `setup.py develop` runs with --no-deps (it would fetch missing
-        install_requires into --python; it still links the worktree there)."""
+        refused (why, as a string). No build links the worktree there (BUILD_IN_PLACE)."""
         if self.settings.install_into_python or (environment is not None and environment.path is not None):
             return decision
         installs = [command for command in decision.commands if installs_packages(command.argv)]
@@ -289,10 +288,7 @@ class Builder:
             return (f"{decision.strategy} build refused: `{' '.join(installs[0].argv)}` would install into "
                     f"--python {self.settings.python} (--env shared); --env per-commit builds in the tool's own "
                     f"environments, --allow-install-into-python allows it")
-        return dataclasses.replace(decision, commands=tuple(
-            dataclasses.replace(command, argv=(*command.argv, "--no-deps"))
-            if command.argv[1:3] == ("setup.py", "develop") and "--no-deps" not in command.argv else command
-            for command in decision.commands))
+        return decision
 
     def _prepare(self, target: Target, decision: Decision, log_dir: Path) -> BuildResult:
         if decision.strategy == "none":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from bisector.builds.base import (
+    BUILD_IN_PLACE,
     FREE_COST,
     BuildContext,
     BuildResult,
@@ -43,9 +44,10 @@ class Precompiled:
 
 
 def precompiled_plan(python: str, wheel: str, version_env: Mapping[str, str] | None = None) -> list[Command]:
-    """Install the commit's Python over compiled files taken from a wheel (vLLM's precompiled path);
-    version_env tells the build its version (Target.version_env)."""
-    return [Command("develop-precompiled", (python, "setup.py", "develop"),
+    """The commit's tree over compiled files taken from a wheel (vLLM's precompiled path), built in place
+    (BUILD_IN_PLACE: nothing installed into python's environment); version_env tells the build its version
+    (Target.version_env)."""
+    return [Command("develop-precompiled", (python, *BUILD_IN_PLACE),
                     {"VLLM_USE_PRECOMPILED": "1", "VLLM_PRECOMPILED_WHEEL_LOCATION": wheel, **(version_env or {})})]
 
 

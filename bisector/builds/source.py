@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Mapping
 
 from bisector.builds.base import (
+    BUILD_IN_PLACE,
     COMPILE_COST,
     BuildContext,
     BuildResult,
@@ -66,7 +67,8 @@ def compiler_cache_env(launcher: str | None, cache_dir: Path, worktree: Path) ->
 def source_plan(python: str, requirements: str | None, toolchain: Toolchain, max_jobs: int,
                 develop_env: Mapping[str, str], install: tuple[str, ...] = ()) -> list[Command]:
     """vLLM's documented ROCm build in python's environment: install the commit's build requirements
-    (with `install`, default `python -m pip install`), `setup.py develop` with develop_env besides the arch
+    (with `install`, default `python -m pip install`), then build in place (BUILD_IN_PLACE, what `setup.py
+    develop` does to the tree, nothing linked into the environment) with develop_env besides the arch
     and jobs (the compiler cache's variables, Target.version_env: never given to the requirement installs,
     whose own sdists would take the version too)."""
     env = {"PYTORCH_ROCM_ARCH": toolchain.arch, "MAX_JOBS": str(max_jobs), **develop_env}
@@ -74,5 +76,5 @@ def source_plan(python: str, requirements: str | None, toolchain: Toolchain, max
     if requirements:
         install = install or (python, "-m", "pip", "install")
         commands.append(Command("build-requirements", (*install, "-r", requirements), {}))
-    commands.append(Command("develop", (python, "setup.py", "develop"), env))
+    commands.append(Command("develop", (python, *BUILD_IN_PLACE), env))
     return commands

@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 
 import git
 
+from bisector.cachedir import claim
 from bisector.errors import UsageError
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS, kill_recorded_groups
 from bisector.refs import GitRepo
@@ -77,19 +78,8 @@ def _claim(path: Path) -> None:
     Ours: a new or empty dir, one carrying the marker, one holding an earlier version's bisector.sqlite,
     or the default `<git dir>/bisector` (both then get the marker).
     """
-    marker = path / STATE_MARKER
-    if marker.is_file():
-        return
-    if path.is_dir():
-        try:
-            holds_files = any(path.iterdir())
-        except OSError as exc:
-            raise UsageError(f"state dir not readable: {path} ({exc.strerror})") from None
-        if holds_files and not (path / "bisector.sqlite").is_file() and not _is_default_state_dir(path):
-            raise UsageError(f"state dir {path} holds files bisector did not make (no {STATE_MARKER} marker); "
-                             f"give a new or empty directory")
-    path.mkdir(parents=True, exist_ok=True)
-    marker.write_text("This directory is a bisector state dir: the tool made and manages its files.\n")
+    claim(path, STATE_MARKER, "state dir",
+          taken_over=lambda path: (path / "bisector.sqlite").is_file() or _is_default_state_dir(path))
 
 
 def prepare_state_dir(path: Path) -> Path:

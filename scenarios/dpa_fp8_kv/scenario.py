@@ -13,8 +13,18 @@ from pathlib import Path
 from typing import NamedTuple, cast
 
 from bisector.builds.native import installed_rocm_version
-from bisector.compile_cache import SIZE_ENV, Start, cache_root, compile_env, first_start, in_use, size_cap, touch
-from bisector.errors import ScenarioError
+from bisector.compile_cache import (
+    SIZE_ENV,
+    Start,
+    cache_root,
+    claim_root,
+    compile_env,
+    first_start,
+    in_use,
+    size_cap,
+    touch,
+)
+from bisector.errors import ScenarioError, UsageError
 from bisector.gpus import GPU_VARIABLES, gpu_share
 from bisector.pins import pins_in_tree
 from bisector.probe_env import python_environment
@@ -161,6 +171,10 @@ class DpaFp8KvScenario(BaseScenario):
             cap = size_cap(env)
         except ValueError as exc:
             return self._unrun(ctx, f"${SIZE_ENV}: {exc}", "machine")
+        try:
+            claim_root(root)  # a folder of the user's is never the tool's to trim
+        except UsageError as exc:
+            return self._unrun(ctx, str(exc), "machine")
         try:
             share = gpu_share(env)  # a slot sharing its GPUs (--gpus 0:4) bounds its engines' memory
         except ValueError as exc:
