@@ -156,10 +156,11 @@ class Runtime:
                              f"(install it, or give --container-runtime {other})")
         return cls(name, path)
 
-    def _call(self, *args: str, timeout: float | None = None,
-              cancel: threading.Event | None = None) -> subprocess.CompletedProcess:
+    def _call(self, *args: str, timeout: float | None = None, cancel: threading.Event | None = None,
+              stoppable: bool = True) -> subprocess.CompletedProcess:
         """The runtime's answer to args; ImageError when it cannot start, ImageStalled when it gives none in
-        timeout seconds (default: a registry's bound, stall_seconds), Cancelled on cancel or driver stop."""
+        timeout seconds (default: a registry's bound, stall_seconds), Cancelled on cancel or, when stoppable
+        (not a cleanup, which must run as the driver stops), driver stop."""
         limit = stall_seconds(REGISTRY_SECONDS) if timeout is None else timeout
         try:
             proc = subprocess.Popen([self.path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -172,7 +173,7 @@ class Runtime:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     out, err = proc.communicate(timeout=0.05)
                     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-                if cancel is not None and cancel.is_set() or GROUPS.stopping:
+                if cancel is not None and cancel.is_set() or stoppable and GROUPS.stopping:
                     raise Cancelled()
                 if time.monotonic() >= deadline:
                     what = " ".join(arg for arg in args[:2] if not arg.startswith("-"))
@@ -235,7 +236,7 @@ class Runtime:
     def kill(self, name: str) -> None:
         """Remove a container this tool started (gone already is fine)."""
         with contextlib.suppress(ImageError):
-            self._call("rm", "-f", name, timeout=60)
+            self._call("rm", "-f", name, timeout=60, stoppable=False)
 
 
 def _match_inspected(entries: list, refs: Sequence[str]) -> Iterator[tuple[dict, str]]:

@@ -153,10 +153,10 @@ def test_two_jobs_whose_drivers_share_a_pid_never_touch_each_others_containers(
         argv = [*prefix, sys.executable, "-m", "bisector.cli", "scenario", "run", "command", "--repo",
                 str(repo.path), "--ref", shas[0], "--state-dir", str(tmp_path / f"state-{job}"), "--image", TEMPLATE,
                 "--", "python3", "-c", script]
-        jobs[job] = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = jobs[job] = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # one job's step is in its container before the other starts its own
-        assert wait_for(lambda: started.exists() or jobs[job].poll() is not None), job
-        assert started.exists(), jobs[job].communicate()
+        assert wait_for(lambda started=started, proc=proc: started.exists() or proc.poll() is not None), job
+        assert started.exists(), proc.communicate()
     gate.touch()
     ends = {job: proc.communicate(timeout=300) for job, proc in jobs.items()}
     for job, proc in jobs.items():
@@ -220,3 +220,23 @@ def test_sigterm_ends_a_run_stalled_on_the_registry_at_once(make_repo, docker, t
         raise AssertionError(f"SIGTERM did not end the run stalled in `docker {command}`") from None
     assert proc.returncode == 130, err
     assert wait_for(lambda: not any(pid_alive(pid) for pid in stalled(docker, command)))
+
+
+def test_sigterm_during_a_step_removes_its_container(make_repo, docker, tmp_path, project_root, git_env, wait_for,
+                                                     pid_alive):
+    repo, shas = history(make_repo, count=2)
+    publish(docker, shas, [0])
+    mark = tmp_path / "container-pid"
+    script = f"import os, signal\nopen({str(mark)!r}, 'w').write(str(os.getpid()))\nsignal.pause()\n"
+    env = {**os.environ, **git_env, "PYTHONPATH": str(project_root), **docker.env}
+    proc = subprocess.Popen([sys.executable, "-m", "bisector.cli", "scenario", "run", "command", "--repo",
+                             str(repo.path), "--ref", shas[0], "--state-dir", str(tmp_path / "state"), "--image",
+                             TEMPLATE, "--", "python3", "-c", script], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: mark.is_file() and mark.read_text() or proc.poll() is not None)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert not pid_alive(int(mark.read_text()))  # the container was removed as the driver stopped
+    assert not any((docker.home / "containers").iterdir())
