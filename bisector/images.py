@@ -18,7 +18,9 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -31,11 +33,20 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from bisector.cachedir import evict, human_size
 from bisector.errors import UsageError
 from bisector.gpus import env_gpus
+from bisector.process import GROUPS, Cancelled
 
 RUNTIMES = ("docker", "podman")
 PLACEHOLDERS = ("{commit}", "{short}")
 FALLBACKS = ("skip", "build")
 MISS_TTL = 3600.0  # seconds a "no such image" answer is kept before the registry is asked again
+# A registry that stops sending: a runtime call (inspect, manifest inspect, image rm) that gives no answer in
+# REGISTRY_SECONDS, or a pull that prints nothing for PULL_QUIET_SECONDS or the time its three largest layers
+# take at PULL_MIN_RATE (docker and podman print no byte counts off a terminal), is given up as stalled;
+# STALL_VARIABLE sets both bounds at once.
+STALL_VARIABLE = "BISECTOR_IMAGE_STALL_SECONDS"
+REGISTRY_SECONDS = 120.0
+PULL_QUIET_SECONDS = 600.0
+PULL_MIN_RATE = 5_000_000  # bytes per second
 DEFAULT_IMAGE_CACHE_SIZE = "500G"  # --image-cache-size: images this tool pulled, kept at most
 DEFAULT_SHM_SIZE = "16g"  # vLLM's AMD test runner's --shm-size
 DEFAULT_NETWORK = "none"
@@ -55,6 +66,29 @@ _ABSENT = ("manifest unknown", "no such manifest", "not found", "does not exist"
 
 class ImageError(Exception):
     """A container runtime call failed for a reason that is no answer about the image (network, auth)."""
+
+
+class ImageStalled(ImageError):
+    """A container runtime call gave no answer within its bound (a registry that stopped sending)."""
+
+
+def stall_seconds(default: float) -> float:
+    """How long a runtime call may go without an answer: STALL_VARIABLE when set (seconds), else default."""
+    given = os.environ.get(STALL_VARIABLE, "").strip()
+    try:
+        seconds = float(given) if given else default
+    except ValueError:
+        raise UsageError(f"{STALL_VARIABLE}={given!r}: a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"{STALL_VARIABLE}={given!r}: a number of seconds above 0")
+    return seconds
+
+
+def pull_quiet_seconds(info: "ImageInfo") -> float:
+    """How long a pull of info may print nothing before it counts as stalled: its three largest layers (the
+    downloads docker runs at once) at PULL_MIN_RATE, PULL_QUIET_SECONDS at least."""
+    sizes = sorted((size for _, size in info.layers), reverse=True)[:3] or [info.size or 0]
+    return stall_seconds(max(PULL_QUIET_SECONDS, sum(sizes) / PULL_MIN_RATE))
 
 
 def check_template(template: str) -> str:
@@ -122,12 +156,33 @@ class Runtime:
                              f"(install it, or give --container-runtime {other})")
         return cls(name, path)
 
-    def _call(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def _call(self, *args: str, timeout: float | None = None, cancel: threading.Event | None = None,
+              stoppable: bool = True) -> subprocess.CompletedProcess:
+        """The runtime's answer to args; ImageError when it cannot start, ImageStalled when it gives none in
+        timeout seconds (default: a registry's bound, stall_seconds), Cancelled on cancel or, when stoppable
+        (not a cleanup, which must run as the driver stops), driver stop."""
+        limit = stall_seconds(REGISTRY_SECONDS) if timeout is None else timeout
         try:
-            return subprocess.run([self.path, *args], capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            proc = subprocess.Popen([self.path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
             raise ImageError(f"{self.name} {args[0]}: {exc}") from None
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    out, err = proc.communicate(timeout=0.05)
+                    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+                if cancel is not None and cancel.is_set() or stoppable and GROUPS.stopping:
+                    raise Cancelled()
+                if time.monotonic() >= deadline:
+                    what = " ".join(arg for arg in args[:2] if not arg.startswith("-"))
+                    raise ImageStalled(f"{self.name} {what} gave no answer in {limit:g} s")
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
 
     def version(self) -> str | None:
         """The client's version, None when it does not answer."""
@@ -137,11 +192,11 @@ class Runtime:
                 return found.group(1).rstrip(",")
         return None
 
-    def local(self, refs: Sequence[str]) -> dict[str, ImageInfo]:
+    def local(self, refs: Sequence[str], cancel: threading.Event | None = None) -> dict[str, ImageInfo]:
         """The refs present on this machine (one `image inspect` for them all)."""
         found: dict[str, ImageInfo] = {}
         for chunk in (refs[i:i + 200] for i in range(0, len(refs), 200)):
-            done = self._call("image", "inspect", *chunk)
+            done = self._call("image", "inspect", *chunk, cancel=cancel)
             try:
                 entries = json.loads(done.stdout or "[]")
             except ValueError:
@@ -150,10 +205,10 @@ class Runtime:
                 found[ref] = _local_info(ref, entry)
         return found
 
-    def remote(self, ref: str) -> ImageInfo:
+    def remote(self, ref: str, cancel: threading.Event | None = None) -> ImageInfo:
         """Whether the registry has ref (`manifest inspect`); ImageError when it cannot say."""
         args = ("manifest", "inspect", "-v", ref) if self.name == "docker" else ("manifest", "inspect", ref)
-        done = self._call(*args)
+        done = self._call(*args, cancel=cancel)
         if done.returncode != 0:
             text = (done.stderr or done.stdout).strip()
             if any(marker in text.lower() for marker in _ABSENT):
@@ -181,7 +236,7 @@ class Runtime:
     def kill(self, name: str) -> None:
         """Remove a container this tool started (gone already is fine)."""
         with contextlib.suppress(ImageError):
-            self._call("rm", "-f", name, timeout=60)
+            self._call("rm", "-f", name, timeout=60, stoppable=False)
 
 
 def _match_inspected(entries: list, refs: Sequence[str]) -> Iterator[tuple[dict, str]]:
@@ -297,13 +352,22 @@ def inside_gpu_env(slot_env: Mapping[str, str]) -> dict[str, str]:
 # -- a step's container ---------------------------------------------------------------------------------------
 
 _COUNTER = itertools.count()
+# Names this run's containers (with its pid, for whoever reads `docker ps`): a pid alone is no name of a run
+# (another job's driver, in a PID namespace of its own, has the same one), and a name taken twice lets one run
+# remove the other's containers.
+RUN_TOKEN = secrets.token_hex(6)
+
+
+def container_name(what: str) -> str:
+    """A container name unique on this host to this run: bisector-<pid>-<run token>-<what>."""
+    return f"bisector-{os.getpid()}-{RUN_TOKEN}-{what}"
 
 
 @dataclass
 class Container:
     """How a step's processes run inside its image (bisector.seams.ContainerLauncher): every `command` is a
     `run` argv with the step's flags, the paths it needs mounted where they are on the host, and the step's
-    environment passed in; `cleanup` removes the containers it named."""
+    environment passed in; `cleanup` removes the containers it named (names no other run uses: container_name)."""
 
     runtime: Runtime
     image: str  # the image id: exactly the image proven to be the commit
@@ -318,7 +382,7 @@ class Container:
     def command(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None,
                 mounts: Iterable[Path | str] = ()) -> list[str]:
         """The argv that runs argv inside the image: cwd and mounts at their host paths, env passed in."""
-        name = f"bisector-{os.getpid()}-{next(_COUNTER)}"
+        name = container_name(str(next(_COUNTER)))
         self.names.append(name)
         volumes: list[str] = []
         seen: set[str] = set()
@@ -410,7 +474,7 @@ class Proof:
 
 def prove(sha: str, info: ImageInfo, found: Mapping) -> Proof:
     """The image holds commit sha when vLLM's version carries +g<sha>, the OCI revision label is sha, or its
-    vLLM checkout is at sha; otherwise the evidence names another commit (or none)."""
+    vLLM checkout is at sha, and none of them names another commit: proofs that disagree prove nothing."""
     version = found.get("vllm") or ""
     claims = []
     tagged = re.search(r"\+g([0-9a-f]{7,40})", version)
@@ -422,9 +486,14 @@ def prove(sha: str, info: ImageInfo, found: Mapping) -> Proof:
     for directory, head in (found.get("checkouts") or {}).items():
         if head and re.fullmatch(r"[0-9a-f]{40}", head):
             claims.append((f"checkout {directory} at {head}", head))
-    for how, claimed in claims:
-        if sha.startswith(claimed) or claimed.startswith(sha):
-            return Proof(True, f"holds {sha[:12]} ({how})", found)
+    holds = [how for how, claimed in claims if sha.startswith(claimed) or claimed.startswith(sha)]
+    against = [(how, claimed) for how, claimed in claims if how not in holds]
+    if holds and not against:
+        return Proof(True, f"holds {sha[:12]} ({holds[0]})", found)
+    if holds:
+        others = "; ".join(f"{how} names {claimed[:12]}" for how, claimed in against)
+        return Proof(False, f"image {info.ref} contradicts itself: {holds[0]} names {sha[:12]}, but {others}: "
+                            f"cannot prove it is {sha[:12]}", found)
     if claims:
         how, claimed = claims[0]
         return Proof(False, f"image {info.ref} is not commit {sha[:12]}: {how} names {claimed[:12]}", found)
@@ -485,6 +554,8 @@ class ImageIndex:
         self.known: dict[str, ImageInfo] = {}
         self.in_use: dict[str, int] = {}
         self.problems: dict[str, str] = {}  # ref -> why the registry could not say
+        self.stalled: str | None = None  # why the registry is not asked again: it stalled on one ref
+        self.cancel = threading.Event()  # set when a resolve is interrupted: its registry calls end
 
     def _store(self):
         from bisector.store import Store
@@ -512,7 +583,11 @@ class ImageIndex:
                 else:
                     ask.append(ref)
             with ThreadPoolExecutor(max_workers=8) as pool:
-                answers = list(pool.map(self._ask, ask))
+                try:
+                    answers = list(pool.map(self._ask, ask))
+                except BaseException:  # Ctrl-C, SIGTERM: the calls still waiting end now, not at their bound
+                    self.cancel.set()
+                    raise
             with self._store() as store:
                 for ref, info in zip(ask, answers):
                     if info is not None:
@@ -524,11 +599,18 @@ class ImageIndex:
         return {sha: self.known.get(ref, ImageInfo(ref, False)) for sha, ref in refs.items()}
 
     def _ask(self, ref: str) -> ImageInfo | None:
+        """The registry's answer for ref, None when it cannot say (why: problems); once it stalled on one ref,
+        the others are not asked (each would wait out the bound)."""
+        if self.stalled:
+            self.problems[ref] = self.stalled
+            return None
         try:
-            return self.runtime.remote(ref)
+            return self.runtime.remote(ref, self.cancel)
+        except ImageStalled as exc:
+            self.stalled = self.problems[ref] = f"{exc} (the registry stalls)"
         except ImageError as exc:
             self.problems[ref] = str(exc)
-            return None
+        return None
 
     def info(self, sha: str) -> ImageInfo:
         return self.resolve([sha])[sha]

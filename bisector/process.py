@@ -49,11 +49,12 @@ def no_room(exc: OSError) -> bool:
 
 @dataclass(frozen=True)
 class ProcessResult:
-    returncode: int | None  # None when killed for the timeout
+    returncode: int | None  # None when killed for the timeout (or, stalled, for its silence)
     timed_out: bool
     seconds: float
     output: str  # combined stdout+stderr, as written to the (capped) log
     marked: tuple[str, ...] = ()  # lines holding a watched marker (watch_for), seen over the whole output
+    stalled: bool = False  # killed for printing nothing for `quiet` seconds (run_process)
 
     @property
     def signal_name(self) -> str | None:
@@ -224,16 +225,19 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 @_state_dir_kept
 def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
-                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None) -> ProcessResult:
+                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None,
+                quiet: float | None = None) -> ProcessResult:
     """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,
-    cancel or driver stop kill the group. Lines holding a watched marker are collected as they stream."""
+    after `quiet` seconds without output (stalled), on cancel or driver stop kill the group. Lines holding a
+    watched marker are collected as they stream."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = step_environment(cwd, {**os.environ, **(env or {})})
     _check_program(argv[0], Path(cwd), full_env.get("PATH", os.defpath))
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
-    timed_out = False
+    timed_out = stalled = False
+    heard = start  # when it last printed
     scan = MarkerScan(sorted(MARKERS))
     read_fd, write_fd = os.pipe()
     status_read, status_write = os.pipe()
@@ -258,17 +262,22 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
                     if deadline is not None and time.monotonic() >= deadline:
                         timed_out = True
                         break
-                    if not _pump(read_fd, log, scan, 0.05):
+                    if quiet is not None and time.monotonic() - heard >= quiet:
+                        stalled = True
+                        break
+                    if _pump(read_fd, log, scan, 0.05):
+                        heard = time.monotonic()
+                    else:
                         with contextlib.suppress(subprocess.TimeoutExpired):
                             proc.wait(0.05)  # output closed or quiet: wait on the process instead
             except BaseException:
                 _kill_group(proc.pid)
                 proc.wait()
                 raise
-            _kill_group(proc.pid)  # on timeout; else the leader has killed the group already
+            _kill_group(proc.pid)  # on timeout or stall; else the leader has killed the group already
             proc.wait()
             status = os.read(status_read, 64).strip()  # the command's exit, written as the leader ended
-            if not status and GROUPS.stopping and not timed_out:
+            if not status and GROUPS.stopping and not (timed_out or stalled):
                 raise Cancelled()
             _drain(read_fd, log, scan, cancel)
     finally:
@@ -276,8 +285,8 @@ def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Non
         os.close(status_read)
         GROUPS.remove(proc)
     output = log_path.read_text(errors="replace")
-    returncode = None if timed_out else int(status) if status else proc.returncode
-    return ProcessResult(returncode, timed_out, time.monotonic() - start, output, tuple(scan.found))
+    returncode = None if timed_out or stalled else int(status) if status else proc.returncode
+    return ProcessResult(returncode, timed_out, time.monotonic() - start, output, tuple(scan.found), stalled)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import threading
@@ -47,7 +46,10 @@ from bisector.images import (
     IMAGE_PYTHON,
     LAYER_REPOSITORY,
     OWNER_LABEL,
+    REGISTRY_SECONDS,
+    STALL_VARIABLE,
     Container,
+    ImageError,
     ImageIndex,
     ImageInfo,
     ImageSettings,
@@ -56,10 +58,13 @@ from bisector.images import (
     agent_render_devices,
     amd_gpu_flags,
     check_template,
+    container_name,
     inside_gpu_env,
     prove,
+    pull_quiet_seconds,
     render_gid,
     slot_render_devices,
+    stall_seconds,
     topology_render_devices,
     user_flags,
     write_pull_layers,
@@ -271,6 +276,7 @@ class World:
         self.aiter: AiterInstalls | None = None
         self.planned_aiter: set[str] = set()  # --plan: AITER build keys an earlier planned step builds
         if settings.image:
+            stall_seconds(REGISTRY_SECONDS)  # a bad STALL_VARIABLE is refused before anything runs
             runtime = Runtime.find(settings.image.runtime)
             self.index = ImageIndex(runtime, state_dir / "bisector.sqlite", settings.image)
         if settings.aiter == "pinned":
@@ -630,7 +636,7 @@ class World:
         assert self.index is not None and self.aiter is not None
         runtime = self.index.runtime
         log = step.logs / f"build-{label}-{build.key[:12]}-4-aiter-image.log"
-        name = f"bisector-aiter-{os.getpid()}-{build.key}"
+        name = container_name(f"aiter-{build.key}")
         variables = [arg for key, value in self.aiter.wheel_env(build).items() for arg in ("-e", f"{key}={value}")]
         argv = [runtime.path, "run", "--name", name, "-v", f"{src}:{src}:ro", *variables, "--entrypoint", "/bin/sh",
                 base.image_id or base.ref, "-c", IMAGE_SCRIPT, "bisector-aiter-image", str(src)]
@@ -653,17 +659,30 @@ class World:
 
     def _pull(self, sha: str, info: ImageInfo, logs: Path,
               cancel: threading.Event | None) -> tuple[ImageInfo | None, Place]:
-        """The image here (pulled when it is not), or why not."""
+        """The image here (pulled when it is not), or why not: a pull that stalls (prints nothing for
+        pull_quiet_seconds) is killed and given up, as is a runtime that gives no answer."""
         assert self.index is not None
         runtime = self.index.runtime
-        local = runtime.local([info.ref]).get(info.ref)
+        try:
+            local = runtime.local([info.ref], cancel).get(info.ref)
+        except ImageError as exc:
+            return None, Place(False, f"cannot ask {runtime.name} for image {info.ref}: {exc}",
+                               details={"image": {"ref": info.ref}})
         if local is not None:
             return local, Place(True)
         log = logs / f"pull-{sha[:12]}-{(info.digest or 'image').split(':')[-1][:12]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         write_pull_layers(log, info)
-        result = run_process([runtime.path, "pull", info.ref], logs, log, cancel=cancel)
-        local = runtime.local([info.ref]).get(info.ref) if result.returncode == 0 else None
+        quiet = pull_quiet_seconds(info)
+        result = run_process([runtime.path, "pull", info.ref], logs, log, cancel=cancel, quiet=quiet)
+        if result.stalled:
+            return None, Place(False, f"pull of {info.ref} stalled: no output for {quiet:g} s (the registry stopped "
+                                      f"sending; {STALL_VARIABLE} sets how long a pull may be silent)", str(log),
+                               details={"image": {"ref": info.ref, "pull_failed": True, "stalled": quiet}})
+        try:
+            local = runtime.local([info.ref], cancel).get(info.ref) if result.returncode == 0 else None
+        except ImageError as exc:
+            return None, Place(False, f"pulled {info.ref}, but {exc}", str(log), details={"image": {"ref": info.ref}})
         if local is None:
             last = ([line for line in result.output.splitlines() if line.strip()] or ["no output"])[-1]
             return None, Place(False, f"pull of {info.ref} failed: {last.strip()[:300]}", str(log),
