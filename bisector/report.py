@@ -797,10 +797,11 @@ FAILING = ("conflict", "fix-ineffective", "masked")  # JUnit failures: a branch 
 def backport_junit(result: BackportResult) -> str:
     """One test case per branch (per branch and --option value when there are several), and one per value
     whose fix check failed: failure for conflict, fix-ineffective, masked and a fix not shown to work;
-    error for untestable; skipped for not-exercised."""
+    error for untestable and a fix check that skipped; skipped for not-exercised."""
     entries = result.branches
-    failures = sum(entry.verdict in FAILING for entry in entries) + len(result.problems)
-    errors = sum(entry.verdict == "untestable" for entry in entries)
+    untested = sum(check.untested for check in result.checks)
+    failures = sum(entry.verdict in FAILING for entry in entries) + len(result.problems) - untested
+    errors = sum(entry.verdict == "untestable" for entry in entries) + untested
     suite = ET.Element("testsuite", name=f"bisector backport {result.named(result.fix)}",
                        tests=str(len(entries) + len(result.problems)), failures=str(failures), errors=str(errors),
                        skipped=str(sum(entry.verdict == "not-exercised" for entry in entries)))
@@ -808,7 +809,9 @@ def backport_junit(result: BackportResult) -> str:
         if check.problem:
             case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}",
                                  name="the fix" + (f" [{check.options}]" if check.options else ""))
-            ET.SubElement(case, "failure", type="fix-not-shown", message=check.problem).text = check.problem
+            kind = "error" if check.untested else "failure"  # a skip is no evidence the fix fails
+            ET.SubElement(case, kind, type="fix-untested" if check.untested else "fix-not-shown",
+                          message=check.problem).text = check.problem
     for entry in entries:
         name = entry.branch + (f" [{entry.options}]" if entry.options else "")
         case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}", name=name)

@@ -666,11 +666,19 @@ class FixCheck:
             why = f"masked: {self.parent_masked}" if self.parent_masked else self.parent_reason
             return f"the fix is not exercised{at}: its parent {parent} is good ({why})"
         if self.parent_verdict != "bad":
-            return f"cannot tell whether the fix is exercised{at}: its parent {parent} skipped ({self.parent_reason})"
+            return f"could not test the fix{at}: its parent {parent} skipped ({self.parent_reason}), so whether " \
+                   f"the fix is exercised is not known"
+        if self.fix_verdict == "skip":
+            return f"could not test the fix{at}: its parent {parent} is bad and the fix skipped ({self.fix_reason})"
         if self.fix_verdict != "good":
             return f"the fix does not fix{at}: its parent {parent} is bad and the fix is {self.fix_verdict} " \
                    f"({self.fix_reason})"
         return None
+
+    @property
+    def untested(self) -> bool:
+        """A skip on the parent or the fix: no evidence either way (the run is inconclusive, not refuted)."""
+        return self.parent is not None and "skip" in (self.parent_verdict, self.fix_verdict)
 
     def to_json(self) -> dict:
         return {"options": self.options, "parent": self.parent, "parent_verdict": self.parent_verdict,

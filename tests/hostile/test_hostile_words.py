@@ -1,0 +1,120 @@
+"""Hostile rows (issue 45 items 12, 13, 23, 25, 26): what the tool says must be true and usable as said — a skip
+is no evidence, a printed command runs as printed, a cached answer says it is cached, a stop says what it waits
+for, a verdict whose probe failed on the way says so."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from bisector.errors import EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
+from helpers.terminal import AS_A_FOREGROUND_JOB
+
+pytestmark = pytest.mark.integration
+
+# --- item 12: a skip on the fix check is "could not test the fix", never "the fix does not fix" ---------------
+
+# The scenario: skip where `skipme` exists, bad where `state` says bad, good otherwise.
+SKIPPING = "test -e skipme && exit 125; grep -q bad state && exit 1; exit 0"
+
+
+@pytest.mark.parametrize("skips, said", [
+    ("fix", "could not test the fix: its parent {parent} is bad and the fix skipped (exit 125 (skip))"),
+    ("parent", "could not test the fix: its parent {parent} skipped (exit 125 (skip)), so whether the fix is "
+               "exercised is not known"),
+])
+def test_a_skipped_fix_check_says_it_could_not_test_the_fix(make_repo, tmp_path, cli, skips, said):
+    repo = make_repo()
+    repo.commit("c0", {"state": "good\n"})
+    repo.commit("the bug", {"state": "bad\n"})
+    repo.git("branch", "rel")
+    if skips == "parent":
+        repo.commit("a commit the scenario cannot judge", {"skipme": ""})
+    parent = repo.head()
+    fix = repo.commit("the fix", {"state": "good\n", "skipme": "" if skips == "fix" else None})
+    junit = tmp_path / "r.xml"
+    proc = cli("backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel", "--junit", str(junit),
+               "--", "sh", "-c", SKIPPING)
+    assert proc.returncode == EXIT_INCONCLUSIVE, proc.stdout + proc.stderr
+    assert f"! {said.format(parent=parent[:12])}" in proc.stdout.splitlines(), proc.stdout
+    assert "does not fix" not in proc.stdout + proc.stderr
+    [case] = [case for case in ET.parse(junit).getroot() if case.get("name") == "the fix"]
+    assert case.find("failure") is None and case.find("error").get("type") == "fix-untested"
+
+
+# --- item 13: the resume command `mark` prints runs as printed -------------------------------------------------
+
+BLOCKING = ('n=$(cat counter.txt); echo ran >> "{d}/ran-$n"; '
+            'if [ "$n" != 0 ] && [ "$n" != 7 ] && [ ! -e "{d}/release" ]; then '
+            'echo "$n" > "{d}/blocked.tmp" && mv "{d}/blocked.tmp" "{d}/blocked"; '
+            'while [ ! -e "{d}/release" ]; do sleep 0.05; done; fi; grep -q good state')
+
+
+def _blocked_run(repo, tmp_path, env, wait_for, bisector=(sys.executable, "-m", "bisector.cli")):
+    """A run of 8 commits (bad from 5) through `sh -c SCRIPT` (words a shell must get quoted), started as
+    `bisector` and left with its first probe blocked. Returns (the process, the shas, the probe's index)."""
+    shas = repo.linear(8, bad_from=5)
+    argv = ["run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--json",
+            str(tmp_path / "r.json"), "--", "sh", "-c", BLOCKING.format(d=tmp_path)]
+    proc = subprocess.Popen([*bisector, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    blocked = tmp_path / "blocked"
+    assert wait_for(lambda: blocked.exists() or proc.poll() is not None) and proc.poll() is None
+    return proc, shas, int(blocked.read_text())
+
+
+def test_the_resume_command_mark_prints_resumes_the_run_with_the_mark_when_pasted_into_a_shell(
+        make_repo, tmp_path, cli, git_env, project_root, wait_for):
+    bin_dir = tmp_path / "bin"  # `bisector` as an installed console script is
+    bin_dir.mkdir()
+    (bin_dir / "bisector").write_text(f'#!/bin/sh\nexec {sys.executable} -m bisector.cli "$@"\n')
+    (bin_dir / "bisector").chmod(0o755)
+    env = {**os.environ, **git_env, "PYTHONPATH": str(project_root),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    repo = make_repo()
+    first, shas, probe = _blocked_run(repo, tmp_path, env, wait_for, bisector=("bisector",))
+    first.send_signal(signal.SIGTERM)
+    _, said = first.communicate(timeout=120)
+    assert first.returncode == EXIT_INTERRUPTED, said
+    run_id = json.loads((tmp_path / "r.json").read_text())["run_id"]
+    for ran in tmp_path.glob("ran-*"):
+        ran.unlink()
+    (tmp_path / "release").touch()
+
+    wrong = "bad" if probe < 5 else "good"  # the opposite of what it tests: the answer shows the mark was used
+    marked = cli("mark", "latest", shas[probe], wrong, "--repo", str(repo.path))
+    assert marked.returncode == 0, marked.stderr
+    line = marked.stdout.strip()
+    printed = line[line.index("`") + 1:line.rindex("`")]
+    resumed = subprocess.run(["sh", "-c", printed], capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, (printed, resumed.stderr)
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["resumed_from"] == run_id
+    [step] = [step for step in result["steps"] if step["sha"] == shas[probe]]
+    assert step["manual"] is True and step["verdict"] == wrong
+    assert not (tmp_path / f"ran-{probe}").exists()  # the marked commit was not tested again
+
+
+# --- item 25: a Ctrl-C says at once that it is stopping, and what for --------------------------------------------
+
+def test_ctrl_c_says_at_once_on_stderr_that_it_is_stopping_and_what_it_waits_for(
+        make_repo, tmp_path, git_env, project_root, wait_for):
+    repo = make_repo()
+    proc, _, _ = _blocked_run(repo, tmp_path, {**os.environ, **git_env, "PYTHONPATH": str(project_root)}, wait_for,
+                              bisector=(sys.executable, *AS_A_FOREGROUND_JOB, "-m", "bisector.cli"))
+    proc.send_signal(signal.SIGINT)
+    lines = []
+    for line in proc.stderr:  # the output as it comes: the stop's first word is said before its cleanup ends
+        lines.append(line.rstrip("\n"))
+        if line.startswith("bisector: stopping"):
+            break
+    rest = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, lines
+    assert lines[-1] == ("bisector: stopping (Ctrl-C): ending 1 running step, then saving the verdicts so far in "
+                         "the record and removing the run's worktrees …"), lines
+    assert "bisector: interrupted; verdicts so far are kept" in rest  # said after it, as the command ends
