@@ -11,9 +11,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from helpers.terminal import AS_A_FOREGROUND_JOB
 
 from bisector.errors import EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
-from helpers.terminal import AS_A_FOREGROUND_JOB
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +118,49 @@ def test_ctrl_c_says_at_once_on_stderr_that_it_is_stopping_and_what_it_waits_for
     assert lines[-1] == ("bisector: stopping (Ctrl-C): ending 1 running step, then saving the verdicts so far in "
                          "the record and removing the run's worktrees …"), lines
     assert "bisector: interrupted; verdicts so far are kept" in rest  # said after it, as the command ends
+
+
+# --- item 26: a probe whose builder raised after sizing says so in its reason, or gives no verdict ---------------
+
+TARGET = "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
+GRAPHS = "        if self.compilation_config.cudagraph_mode.has_full_cudagraphs():\n"  # the first: in __init__
+PREFILL_BUFFERS = "    def _init_fp8_prefill_ps_buffers(\n"
+RESIZING = ("    def _resize_decode_metadata(self):\n        from aiter import get_mla_metadata_info_v1\n\n"
+            "        return get_mla_metadata_info_v1(16, 1, 128, None, None)\n\n")
+RAISED = ("AiterMLAMetadataBuilder then raised ValueError: not enough values to unpack (expected 6, got 0) in "
+          "_init_fp8_prefill_ps_buffers (vllm/v1/attention/backends/mla/rocm_aiter_mla.py:")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version, options, verdict, reason_start", [
+    ("0.25.0", {}, "good", "consistent: metadata sized for q fp8"),
+    ("0.24.0", {"heads": "16"}, "good", "q dtype mismatch without effect"),
+    ("0.24.0", {}, "bad", "q dtype mismatch changes AITER tiling"),
+    ("0.25.0 resizing after", {}, "skip", "AiterMLAMetadataBuilder raised ValueError: not enough values to unpack"),
+])
+def test_a_gfx950_probe_whose_builder_raised_after_sizing_says_why_its_verdict_stands(
+        vllm_sources, tmp_path, version, options, verdict, reason_start):
+    import shutil
+
+    pytest.importorskip("torch")
+    from scenarios.aiter_mla_probe import AiterMLAProbe
+    from scenarios.base import StepContext
+
+    tree = vllm_sources(version.split()[0])
+    if version.endswith("resizing after"):  # the builder sizes the metadata again after the prefill buffers
+        shutil.copytree(tree, tmp_path / "vllm")
+        tree, target = tmp_path / "vllm", tmp_path / "vllm" / TARGET
+        source = target.read_text()
+        assert source.count(PREFILL_BUFFERS) == 1 and GRAPHS in source
+        target.write_text(source.replace(GRAPHS, "        self._resize_decode_metadata()\n\n" + GRAPHS, 1)
+                          .replace(PREFILL_BUFFERS, RESIZING + PREFILL_BUFFERS))
+    log = tmp_path / "probe.log"
+    outcome = AiterMLAProbe({"arch": "gfx950", **options}).run(StepContext(checkout=tree, log_path=log,
+                                                                           python=sys.executable))
+    assert "Traceback" in log.read_text() and "_init_fp8_prefill_ps_buffers" in log.read_text()
+    assert (outcome.verdict.value, outcome.reason[:len(reason_start)]) == (verdict, reason_start), outcome.reason
+    if verdict == "skip":
+        assert "sizes it again: the sizing seen may not be the one it keeps" in outcome.reason
+    else:
+        assert RAISED in outcome.reason and outcome.reason.endswith(
+            "after sizing the decode metadata: nothing it had left to run sizes it again, so the verdict stands")
