@@ -212,6 +212,7 @@ class Probe:
         """The builder raised after sizing the metadata: why the verdict stands, to add to its reason, or
         Unjudgeable when code it had left to run (past where each of its frames stopped) sizes the metadata
         again: the sizing seen may then not be the one it keeps."""
+        assert self.failure is not None, "called only when the construction raised"
         tb, where, function = self.failure.__traceback__, "", ""
         while tb is not None:
             code, frame = tb.tb_frame.f_code, tb.tb_frame
@@ -432,10 +433,12 @@ def _sizes_metadata(names: set[str], owner, namespace: dict, seen: set[str]) -> 
         return True
     for name in sorted(names - seen):
         seen.add(name)
-        target = inspect.unwrap(getattr(owner, name, None) or namespace.get(name))
-        code = getattr(target, "__code__", None) if inspect.isfunction(target) else None
-        if code is not None and _sizes_metadata(_names(code), owner, target.__globals__, seen):
-            return True
+        found = getattr(owner, name, None) or namespace.get(name)  # a placeholder is no function: not followed
+        wrapped = getattr(found, "__wrapped__", None) if inspect.isfunction(found) else None  # functools.wraps
+        for target in (found, wrapped):
+            if inspect.isfunction(target) and _sizes_metadata(_names(target.__code__), owner, target.__globals__,
+                                                              seen):
+                return True
     return False
 
 

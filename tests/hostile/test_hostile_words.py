@@ -164,3 +164,68 @@ def test_a_gfx950_probe_whose_builder_raised_after_sizing_says_why_its_verdict_s
     else:
         assert RAISED in outcome.reason and outcome.reason.endswith(
             "after sizing the decode metadata: nothing it had left to run sizes it again, so the verdict stands")
+
+
+# --- item 23: an answer from the record says so, and costs nothing --------------------------------------------
+
+def _release_branches(repo, count: int = 3) -> str:
+    """main: good, then the bug, a release branch per commit after it, then the fix; returns the fix."""
+    repo.commit("c0", {"state": "good\n"})
+    repo.commit("the bug", {"state": "bad\n"})
+    for n in range(count):
+        repo.commit(f"release work {n}", {f"notes-{n}": "x\n"})
+        repo.git("branch", f"rel/v{n}")
+    return repo.commit("the fix", {"state": "good\n"})
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["picks kept", "picks pruned"])
+def test_a_backport_rerun_from_the_record_says_cached_and_redoes_no_pick(make_repo, tmp_path, cli, pruned):
+    repo = make_repo()
+    fix = _release_branches(repo)
+    ran = tmp_path / "ran"
+    argv = ["backport", "--repo", str(repo.path), "--fix", fix, "--branches", "rel/*", "--reuse-verdicts",
+            "--json", str(tmp_path / "r.json"), "--", "sh", "-c", f'echo x >> "{ran}"; grep -q good state']
+    first = cli(*argv)
+    assert first.returncode == 0, first.stderr
+    assert "cached" not in first.stdout + first.stderr
+    if pruned:  # the picked commits are unreachable: gone after a gc, so the picks must be made again
+        repo.git("reflog", "expire", "--expire=now", "--all")
+        repo.git("gc", "-q", "--prune=now")
+    ran.unlink()
+    again = cli(*argv)
+    assert again.returncode == 0, again.stderr
+    assert not ran.exists()  # no scenario ran
+    said = "cached: before, after" if pruned else "cached: before, pick, after"
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [entry["cached"] for entry in result["branches"]] == [said.removeprefix("cached: ").split(", ")] * 3
+    assert result["executions"] == 0
+    for n in range(3):
+        assert f"rel/v{n}: verified (scenario bad before the pick, good after it; {said})" in again.stderr
+        assert any(line.startswith(f"rel/v{n} ") and line.endswith(f"({said})") for line in again.stdout.splitlines())
+    assert again.stdout.rstrip().endswith("3 branches: 3 verified; nothing ran: every verdict came from the record")
+
+
+def test_a_plan_of_a_hunt_the_record_answers_costs_nothing_and_its_columns_stay_apart(
+        make_repo, tmp_path, cli, state_is_good):
+    import re
+
+    repo = make_repo()
+    shas = repo.linear(16, bad_from=9)
+    argv = ["run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--reuse-verdicts"]
+    fresh = cli(*argv, "--plan", "--", *state_is_good)
+    assert fresh.returncode == 0, fresh.stderr
+    assert cli(*argv, "--", *state_is_good).returncode == 0
+    planned = cli(*argv, "--plan", "--", *state_is_good)
+    assert planned.returncode == 0, planned.stderr
+    for plan, cached in ((fresh.stdout, False), (planned.stdout, True)):
+        steps = [line for line in plan.splitlines() if re.match(r"  [0-9a-f]{12}", line)]
+        assert len(steps) == 5, plan
+        cells = [re.split(r" {2,}", line.strip()) for line in steps]
+        assert all(len(row) == 4 for row in cells), plan  # sha, role, build, reason: never run together
+        starts = {line.index(row[2], len(row[0]) + len(row[1])) for line, row in zip(steps, cells)}
+        assert len(starts) == 1, plan  # the build column is aligned
+        if cached:
+            answered = [row for row in cells if row[2] == "cached"]
+            assert len(answered) >= 4 and all(row[3].endswith(" in the record: nothing runs") for row in answered)
+    assert re.search(r"^time: about 0 s of steps to the answer \(0 endpoint rounds and 0 more", planned.stdout, re.M)
+    assert "probe rounds have their verdicts in the record: they cost nothing" in planned.stdout
