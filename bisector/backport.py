@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+import git
+
 from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import CacheUse, RunContext
@@ -29,7 +31,7 @@ from bisector.engine.state import open_builder, open_state
 from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
 from bisector.executor import LocalExecutor
-from bisector.picks import Hunk, cherry_pick, create_branch, diff_hunks, find_equivalent
+from bisector.picks import Hunk, PickResult, cherry_pick, create_branch, diff_hunks, find_equivalent
 from bisector.pins import pin_change, pins_at
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.refs import GitRepo
@@ -246,7 +248,8 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                     for label, each in judges] or [("", None)]
                 for _, ctx in contexts[1:]:
                     ctx.steps = contexts[0][1].steps  # type: ignore[union-attr]  # one run: one step sequence
-                checkers = [_BranchChecker(repo, pool, ctx, fix, cfg.create_branches, label)
+                picks = _Picks(repo, fix, None if cfg.no_cache else store)
+                checkers = [_BranchChecker(repo, pool, ctx, fix, cfg.create_branches, label, picks)
                             for label, ctx in contexts]
                 checks = [checker.check_fix(label or _options_given(cfg.scenario))
                           for (label, _), checker in zip(values, checkers) if checker.ctx]
@@ -387,14 +390,61 @@ def _earlier_levels(store: Store) -> dict[str, BranchLevel]:
     return found
 
 
+class _Picks:
+    """The fix picked onto each tip once per command (every --option value's column shares it), or served from
+    an earlier backport of the same fix in the record, where the picked commit is still in the repository: a
+    pick is reproducible (picks.cherry_pick), so a cached answer needs no worktree and no pick redone."""
+
+    def __init__(self, repo: GitRepo, fix: str, store: Store | None):
+        self.repo, self.fix = repo, fix
+        self.recorded = _recorded_picks(store, str(repo.root), fix) if store is not None else {}
+        self.done: dict[str, tuple[PickResult, bool]] = {}
+
+    def pick(self, pool: WorktreePool, tip: str) -> tuple[PickResult, bool]:
+        """The fix picked onto tip, and whether it came from the record (nothing picked now)."""
+        if tip not in self.done:
+            recorded = self.recorded.get(tip)
+            if recorded is not None and (recorded.sha is None or self._picked_onto(recorded.sha, tip)):
+                self.done[tip] = recorded, True
+            else:
+                with pool.checkout(tip) as worktree:
+                    self.done[tip] = cherry_pick(self.repo, worktree, self.fix), False
+        return self.done[tip]
+
+    def _picked_onto(self, sha: str, tip: str) -> bool:
+        """Whether the recorded pick sha is still a commit of the repository (not pruned), on top of tip."""
+        try:
+            return self.repo.parents(sha) == [tip]
+        except git.GitCommandError:
+            return False
+
+
+def _recorded_picks(store: Store, repo: str, fix: str) -> dict[str, PickResult]:
+    """The picks of fix earlier finished backports of repo recorded, by tip (the newest of each)."""
+    found: dict[str, PickResult] = {}
+    for row in store.runs():
+        if row["kind"] != "backport" or row["status"] != "finished" or not row["result"]:
+            continue
+        result = json.loads(row["result"])
+        if result.get("repo") != repo or result.get("fix") != fix:
+            continue
+        for entry in map(BranchEntry.from_json, result.get("branches", ())):
+            if entry.pick in ("clean", "conflict", "empty") and (entry.pick != "clean" or entry.picked):
+                found[entry.tip] = PickResult(entry.pick, entry.picked, entry.conflicts)
+    return found
+
+
 class _BranchChecker:
-    """The per-branch pipeline, sharing one fix, one worktree pool and one run (None: no scenario)."""
+    """The per-branch pipeline, sharing one fix, one worktree pool, one run (None: no scenario) and its picks."""
 
     def __init__(self, repo: GitRepo, pool: WorktreePool, ctx: RunContext | None, fix: str,
-                 create_branches: bool, label: str = ""):
+                 create_branches: bool, label: str = "", picks: _Picks | None = None):
         self.repo, self.pool, self.ctx, self.label = repo, pool, ctx, label
         self.fix, self.create_branches = fix, create_branches
+        self.picks = picks or _Picks(repo, fix, None)
         self.fix_hunks = diff_hunks(repo, fix)
+        self.served: set[str] = set()  # the commits whose verdict came from the record (of earlier commands)
+        self.ran: set[str] = set()     # ... and those judged by this command
 
     def check_fix(self, options: str) -> FixCheck:
         """The fix's parent, and when that is bad the fix, judged at this checker's option value (options:
@@ -425,8 +475,7 @@ class _BranchChecker:
         masked = _masked(before) if before else None
         if before and before.verdict.value == "good" and not exercised:
             return self._not_exercised(name, tip, before, masked, present)
-        with self.pool.checkout(tip) as worktree:
-            pick = cherry_pick(self.repo, worktree, self.fix)
+        pick, pick_cached = self.picks.pick(self.pool, tip)
         after, after_reason = None, None
         if before and before.verdict == "bad" and pick.status != "conflict":
             judged = self._judge(pick.sha, "after") if pick.sha else before
@@ -438,7 +487,11 @@ class _BranchChecker:
                             options=self.label, masked=masked if before_verdict == "good" else None,
                             conflicts=pick.conflicts,
                             picked=pick.sha, target="present" if present else "absent",
-                            before_reason=before.reason if before else None, after_reason=after_reason)
+                            before_reason=before.reason if before else None, after_reason=after_reason,
+                            cached=tuple(role for role, cached in (
+                                ("before", before is not None and tip in self.served), ("pick", pick_cached),
+                                ("after", after is not None and pick.sha is not None and pick.sha in self.served))
+                                if cached))
         entry = dataclasses.replace(entry, reason=self._reason(entry) + self._pin_moved(entry))
         if self.create_branches and pick.sha and entry.verdict in ("verified", "applies-unverified"):
             entry = dataclasses.replace(entry, backport_branch=self._create_branch(name, pick.sha))
@@ -459,6 +512,7 @@ class _BranchChecker:
         assert self.ctx is not None, "judged only when the run has a scenario"
         execution, cached = self.ctx.verdict(sha)
         self.ctx.add_step(sha, role, 0, execution, cached)
+        (self.served if cached and sha not in self.ran else self.ran).add(sha)
         return execution
 
     def _reason(self, entry: BranchEntry) -> str:

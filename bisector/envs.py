@@ -18,6 +18,7 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -365,7 +366,7 @@ class EnvStore(_Opened):
                   "--excludes", str(home / "excludes.txt")]]
         with open(log, "w") as out:
             for n, argv in enumerate(steps):
-                out.write(f"$ {' '.join(argv)}\n")
+                out.write(f"$ {shlex.join(argv)}\n")
                 out.flush()
                 result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
                 if result.returncode != 0:

@@ -693,7 +693,7 @@ def _backport_matrix(result: BackportResult) -> list[tuple[str, str, str | None,
 
 
 def _detail(entry: BranchEntry) -> str:
-    detail = entry.reason
+    detail = entry.reason + (f" ({entry.said_cached})" if entry.cached else "")
     if entry.pin_level:
         detail += f"; {entry.pin_level.said()}"
     if entry.backport_branch:
@@ -724,6 +724,12 @@ def _backport_summary(result: BackportResult) -> str:
     return "; ".join(parts)
 
 
+def _all_cached(result: BackportResult) -> str:
+    """"; nothing ran: ..." when the record answered every verdict (a rerun), else ""."""
+    cached = any(entry.cached for entry in result.branches)
+    return "; nothing ran: every verdict came from the record" if cached and not result.executions else ""
+
+
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows as columns padded to their widest cell (the last column left as it is)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -751,7 +757,7 @@ def backport_text(result: BackportResult) -> str:
             if entry.conflicts:
                 lines.append(f"conflicts on {entry.branch}:")
                 lines.extend(f"  {line}" for line in _backport_conflicts(entry))
-    lines += ["", f"{len(_branch_names(result))} branches: {_backport_summary(result)}"]
+    lines += ["", f"{len(_branch_names(result))} branches: {_backport_summary(result)}{_all_cached(result)}"]
     return "\n".join(lines)
 
 
@@ -786,7 +792,7 @@ def backport_markdown(result: BackportResult) -> str:
                 out += [f"- {md_code(line)}" for line in _backport_conflicts(entry)]
                 out += ["", "</details>"]
         out.append("")
-    out += [f"{len(_branch_names(result))} branches: {_backport_summary(result)}"]
+    out += [f"{len(_branch_names(result))} branches: {_backport_summary(result)}{_all_cached(result)}"]
     return "\n".join(out) + "\n"
 
 
@@ -797,10 +803,11 @@ FAILING = ("conflict", "fix-ineffective", "masked")  # JUnit failures: a branch 
 def backport_junit(result: BackportResult) -> str:
     """One test case per branch (per branch and --option value when there are several), and one per value
     whose fix check failed: failure for conflict, fix-ineffective, masked and a fix not shown to work;
-    error for untestable; skipped for not-exercised."""
+    error for untestable and a fix check that skipped; skipped for not-exercised."""
     entries = result.branches
-    failures = sum(entry.verdict in FAILING for entry in entries) + len(result.problems)
-    errors = sum(entry.verdict == "untestable" for entry in entries)
+    untested = sum(check.untested for check in result.checks)
+    failures = sum(entry.verdict in FAILING for entry in entries) + len(result.problems) - untested
+    errors = sum(entry.verdict == "untestable" for entry in entries) + untested
     suite = ET.Element("testsuite", name=f"bisector backport {result.named(result.fix)}",
                        tests=str(len(entries) + len(result.problems)), failures=str(failures), errors=str(errors),
                        skipped=str(sum(entry.verdict == "not-exercised" for entry in entries)))
@@ -808,7 +815,9 @@ def backport_junit(result: BackportResult) -> str:
         if check.problem:
             case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}",
                                  name="the fix" + (f" [{check.options}]" if check.options else ""))
-            ET.SubElement(case, "failure", type="fix-not-shown", message=check.problem).text = check.problem
+            kind = "error" if check.untested else "failure"  # a skip is no evidence the fix fails
+            ET.SubElement(case, kind, type="fix-untested" if check.untested else "fix-not-shown",
+                          message=check.problem).text = check.problem
     for entry in entries:
         name = entry.branch + (f" [{entry.options}]" if entry.options else "")
         case = ET.SubElement(suite, "testcase", classname=f"backport.{result.fix[:12]}", name=name)
@@ -835,6 +844,13 @@ def _minutes_text(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
+PLAN_WIDTH = 36  # the widest a --plan column gets; a longer value is cut with "…"
+
+
+def _elided(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 @published
 def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
@@ -844,6 +860,11 @@ def plan_text(plan: Plan) -> str:
         one = f" (one slot: about {plan.rounds_one_slot})" if plan.slots > 1 else ""
         lines.append(f"rounds: about {plan.rounds} after the endpoints with {plan.slots} "
                      f"{'slot' if plan.slots == 1 else 'slots'}{one}; a round takes about one step's time")
+        cached = sum(probe.cached is not None for probe in plan.probes)
+        if cached or plan.cached_rounds:
+            lines.append(f"cached: {cached} of the {len(plan.probes)} steps below and {plan.cached_rounds} probe "
+                         f"round{'' if plan.cached_rounds == 1 else 's'} have their verdicts in the record: they "
+                         f"cost nothing and are not counted")
         total = plan.seconds_to_answer
         if total is not None:
             lines.append(f"time: about {_minutes_text(total)} of steps to the answer ({plan.endpoint_rounds} "
@@ -856,8 +877,11 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"skipped by --skip: {plan.skipped_by_user} commits")
     if plan.held_build:
         lines.append(plan.held_build)
-    for probe in plan.probes:
-        lines.append(f"  {named(probe.sha, plan.names)}  {probe.role:<28} {probe.build:<13} {probe.reason}")
+    rows = [(named(probe.sha, plan.names), probe.role, probe.build) for probe in plan.probes]
+    widths = [min(PLAN_WIDTH, max(map(len, column))) for column in zip(*rows)] if rows else []
+    for probe, row in zip(plan.probes, rows):
+        lines.append("  " + "  ".join(_elided(cell, width).ljust(width) for cell, width in zip(row, widths))
+                     + f"  {probe.reason}")
         if probe.world:
             lines.append(f"      {probe.world}")
         if probe.estimate:

@@ -563,10 +563,16 @@ class BranchEntry:
     pin: str | None = None       # the AITER ref the tip pins (docker/Dockerfile.rocm_base); None: no pin
     masked: str | None = None    # good before, but the scenario saw the bug hidden: what hides it
     pin_level: BranchLevel | None = None  # --follow-pins: the dependency commit that changes it from its neighbour
+    cached: tuple[str, ...] = ()  # what came from the record, not done now: before, pick, after
 
     @property
     def settled(self) -> bool:
         return self.verdict in SETTLED
+
+    @property
+    def said_cached(self) -> str:
+        """What of the entry came from the record ("cached: before, pick, after"), "" when all was done now."""
+        return f"cached: {', '.join(self.cached)}" if self.cached else ""
 
     def to_json(self) -> dict:
         made = self.backport_branch
@@ -577,7 +583,8 @@ class BranchEntry:
                 "target": self.target, "reason": self.reason, "before_reason": self.before_reason,
                 "after_reason": self.after_reason,
                 "backport_branch": {"name": made.name, "state": made.state} if made else None,
-                **({"pin_level": self.pin_level.to_json()} if self.pin_level else {})}
+                **({"pin_level": self.pin_level.to_json()} if self.pin_level else {}),
+                **({"cached": list(self.cached)} if self.cached else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> BranchEntry:
@@ -589,7 +596,8 @@ class BranchEntry:
                    before_reason=data.get("before_reason"), after_reason=data.get("after_reason"),
                    backport_branch=BackportBranch(name=made["name"], state=made["state"]) if made else None,
                    options=data.get("options", ""), pin=data.get("pin"), masked=data.get("masked"),
-                   pin_level=BranchLevel.from_json(data["pin_level"]) if data.get("pin_level") else None)
+                   pin_level=BranchLevel.from_json(data["pin_level"]) if data.get("pin_level") else None,
+                   cached=tuple(data.get("cached", ())))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -666,11 +674,19 @@ class FixCheck:
             why = f"masked: {self.parent_masked}" if self.parent_masked else self.parent_reason
             return f"the fix is not exercised{at}: its parent {parent} is good ({why})"
         if self.parent_verdict != "bad":
-            return f"cannot tell whether the fix is exercised{at}: its parent {parent} skipped ({self.parent_reason})"
+            return f"could not test the fix{at}: its parent {parent} skipped ({self.parent_reason}), so whether " \
+                   f"the fix is exercised is not known"
+        if self.fix_verdict == "skip":
+            return f"could not test the fix{at}: its parent {parent} is bad and the fix skipped ({self.fix_reason})"
         if self.fix_verdict != "good":
             return f"the fix does not fix{at}: its parent {parent} is bad and the fix is {self.fix_verdict} " \
                    f"({self.fix_reason})"
         return None
+
+    @property
+    def untested(self) -> bool:
+        """A skip on the parent or the fix: no evidence either way (the run is inconclusive, not refuted)."""
+        return self.parent is not None and "skip" in (self.parent_verdict, self.fix_verdict)
 
     def to_json(self) -> dict:
         return {"options": self.options, "parent": self.parent, "parent_verdict": self.parent_verdict,
@@ -835,6 +851,7 @@ class PlannedStep:
     world: str = ""     # the image it runs in (and whether it exists), or the AITER it installs
     estimate: str = ""  # what the step costs, in words
     minutes: tuple[int, int] = (0, 0)  # that cost as a range of minutes (builds, pulls, installs)
+    cached: str | None = None  # the verdict the record serves it (nothing runs, it costs nothing); None: tested
 
     @property
     def alternative(self) -> bool:
@@ -845,7 +862,8 @@ class PlannedStep:
         return {"sha": self.sha, "role": self.role, "native": self.native, "build": self.build,
                 "reason": self.reason, "commands": [{"label": command.label, "argv": list(command.argv),
                                                      "env": command.env} for command in self.commands],
-                "world": self.world, "estimate": self.estimate, "minutes": list(self.minutes)}
+                "world": self.world, "estimate": self.estimate, "minutes": list(self.minutes),
+                **({"cached": self.cached} if self.cached else {})}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -870,6 +888,7 @@ class Plan:
     step_seconds: float | None = None  # a step's time: the median of the scenario's earlier steps here (None: none)
     timed_steps: int = 0       # how many earlier steps that median is of
     held_build: str | None = None  # a level inside AITER run by hand: what its held vLLM commit will run with
+    cached_rounds: int = 0     # probe rounds the record's verdicts answer (not counted in rounds: nothing runs)
 
     @property
     def seconds_to_answer(self) -> float | None:
@@ -899,7 +918,8 @@ class Plan:
                     "seconds_to_answer": self.seconds_to_answer} if self.step_seconds is not None else {}),
                 **({"names": dict(self.names)} if self.names else {}),
                 **({"pin_levels": list(self.pin_levels)} if self.pin_levels else {}),
-                **({"held_build": self.held_build} if self.held_build else {})}
+                **({"held_build": self.held_build} if self.held_build else {}),
+                **({"cached_rounds": self.cached_rounds} if self.cached_rounds else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Plan:
@@ -909,11 +929,11 @@ class Plan:
                    names=dict(data.get("names", {})), pin_levels=tuple(data.get("pin_levels", ())),
                    slots=data.get("slots", 1), rounds=data.get("rounds"), rounds_one_slot=data.get("rounds_one_slot"),
                    endpoint_rounds=data.get("endpoint_rounds", 0), step_seconds=data.get("step_seconds"),
-                   timed_steps=data.get("timed_steps", 0),
+                   timed_steps=data.get("timed_steps", 0), cached_rounds=data.get("cached_rounds", 0),
                    probes=tuple(PlannedStep(sha=p["sha"], role=p["role"], native=p["native"], build=p["build"],
                                             reason=p["reason"],
                                             commands=tuple(PlannedCommand(label=c["label"], argv=tuple(c["argv"]),
                                                                           env=c["env"]) for c in p["commands"]),
                                             world=p.get("world", ""), estimate=p.get("estimate", ""),
-                                            minutes=_minutes(p.get("minutes")))
+                                            minutes=_minutes(p.get("minutes")), cached=p.get("cached"))
                                 for p in data["probes"]))

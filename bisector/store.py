@@ -286,16 +286,23 @@ class Store:
     def start_run(self, kind: str, key: str, params: dict, pid: int) -> tuple[int, int | None]:
         """A new run row; returns (run id, id of the run with the same key it resumes: one unfinished, or one
         stopped that holds verdicts given by hand)."""
-        row = self.db.execute("SELECT id, status FROM runs WHERE key = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
-        resumable = row is not None and (row["status"] in ("running", "interrupted")  # killed, or Ctrl-C
-                                         or row["status"] == "failed" and bool(self.marks(self.lineage(row["id"]))))
-        resumed = row["id"] if resumable else None  # (a stopped run resumes once it holds verdicts given by hand)
-        if resumed is not None and row["status"] == "running":
+        resumed = self.resumable(key)
+        row = self.run(resumed) if resumed is not None else None
+        if row is not None and row["status"] == "running":
             self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?", (resumed,))
         cur = self.db.execute("INSERT INTO runs (kind, key, status, pid, created, params, resumed_from) "
                               "VALUES (?, ?, 'running', ?, ?, ?, ?)",
                               (kind, key, pid, time.time(), _json(params), resumed))
         return cur.lastrowid, resumed
+
+    @_guarded
+    def resumable(self, key: str) -> int | None:
+        """The run a new run of key resumes: the last of key when unfinished (killed, or Ctrl-C), or stopped
+        holding verdicts given by hand; else None."""
+        row = self.db.execute("SELECT id, status FROM runs WHERE key = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+        resumable = row is not None and (row["status"] in ("running", "interrupted")  # killed, or Ctrl-C
+                                         or row["status"] == "failed" and bool(self.marks(self.lineage(row["id"]))))
+        return row["id"] if resumable else None
 
     @contextmanager
     def recording(self, kind: str, key: str, params: dict) -> Iterator[RunRecord]:

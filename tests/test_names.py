@@ -54,8 +54,8 @@ def test_every_format_runs_plan_and_progress_name_the_commits(tagged, tmp_path, 
     plan = cli("run", "--repo", str(repo.path), "--good", "v1.0", "--bad", "main", "--state-dir", str(state),
                "--plan", "--", *state_is_good)
     assert plan.returncode == 0, plan.stderr
-    assert f"  {shas[0][:12]} (v1.0)  endpoint (good)" in plan.stdout
-    assert f"  {shas[7][:12]} (main)  endpoint (bad)" in plan.stdout
+    assert re.search(rf"^  {shas[0][:12]} \(v1\.0\) {{2,}}endpoint \(good\)", plan.stdout, re.M)  # columns aligned
+    assert re.search(rf"^  {shas[7][:12]} \(main\) {{2,}}endpoint \(bad\)", plan.stdout, re.M)
     runs = cli("runs", "--repo", str(repo.path), "--state-dir", str(state))
     assert f"{shas[0][:12]} (v1.0)..{shas[7][:12]} (main)  first bad commit {culprit}" in runs.stdout
 

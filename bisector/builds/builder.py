@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import shlex
 import shutil
 import tarfile
 import threading
@@ -285,7 +286,7 @@ class Builder:
             return decision
         installs = [command for command in decision.commands if installs_packages(command.argv)]
         if installs:
-            return (f"{decision.strategy} build refused: `{' '.join(installs[0].argv)}` would install into "
+            return (f"{decision.strategy} build refused: `{shlex.join(installs[0].argv)}` would install into "
                     f"--python {self.settings.python} (--env shared); --env per-commit builds in the tool's own "
                     f"environments, --allow-install-into-python allows it")
         return decision

@@ -6,6 +6,7 @@ A command's module is imported only when that command runs or its own --help is 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from typing import Any, NoReturn, Sequence
@@ -112,9 +113,11 @@ class BisectorGroup(click.Group):
 @click.version_option(__version__, prog_name="bisector")
 def main() -> None:
     """Find the vLLM commit behind a ROCm GPU fault, and prove its fix backports."""
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, _stop)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup it stays ignored
-        signal.signal(signal.SIGHUP, _sigterm)  # a closed terminal or a dropped ssh: as SIGTERM
+        signal.signal(signal.SIGHUP, _stop)  # a closed terminal or a dropped ssh: as SIGTERM
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # ignored (a background job): it stays so
+        signal.signal(signal.SIGINT, _stop)
 
 
 def _configured(exc: click.ClickException) -> str:
@@ -131,5 +134,28 @@ def _configured(exc: click.ClickException) -> str:
     return f" (configured: {config.source_of(exc.param.name)})"
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt
+_stopping = False  # the first Ctrl-C or SIGTERM has been heard: the command is unwinding
+
+
+def _stop(signum, frame):
+    """Ctrl-C, SIGTERM or SIGHUP: say at once on stderr what stopping waits for, then stop (KeyboardInterrupt). A second
+    one while the command unwinds is told the same and lets the unwinding finish: breaking it off would leave
+    steps running, the run's row unsaved or the tool's worktrees registered in the user's repository."""
+    global _stopping
+    os.write(2, (stopping_line(signal.Signals(signum).name, again=_stopping) + "\n").encode())
+    if not _stopping:
+        _stopping = True
+        raise KeyboardInterrupt
+
+
+def stopping_line(signame: str, again: bool = False) -> str:
+    """What a stop waits for, in one line: the running steps' processes, the record and the worktrees of a run
+    that is on (bisector.process.GROUPS records them), else nothing."""
+    process = sys.modules.get("bisector.process")
+    groups = process.GROUPS if process is not None else None
+    said = f"bisector: {'still stopping' if again else 'stopping'} ({'Ctrl-C' if signame == 'SIGINT' else signame})"
+    if groups is None or groups.directory is None:
+        return said
+    running = len(groups.groups)
+    ending = f"ending {running} running step{'' if running == 1 else 's'}, then " if running else ""
+    return f"{said}: {ending}saving the verdicts so far in the record and removing the run's worktrees …"

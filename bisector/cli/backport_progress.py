@@ -19,8 +19,9 @@ class BackportProgress:
     def checked(self, entry: BranchEntry) -> None:
         colour = "green" if entry.settled else "red"
         at = f" at {entry.options}" if entry.options else ""
+        cached = f"; {entry.said_cached}" if entry.cached else ""
         console.print(f"{escape(entry.branch)}{escape(at)}: [{colour}]{entry.verdict}[/{colour}] "
-                      f"({escape(entry.reason)})")
+                      f"({escape(entry.reason + cached)})")
 
     def following(self, entry: BranchEntry, neighbour: BranchEntry) -> ProgressHandler:
         at = f" at {entry.options}" if entry.options else ""

@@ -3,6 +3,7 @@ resumed by the same command, uses it for that commit instead of testing it."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -58,7 +59,7 @@ def mark_command(run_id, rev, verdict, reason, repo, state_dir):
             store.add_mark(row["id"], sha, Verdict(verdict), reason)
     finally:
         store.close()
-    command = " ".join(params.get("command_line") or ()) or "the run's command"
+    command = shlex.join(params.get("command_line") or ()) or "the run's command"  # pasted into a shell as shown
     click.echo(f"run {row['id']}: {sha[:12]} marked {verdict} by hand; `{command}` resumes it with this verdict")
 
 

@@ -3,10 +3,12 @@ machine lacks to run them, with --follow-pins what a second level inside AITER w
 by hand what its held vLLM commit will run with; nothing is run."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Callable, Mapping, Sequence
 
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE, Builder, NoBuild
@@ -20,8 +22,9 @@ from bisector.engine.follow import (
     plan_level,
     scenario_follow_up,
 )
+from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
-from bisector.engine.run import skipped_by_user
+from bisector.engine.run import run_key, skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError
 from bisector.executor import LocalExecutor
@@ -36,7 +39,7 @@ from bisector.pins import (
 from bisector.refs import GitRepo
 from bisector.results import PinChange, Plan, PlannedCommand, PlannedStep
 from bisector.seams import Build, ChecksMachine, StepContext
-from bisector.search import Bisection, Term
+from bisector.search import Bisection, InconsistentVerdicts, Term
 from bisector.store import Store
 from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World, WorldSettings
 
@@ -102,19 +105,79 @@ def plan_bisection(cfg: RunConfig) -> Plan:
             branch.record(first[0], term)
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
+    cached = cached_verdicts(cfg, asked, builder, world, state_dir, skipped,
+                             [*ends.olds, ends.new, *ends.merge_bases, *(sha for sha, _ in commits)])
+    probes = [dataclasses.replace(probe, cached=cached[probe.sha], build="cached", commands=(), world="", estimate="",
+                                  minutes=(0, 0), reason=f"{cached[probe.sha]} in the record: nothing runs")
+              if probe.sha in cached else probe for probe in probes]
     beside = bool(cfg.verify_endpoints and first and slots > len(ends.olds) + 1)  # the first probes, with the ends
     timed = earlier_step_seconds(state_dir, cfg.scenario.name)
+    served = Bisection(commits, ends.new)  # the search as the record's verdicts drive it: those rounds cost nothing
+    for sha in blind:
+        served.record(sha, Term.SKIP)
+    answered = served_rounds(served, slots, cost, cached, ends.old_name)
+    rounds = max(0, expected_rounds(served.testable_mask.bit_count(), slots) - beside) if answered else \
+        expected_rounds(first_search.testable_mask.bit_count(), slots) - beside
+    endpoint_rounds = math.ceil((len(ends.olds) + 1) / slots) if cfg.verify_endpoints else 0
+    if all(sha in cached for sha in (*ends.olds, ends.new, *ends.merge_bases)):
+        endpoint_rounds = 0
     return Plan(commits=len(commits), good=asked.good, bad=asked.bad, builder=builder.name,
                 merge_bases=ends.merge_bases, probes=tuple(probes),
                 imaged=sum(world.imaged(sha) for sha, _ in commits) if world.index and not world.layering else None,
                 skipped_by_user=len(skipped), warnings=missing_preconditions(cfg, probes, world), slots=slots,
-                rounds=expected_rounds(first_search.testable_mask.bit_count(), slots) - beside,
-                rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
-                endpoint_rounds=math.ceil((len(ends.olds) + 1) / slots) if cfg.verify_endpoints else 0,
+                rounds=rounds, rounds_one_slot=expected_rounds(first_search.testable_mask.bit_count(), 1),
+                endpoint_rounds=endpoint_rounds, cached_rounds=answered,
                 step_seconds=statistics.median(timed) if timed else None, timed_steps=len(timed),
                 names=asked.repo.names([probe.sha for probe in probes]),
                 pin_levels=planned_levels(cfg, asked, builder, world) if cfg.follow_pins else (),
                 held_build=planned_held_by_hand(cfg, state_dir, world) if by_hand else None)
+
+
+def cached_verdicts(cfg: RunConfig, asked: Range, builder: Build, world: World, state_dir: Path,
+                    skipped: Sequence[str], shas: Sequence[str]) -> dict[str, str]:
+    """The verdicts (good, bad, skip) of shas the run would be served from the record instead of testing them,
+    as RunContext serves them: under the commit's verdict cache key; a `-- CMD` without --reuse-verdicts only
+    from the unfinished run it would resume. None with --no-cache, --flaky or --metric (their steps weigh
+    repeated runs, not one verdict)."""
+    path = state_dir / "bisector.sqlite"
+    if cfg.no_cache or cfg.flaky or cfg.perf or not path.is_file():
+        return {}
+    spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python, cfg.repeat,
+                                          signature_rule(cfg.signature or cfg.scenario.default_signature),
+                                          cfg.envs, cfg.world))
+    judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
+    with Store(path) as store:
+        served: tuple[int, ...] | None = None
+        if not (cfg.reuse_verdicts or cfg.scenario.inputs_known):
+            resumed = store.resumable(run_key(cfg, asked.ends.olds, asked.ends.new, judge.key, skipped))
+            served = store.lineage(resumed) if resumed is not None else ()
+        if served == ():
+            return {}
+        found = {}
+        for sha in dict.fromkeys(shas):
+            decided = judge.decide(store.executions(sha, judge.key_for(sha)[0], 0, served))
+            if decided is not None:
+                found[sha] = decided.verdict.value
+        return found
+
+
+def served_rounds(search: Bisection, slots: int, cost: Callable[[str], float], cached: Mapping[str, str],
+                  old_name: str) -> int:
+    """Drive search by the record's verdicts while every probe of a round has one; returns those rounds (they
+    run nothing: the plan counts only the rounds after them)."""
+    rounds = 0
+    while not search.done:
+        probes = search.next_probes(slots, cost=cost)
+        if not probes or not all(sha in cached for sha in probes):
+            break
+        try:
+            for sha in probes:
+                verdict = cached[sha]
+                search.record(sha, Term.SKIP if verdict == "skip" else Term.OLD if verdict == old_name else Term.NEW)
+        except InconsistentVerdicts:
+            break
+        rounds += 1
+    return rounds
 
 
 def planned_levels(cfg: RunConfig, asked: Range, builder: Build, world: World) -> tuple[str, ...]:

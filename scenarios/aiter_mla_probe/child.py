@@ -76,6 +76,8 @@ class Probe:
         self.env, self.placeholders = env, PLACEHOLDERS
         self.checkout, self.config, self.details, self.aiter = checkout, config, details, aiter
         self.calls: list[dict] = []
+        self.failure: Exception | None = None  # what the builder's construction raised
+        self.made: list[str] = []  # the placeholders made while it was built, in order
         self.sizing = env.rule_sizing(config)
         details["aiter"] = aiter if aiter.get("path") else {**aiter, "source": "hand-written tile rule"}
         self.label = aiter_label(aiter)
@@ -121,7 +123,8 @@ class Probe:
         judgements = [self._judge(call, kernel_q) for call in self.calls]
         chosen = next((j for j in judgements if j.verdict == "bad"), judgements[0])
         details.update(chosen.details)
-        return _result(chosen.verdict, chosen.reason, details)
+        failed = self._failed_after_sizing(builder_cls, construction_error) if construction_error else ""
+        return _result(chosen.verdict, chosen.reason + failed, details)
 
     # --- AITER ---
 
@@ -182,7 +185,7 @@ class Probe:
             bound.apply_defaults()
             call = {"bound": bound, "arguments": dict(bound.arguments),
                     "caller": sys._getframe(1).f_code.co_filename,
-                    "decisions_before": len(self.placeholders.decisions),
+                    "decisions_before": len(self.placeholders.decisions), "made_before": len(self.placeholders.made),
                     "shown": {name: _shown(value) for name, value in bound.arguments.items()}}
             self.calls.append(call)
             return self.sizing(*bound.args, **bound.kwargs)
@@ -197,11 +200,33 @@ class Probe:
             return None
         except Exception as exc:  # judged below if the metadata was sized before the failure
             traceback.print_exc()
+            self.failure = exc
             return f"{type(exc).__name__}: {exc}"
         finally:
             self.placeholders.stop()
-            self.details["placeholders_touched"] = list(self.placeholders.made)[:LISTED]
+            self.made = list(self.placeholders.made)
+            self.details["placeholders_touched"] = self.made[:LISTED]
             self.decisions = list(self.placeholders.decisions)
+
+    def _failed_after_sizing(self, builder_cls, error: str) -> str:
+        """The builder raised after sizing the metadata: why the verdict stands, to add to its reason, or
+        Unjudgeable when code it had left to run (past where each of its frames stopped) sizes the metadata
+        again: the sizing seen may then not be the one it keeps."""
+        assert self.failure is not None, "called only when the construction raised"
+        tb, where, function = self.failure.__traceback__, "", ""
+        while tb is not None:
+            code, frame = tb.tb_frame.f_code, tb.tb_frame
+            if Path(code.co_filename).is_relative_to(self.checkout):
+                where, function = f"{_relative(code.co_filename, self.checkout)}:{tb.tb_lineno}", code.co_name
+                if _sizes_metadata(_names(code, after=tb.tb_lasti), builder_cls, frame.f_globals, set()):
+                    raise Unjudgeable(f"AiterMLAMetadataBuilder raised {error} in {function} ({where}) after "
+                                      f"sizing the metadata, and code it had left to run ({code.co_name}) sizes it "
+                                      f"again: the sizing seen may not be the one it keeps")
+            tb = tb.tb_next
+        made = self.made[self.calls[-1]["made_before"]:]
+        on = f", on {', '.join(made[-3:])} (values the probe made up)" if made else ""
+        return (f"; AiterMLAMetadataBuilder then raised {error} in {function} ({where}){on}, after sizing the "
+                f"decode metadata: nothing it had left to run sizes it again, so the verdict stands")
 
     def _check_sizing_inputs(self) -> None:
         """Skip unless every sizing argument is a real value and no placeholder decided a branch in the
@@ -385,6 +410,36 @@ def _global_names(code) -> set[str]:
         if inspect.iscode(constant):
             names |= _global_names(constant)
     return names
+
+
+def _names(code, after: int = -1) -> set[str]:
+    """The names (and string constants) code's instructions past offset `after` use, with every name of the code
+    objects those instructions load (a lambda, a comprehension)."""
+    names: set[str] = set()
+    for instruction in dis.get_instructions(code):
+        if instruction.offset <= after:
+            continue
+        if isinstance(instruction.argval, str):
+            names.add(instruction.argval)
+        elif inspect.iscode(instruction.argval):
+            names |= _names(instruction.argval)
+    return names
+
+
+def _sizes_metadata(names: set[str], owner, namespace: dict, seen: set[str]) -> bool:
+    """Whether names name the sizing call, or a method of owner (the builder class) or a function of namespace
+    (a module's globals) whose code does, through any depth of such calls."""
+    if METADATA_CALL in names:
+        return True
+    for name in sorted(names - seen):
+        seen.add(name)
+        found = getattr(owner, name, None) or namespace.get(name)  # a placeholder is no function: not followed
+        wrapped = getattr(found, "__wrapped__", None) if inspect.isfunction(found) else None  # functools.wraps
+        for target in (found, wrapped):
+            if inspect.isfunction(target) and _sizes_metadata(_names(target.__code__), owner, target.__globals__,
+                                                              seen):
+                return True
+    return False
 
 
 def _imported_modules(module) -> set[str]:
