@@ -92,8 +92,14 @@ def rows() -> list:
     found += [([*command, *(("--image", "r/v:{{commit}}") if option == "--image-cache-size" else ()),
                 f"{option}={value}", *needs], option)
               for command, option, needs in SIZES for value in (HUGE, "9" * 400)]
-    return [pytest.param(argv, fragment, id=" ".join(part[:24] for part in argv if part not in STATE + RUN))
+    return [pytest.param(argv, fragment, id=" ".join(_short(part) for part in argv if part not in STATE + RUN))
             for argv, fragment in [*found, *OTHERS]]
+
+
+def _short(word: str) -> str:
+    """A word of a row's id: a long one cut, with its length (rows of 20 and 400 digits stay apart)."""
+    word = word.replace("{{", "{").replace("}}", "}")
+    return word if len(word) <= 32 else f"{word[:28]}…({len(word)})"
 
 
 @pytest.fixture(scope="module")
