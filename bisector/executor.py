@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+import click
+
 from bisector.errors import ExecutorError, UsageError
 from bisector.gpus import gpu_env, gpu_slots, parse_gpu_slots, parse_gpus, shared_gpu_slots, visible_gpus
 from bisector.pins import unsafe_git_source
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 
 DEFAULT_BUILD_AHEAD = 2  # both ways a one-slot round can fall
+MOST_BUILD_AHEAD = 64   # --build-ahead at most (each is a checkout and a build held)
 
 
 def local_slots(jobs: int, gpus: list[int], per_run: int) -> list[dict[str, str]]:
@@ -433,8 +436,6 @@ def checked_git_source(ctx, param, value: str | None) -> str | None:
     command from it or read it as an option (see pins.unsafe_git_source)."""
     problem = unsafe_git_source(value) if value is not None else None
     if problem:
-        import click
-
         raise click.BadParameter(f"{value!r}: {problem}", ctx, param)
     return value
 
@@ -443,7 +444,8 @@ EXECUTORS: Registry[Callable[[Placement], Executor]] = Registry("executor")
 EXECUTORS.register("local", LocalExecutor.from_placement, options=[
     Option("--gpus", help="Local GPU ids, e.g. 0-7 or 0,2,4 (default: all visible); ID:N runs N slots on one "
                           "GPU, each with 1/N of its memory (0:4, 0:4,1:4): every slot tests a commit per round."),
-    Option("--build-ahead", type=int, default=DEFAULT_BUILD_AHEAD, show_default=True, metavar="N",
+    Option("--build-ahead", type=click.IntRange(0, MOST_BUILD_AHEAD), default=DEFAULT_BUILD_AHEAD,
+           show_default=True, metavar="N",
            help="While a round runs, check out and build (one at a time) up to N of the commits the next round "
                 "may test, either way it falls; 0: never.")])
 EXECUTORS.register("ray", RayExecutor.from_placement, options=[

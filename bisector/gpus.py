@@ -12,6 +12,8 @@ GPU_VARIABLES = ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DE
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 # A slot that shares its GPUs with other slots: the fraction of their memory its step may take ("0.25").
 SHARE_ENV = "BISECTOR_GPU_SHARE"
+MOST_GPU_ID = 1023        # past any machine's GPUs: a larger id (or range end) is a typo
+MOST_SLOTS_PER_GPU = 64   # ID:N at most
 
 
 def gpu_env(gpus: Sequence[int | str]) -> dict[str, str]:
@@ -59,7 +61,7 @@ def parse_gpu_slots(text: str) -> list[tuple[int, int]]:
     spec: list[tuple[int, int]] = []
     for part in text.split(","):
         ids, colon, count = part.strip().partition(":")
-        if colon and not (count.strip().isdigit() and int(count) > 0):
+        if colon and not (count.strip().isdigit() and _at_most(count, MOST_SLOTS_PER_GPU, text) > 0):
             raise UsageError(f"bad GPU share {part.strip()!r} in {text!r} (want e.g. 0:4, four slots on GPU 0)")
         if not ids.strip():
             raise UsageError(f"bad GPU list {text!r} (want e.g. 0-7, 0,2,4 or 0:4)")
@@ -96,11 +98,22 @@ def parse_gpus(text: str) -> list[int]:
         low, dash, high = part.strip().partition("-")
         if not low.isdigit() or (dash and not high.isdigit()):
             raise UsageError(f"bad GPU list {text!r} (want e.g. 0-7 or 0,2,4)")
-        first, last = int(low), int(high) if dash else int(low)
+        first = _at_most(low, MOST_GPU_ID, text)
+        last = _at_most(high, MOST_GPU_ID, text) if dash else first
         if last < first:
             raise UsageError(f"bad GPU range {part.strip()!r} in {text!r}")
         ids.extend(i for i in range(first, last + 1) if i not in ids)
     return ids
+
+
+def _at_most(digits: str, most: int, text: str) -> int:
+    """A number of the GPU list text, UsageError above most (before a range of 10**20 ids is made)."""
+    digits = digits.strip().lstrip("0") or "0"
+    if not (digits.isascii() and digits.isdigit()):
+        raise UsageError(f"bad GPU list {text!r} (want e.g. 0-7, 0,2,4 or 0:4)")
+    if len(digits) > len(str(most)) or int(digits) > most:
+        raise UsageError(f"bad GPU list {text!r}: {digits} is more than {most}")
+    return int(digits)
 
 
 def env_gpus(environ: Mapping[str, str]) -> list[int] | None:

@@ -5,6 +5,7 @@ import html
 import json
 import re
 import shlex
+import time
 import xml.etree.ElementTree as ET
 from functools import wraps
 from typing import Any, Callable, Mapping, Sequence
@@ -111,10 +112,43 @@ def _command_line(result: Result) -> str | None:
     return shlex.join(result.command_line) if result.command_line else None
 
 
+RUNS_COLUMNS = ("ID", "STARTED", "ENDED", "KIND", "STATE", "REPOSITORY", "RANGE", "ANSWER", "COMMAND")
+# When `bisector runs` must fit a terminal: the fields cut first, with the least each keeps (the repository is
+# shown only when runs of several are listed); then the command, then the repository, left out.
+RUNS_ELIDED = {"COMMAND": 12, "REPOSITORY": 16, "ANSWER": 18, "RANGE": 12}
+RUNS_DROPPED = ("COMMAND", "REPOSITORY")
+
+
 @published
-def run_line(row: Mapping, names: Mapping[str, str] | None = None) -> str:
-    """One line per recorded run for `bisector runs`: id, repository, range, command, state, answer.
-    names (sha -> tag or branch) name the commits of a run with no result yet (its result's names otherwise)."""
+def runs_table(rows: Sequence[Mapping], names: Mapping[str, str] | None = None, width: int | None = None) -> str:
+    """`bisector runs`: a header, then a line per recorded run: id, when it started and ended, kind, state,
+    repository (when the runs are of several), range (or fix), answer, command. Within width columns when
+    given: long fields are cut, marked … (`bisector report ID` shows them whole). names (sha -> tag or branch)
+    name the commits of a run with no result yet (its result's names otherwise)."""
+    cells = [dict(zip(RUNS_COLUMNS, RUNS_COLUMNS)), *(_run_cells(row, names) for row in rows)]
+    widths = {column: max(len(cell[column]) for cell in cells) for column in RUNS_COLUMNS
+              if column != "REPOSITORY" or len({cell["REPOSITORY"] for cell in cells[1:]}) > 1}
+
+    def over() -> int:
+        return sum(widths.values()) + 2 * (len(widths) - 1) - width if width else 0
+
+    for column, least in RUNS_ELIDED.items():
+        if column in widths and over() > 0:
+            widths[column] = max(min(least, widths[column]), widths[column] - over())
+    for column in RUNS_DROPPED:
+        if over() > 0:
+            widths.pop(column, None)
+    lines = []
+    for cell in cells:
+        fields = [_elided(cell[column], size, at_start=column == "REPOSITORY") for column, size in widths.items()]
+        fields[0] = fields[0].rjust(widths["ID"])
+        line = "  ".join(field.ljust(size) for field, size in zip(fields, widths.values())).rstrip()
+        lines.append(_elided(line, width) if width else line)
+    return "\n".join(lines)
+
+
+def _run_cells(row: Mapping, names: Mapping[str, str] | None) -> dict[str, str]:
+    """One run's fields for runs_table, printable and without credentials before any is cut."""
     run = StoredRun.from_row(row)
     params, result = run.params, run.result
     names = result.names if result else names or {}
@@ -127,7 +161,20 @@ def run_line(row: Mapping, names: Mapping[str, str] | None = None) -> str:
         if params.parent_run is not None:
             answer += f" (level {params.level} of --follow-pins, under run {params.parent_run})"
     command = shlex.join(params.command_line) if params.command_line else params.scenario
-    return f"{run.id:>4}  {run.kind:<8} {run.status:<11} {params.repo}  {span}  {answer}  $ {command}"
+    started, ended = (time.localtime(moment) if moment else None for moment in (run.started, run.ended))
+    fields = {"ID": str(run.id), "STARTED": time.strftime("%Y-%m-%d %H:%M", started) if started else "-",
+              "ENDED": "-" if ended is None else time.strftime(
+                  "%H:%M" if started and started[:3] == ended[:3] else "%Y-%m-%d %H:%M", ended),
+              "KIND": run.kind, "STATE": run.status, "REPOSITORY": params.repo or "-", "RANGE": span,
+              "ANSWER": answer, "COMMAND": f"$ {command}"}
+    return {column: redact(printable(" ".join(text.split()))) for column, text in fields.items()}
+
+
+def _elided(text: str, width: int, at_start: bool = False) -> str:
+    """text cut to width characters at its end (or start: a path's last folders tell most), marked with …."""
+    if len(text) <= width:
+        return text
+    return "…" + text[len(text) - width + 1:] if at_start else text[:max(width - 1, 0)] + "…"
 
 
 def _run_answer(result: BisectResult) -> str:

@@ -809,12 +809,16 @@ class StoredRun:
     status: str  # running | finished | failed | interrupted
     params: RunParams
     record: dict | None  # the result as stored; None until the run finishes
+    started: float | None = None  # when the run started and ended (seconds since the epoch); None: not known
+    ended: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping) -> StoredRun:
         return cls(id=row["id"], kind=row["kind"], status=row["status"],
                    params=RunParams.from_json(json.loads(row["params"])),
-                   record=json.loads(row["result"]) if row["result"] else None)
+                   record=json.loads(row["result"]) if row["result"] else None,
+                   started=row["created"] if "created" in row.keys() else None,
+                   ended=row["finished"] if "finished" in row.keys() else None)
 
     @cached_property
     def result(self) -> Result | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -72,9 +73,17 @@ def test_markdown_links_pull_requests_with_a_template():
     check("bisect-culprit.linked.md", report.render(ROWS["bisect-culprit"], "markdown", PULL_LINKS))
 
 
-def test_runs_listing_matches_its_golden():
+def test_runs_listing_matches_its_golden_whole_and_within_100_columns(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")  # the listing shows local times
+    time.tzset()
     fixtures = [ROWS[name] for name in sorted(ROWS) if name not in RECORDS]
-    check("runs.txt", "".join(report.run_line(row) + "\n" for row in fixtures))
+    try:
+        check("runs.txt", report.runs_table(fixtures) + "\n")
+        check("runs.100.txt", report.runs_table(fixtures, width=100) + "\n")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert max(map(len, report.runs_table(fixtures, width=100).splitlines())) <= 100
 
 
 def test_plan_matches_its_golden():
@@ -88,7 +97,7 @@ def test_a_named_commit_reads_as_the_progress_line_has_it_in_every_format():
     result = json.loads(row["result"])
     doubled = re.compile(r"\((?:%s)\) \(" % "|".join(map(re.escape, result["names"].values())))
     rendered = {fmt: report.render(row, fmt) for fmt in report.FORMATS}
-    rendered["runs"] = report.run_line(row)
+    rendered["runs"] = report.runs_table([row])
     assert {fmt: doubled.findall(text) for fmt, text in rendered.items() if doubled.search(text)} == {}
     cases = [case.get("name") for case in ET.fromstring(rendered["junit"]).iter("testcase")]
     assert cases[1] == f"step 1: {result['good'][:12]} (v1.0), endpoint", cases

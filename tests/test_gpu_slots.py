@@ -226,7 +226,7 @@ def test_slots_across_gpus_each_name_their_gpu(cli, history, tmp_path):
     (["--jobs", "5", "--gpus", "0:4"], "--jobs 5 needs 5 slots; --gpus 0:4 gives 4"),
     (["--gpus-per-run", "2", "--gpus", "0:2,1:4"], "the 2 GPUs of one step must hold the same number of slots"),
     (["--gpus-per-run", "0", "--gpus", "0:2"], "shares GPUs between steps, but this run's steps use no GPU"),
-    (["--build-ahead", "-1"], "--build-ahead -1: must be 0 (never) or more"),
+    (["--build-ahead", "-1"], "Invalid value for '--build-ahead': -1 is not in the range 0<=x<=64."),
 ])
 def test_bad_slot_options_are_usage_errors(cli, history, options, message, state_is_good):
     repo, shas = history

@@ -229,10 +229,11 @@ def test_runs_and_report_latest_follow_the_repository(tmp_path):
     assert none.returncode == 2 and "with scenario aiter-mla-probe has ended" in none.stderr
 
     listed = cli("runs", "--repo", str(one), "--state-dir", str(state))
-    lines = listed.stdout.splitlines()
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == ["ID", "STARTED", "ENDED", "KIND", "STATE", "RANGE", "ANSWER", "COMMAND"]
     assert len(lines) == 2 and "finished" in lines[0] and "failed" in lines[1]
     assert f"first bad commit {shas_one[3][:12]}" in lines[0] and "$ bisector run" in lines[0]
-    assert len(cli("runs", "--all-repos", "--repo", str(one), "--state-dir", str(state)).stdout.splitlines()) == 3
+    assert len(cli("runs", "--all-repos", "--repo", str(one), "--state-dir", str(state)).stdout.splitlines()) == 4
 
 
 def test_every_report_format_of_real_runs_shows_the_command_and_junit_fails_only_inconclusive(tmp_path):

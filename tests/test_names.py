@@ -259,8 +259,9 @@ def test_runs_names_the_ends_of_a_run_still_going(tagged, tmp_path, git_env, pro
         runs = subprocess.run([sys.executable, "-m", "bisector.cli", "runs", "--repo", str(repo.path),
                                "--state-dir", str(state)], env=env, capture_output=True, text=True, timeout=120)
         assert runs.returncode == 0, runs.stderr
-        [line] = runs.stdout.splitlines()
-        assert " running " in line and f"  {shas[0][:12]} (v1.0)..{shas[7][:12]} (main)  -  $ " in line
+        [_, line] = runs.stdout.splitlines()
+        assert " running " in line and f"  {shas[0][:12]} (v1.0)..{shas[7][:12]} (main)  -  " in line
+        assert "  $ bisector run " in line
     finally:
         release.touch()
         assert going.wait(timeout=120) == 0

@@ -80,7 +80,7 @@ def test_a_stopped_run_writes_every_report_with_its_outcome_and_reason(make_repo
     properties = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert properties["outcome"] == outcome and properties["stopped"] == reason
 
-    listed = cli("runs", "--repo", str(repo.path), "--state-dir", str(state)).stdout.splitlines()
+    listed = cli("runs", "--repo", str(repo.path), "--state-dir", str(state)).stdout.splitlines()[1:]
     assert len(listed) == 1 and " failed " in listed[0] and f"{outcome}: {reason[:40]}" in listed[0]
 
 

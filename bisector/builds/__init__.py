@@ -40,12 +40,18 @@ STRATEGIES = ("auto", *REGISTRY, "none")
 DEFAULT_CACHE_SIZE = "50G"  # --cache-size: the cap on stored compiled artifacts
 
 
+MOST_SIZE = 1024 ** 5  # 1024T: a larger size is a typo (and 1e400 bytes would overflow)
+
+
 def parse_size(text: str) -> int:
-    """'50G', '512M', '10k' or plain bytes -> bytes."""
+    """'50G', '512M', '10k' or plain bytes -> bytes, at most MOST_SIZE."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
     if not match:
         raise ValueError(f"not a size: {text!r} (e.g. 50G, 512M)")
-    return int(float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " "))
+    size = float(match.group(1)) * 1024 ** " kmgt".index(match.group(2) or " ")
+    if size > MOST_SIZE:
+        raise ValueError(f"{text.strip()[:40]!r} is more than 1024T")
+    return int(size)
 
 
 @dataclass(frozen=True)

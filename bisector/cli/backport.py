@@ -8,6 +8,7 @@ import click
 
 from bisector.builds import BuildSettings
 from bisector.cli.options import (
+    MOST_SECONDS,
     FiniteFloat,
     build_options,
     command_line,
@@ -23,13 +24,47 @@ from bisector.cli.options import (
     write_output,
 )
 from bisector.cli.outputs import check_outputs
+from bisector.cli.sections import BUILD_AND_ENVIRONMENT, IMAGES, RECORD_AND_CACHE, SectionedCommand
 from bisector.envs import EnvSettings
 from bisector.errors import (
+    EXIT_ABORTED,
+    EXIT_ENDPOINT,
+    EXIT_FOUND,
+    EXIT_INCONCLUSIVE,
+    EXIT_INTERRUPTED,
+    EXIT_RECORD,
+    EXIT_USAGE,
     UsageError,
 )
 
+# `backport --help`: its options in sections (bisector.cli.sections), then examples and exit codes (README's
+# table says each in full).
+BACKPORT_SECTIONS = {
+    "Fix and branches": ("repo", "fix", "globs", "create_branches", "follow_pins"),
+    "Scenario": ("scenario_name", "options", "timeout"),
+    "Build and environment": BUILD_AND_ENVIRONMENT,
+    "Images": IMAGES,
+    "Record and cache": RECORD_AND_CACHE,
+    "Outputs": ("json_file", "markdown_file", "junit_file"),
+}
+BACKPORT_EXAMPLES = (
+    "bisector backport --fix 1a2b3c4d --branches 'origin/releases/v0.*' -- pytest -x tests/kernels/test_mla.py",
+    "bisector backport --fix 1a2b3c4d --branches 'releases/*' --scenario aiter-mla-probe --option arch=gfx942,gfx950",
+    "bisector backport --fix 1a2b3c4d --branches 'releases/*' --create-branches --junit backport.xml -- ./repro.sh",
+)
+BACKPORT_EXIT_CODES = (
+    (EXIT_FOUND, "every branch settled: the fix works, or the branch needs none"),
+    (EXIT_INCONCLUSIVE, "a branch unsettled: masked, in conflict, fix-ineffective, untestable or unverified"),
+    (EXIT_USAGE, "bad input, in one line; the repository left as it was"),
+    (EXIT_ENDPOINT, "the fix is not exercised (its parent is good) or does not fix"),
+    (EXIT_ABORTED, "aborted: the check cannot go on"),
+    (EXIT_RECORD, "the record file (bisector.sqlite) cannot be used"),
+    (EXIT_INTERRUPTED, "interrupted; verdicts so far are kept"),
+)
 
-@click.command("backport")
+
+@click.command("backport", cls=SectionedCommand, sections=BACKPORT_SECTIONS, examples=BACKPORT_EXAMPLES,
+               exit_codes=BACKPORT_EXIT_CODES)
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
               help="Repository holding the fix and branches.")
 @click.option("--fix", required=True, callback=not_an_option, help="The fix: sha, tag or branch.")
@@ -41,7 +76,7 @@ from bisector.errors import (
               help="Scenario option; KEY=A,B judges every branch at each value (a column each; \\, for a comma).")
 @click.option("--create-branches", is_flag=True,
               help="Create backport/<short-fix>/<branch> at each verified (or unverified) clean pick.")
-@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(0.001, MOST_SECONDS), help="Per-run timeout in seconds (skip).")
 @click.option("--follow-pins", is_flag=True,
               help="Where a branch's tip tests unlike the branch before it and pins AITER elsewhere, bisect "
                    "inside AITER between the two pins (the tip held) and name the AITER commit.")

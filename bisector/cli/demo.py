@@ -21,8 +21,8 @@ from bisector.errors import (
 @click.option("--dir", "directory", type=click.Path(path_type=Path),
               help="Where to create the demo repository, kept (default: a temp dir, removed at the end).")
 @click.option("--keep", is_flag=True, help="Keep the default temp dir.")
-@click.option("--commits", type=click.IntRange(min=3), default=40, show_default=True)
-@click.option("--culprit", type=click.IntRange(min=1), default=25, show_default=True,
+@click.option("--commits", type=click.IntRange(3, 1000), default=40, show_default=True)
+@click.option("--culprit", type=click.IntRange(1, 999), default=25, show_default=True,
               help="Index of the commit that introduces the q_dtype bug.")
 @python_option("Python environment the probe runs in (needs torch).")
 def demo(directory, commits, culprit, python, keep):

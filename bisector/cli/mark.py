@@ -32,7 +32,8 @@ def mark_command(run_id, rev, verdict, reason, repo, state_dir):
     from bisector.refs import GitRepo
     from bisector.seams import Verdict
 
-    if run_id != "latest" and not (run_id.isascii() and run_id.isdigit() and int(run_id) <= SQLITE_MAX_INTEGER):
+    if run_id != "latest" and not (run_id.isascii() and run_id.isdigit() and len(run_id) < 20
+                                  and int(run_id) <= SQLITE_MAX_INTEGER):
         raise UsageError(f"RUN must be a run number or 'latest', got {run_id!r}")
     store = open_record(repo, state_dir)
     try:

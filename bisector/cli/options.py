@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def registry_options(registry: Registry):
             command = click.option(*option.decls, **option.settings)(command)
         return command
     return add
+
+
+# The most each kind of number may be. Every numeric option is a click range with a maximum (--help shows
+# it; tests/hostile/test_hostile_options.py holds every command to it): past these a value is a typo, not a
+# plan, and 99999999999999999999 would overflow or allocate without end downstream.
+MOST_SECONDS = 7 * 24 * 3600  # --timeout: a week per step
+MOST_AT_ONCE = 1024           # --jobs, --gpus-per-run: steps or GPUs at once
+MOST_RUNS = 10_000            # --repeat, --max-runs-per-commit, --max-samples, --warmup, --runs: runs of a commit
+MOST_KEPT = 10_000            # --env-cache-size, --aiter-cache-size: entries a cache keeps
+MOST_PERCENT = 1_000_000.0    # --min-change
 
 
 class FiniteFloat(click.FloatRange):
@@ -104,6 +115,27 @@ def parse_log_limit(text: str) -> int:
 
 log_limit_option = click.option("--log-limit", default="20M", show_default=True, metavar="SIZE",
                                  help="Bytes kept of each step's log: the first and last halves, the cut marked.")
+
+
+def read_bounded(option: str, path: Path, most: int, errors: str = "strict") -> str:
+    """The text of the regular file path (an option's), refused in one line (UsageError) when it is a FIFO,
+    a device (/dev/zero), a directory or larger than most bytes, rather than read without end."""
+    try:  # a FIFO opens without waiting for a writer; a directory is refused by open itself
+        file = open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK))
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror}") from None
+    with file:
+        mode = os.fstat(file.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{option} {path}: {'a FIFO' if stat.S_ISFIFO(mode) else 'not a regular file'}; "
+                             "give a file")
+        data = file.read(most + 1)
+    if len(data) > most:
+        raise UsageError(f"{option} {path}: larger than {most // 1024**2}M, more than this option reads")
+    try:
+        return data.decode(errors=errors)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{option} {path}: {exc}") from None
 
 
 def split_values(value: str) -> list[str]:
@@ -211,7 +243,7 @@ def env_options(command):
         click.option("--env", "env_mode", type=click.Choice(MODES), default="shared", show_default=True,
                      help="Run every commit in --python (shared), or in an environment built from that "
                           "commit's own requirements over --python (per-commit)."),
-        click.option("--env-cache-size", type=click.IntRange(min=1), default=DEFAULT_ENV_CACHE_SIZE,
+        click.option("--env-cache-size", type=click.IntRange(1, MOST_KEPT), default=DEFAULT_ENV_CACHE_SIZE,
                      show_default=True, help="Per-commit environments kept (least recently used removed)."),
     ]
     for option in reversed(options):
@@ -248,7 +280,7 @@ def world_options(command):
         click.option("--aiter", type=click.Choice(AITER_MODES), default=None,
                      help="Bare metal: install each commit's pinned AITER (pinned), require the environment's to be "
                           "the pin (installed: the default for scenarios that depend on AITER), or take any."),
-        click.option("--aiter-cache-size", type=click.IntRange(min=1), default=None,
+        click.option("--aiter-cache-size", type=click.IntRange(1, MOST_KEPT), default=None,
                      help=f"--aiter pinned: AITER builds and layers kept (default {DEFAULT_AITER_CACHE_SIZE})."),
         click.option("--aiter-prebuild", is_flag=True, default=None,
                      help="--aiter pinned: prebuild AITER's kernels as vLLM's images do (default: JIT mode)."),

@@ -56,7 +56,7 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
                                  + (f" (run {running['id']} has not ended: it is running, or was killed)"
                                     if running else ""))
         else:
-            row = store.run(run_id) if int(run_id) <= SQLITE_MAX_INTEGER else None
+            row = store.run(run_id) if len(run_id) < 20 and int(run_id) <= SQLITE_MAX_INTEGER else None
             if row is None:
                 raise UsageError(f"no run {run_id} in {store.path}")
         text = report.render(dict(row), fmt, pr_url_template)
@@ -73,7 +73,10 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
 @click.option("--all-repos", is_flag=True, help="Every repository recorded in the state dir.")
 @state_dir_option
 def runs_command(repo, all_repos, state_dir):
-    """Recorded runs: id, repository, range, command, state, answer."""
+    """Recorded runs: id, repository, range, command, state, answer.
+
+    A header, then a line per run with when it started and ended; on a terminal each line fits its width (long
+    fields end in …; `bisector report ID` shows a run whole), into a file or a pipe lines are whole."""
     from bisector import report
 
     store = open_record(repo, state_dir)
@@ -84,8 +87,15 @@ def runs_command(repo, all_repos, state_dir):
     root = None if all_repos else repo_root(repo)
     listed = [row for row in rows if root is None or StoredRun.from_row(row).params.repo == root]
     names = _names_of_unfinished([StoredRun.from_row(row) for row in listed])
-    for row in listed:
-        click.echo(report.run_line(row, names))
+    click.echo(report.runs_table(listed, names, _terminal_width()))
+
+
+def _terminal_width() -> int | None:
+    """The columns of the terminal stdout is (COLUMNS when set), None when it is a file or a pipe (lines whole)."""
+    import shutil
+    import sys
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def _names_of_unfinished(runs: list[StoredRun]) -> dict[str, str]:

@@ -9,6 +9,10 @@ import click
 
 from bisector.builds import BuildSettings
 from bisector.cli.options import (
+    MOST_AT_ONCE,
+    MOST_PERCENT,
+    MOST_RUNS,
+    MOST_SECONDS,
     FiniteFloat,
     RegistryChoice,
     build_options,
@@ -22,6 +26,7 @@ from bisector.cli.options import (
     pr_links,
     pr_url_template_option,
     python_option,
+    read_bounded,
     registry_options,
     reuse_verdicts_option,
     state_dir_option,
@@ -30,20 +35,61 @@ from bisector.cli.options import (
 )
 from bisector.cli.outputs import check_outputs, labelled, plot_beside, value_names
 from bisector.cli.progress import ProgressHandler, console, escape, resume_hint
+from bisector.cli.sections import BUILD_AND_ENVIRONMENT, IMAGES, RECORD_AND_CACHE, SectionedCommand
 from bisector.envs import EnvSettings
 from bisector.errors import (
+    EXIT_ABORTED,
+    EXIT_ENDPOINT,
+    EXIT_FOUND,
+    EXIT_INCONCLUSIVE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_RECORD,
+    EXIT_USAGE,
     UsageError,
 )
 from bisector.executor import EXECUTORS
 from bisector.redact import redact
 
+SKIP_FILE_MOST = 16 * 1024**2  # bytes of a --skip-file read at most: some 400,000 shas
 DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
                       "--build auto builds vLLM trees)")
+# `run --help`: its options in sections (bisector.cli.sections), then examples and exit codes (README's table
+# says each in full).
+RUN_SECTIONS = {
+    "Range": ("repo", "good", "bad", "find_fix", "skip", "skip_file", "first_parent", "paths", "fix", "culprit",
+              "no_verify_endpoints"),
+    "Scenario": ("scenario_name", "options", "signature", "timeout", "repeat", "prefilter_name",
+                 "prefilter_options"),
+    "Flaky faults": ("flaky", "confidence", "fault_rate", "max_runs_per_commit"),
+    "Performance hunts": ("metric", "direction", "min_change", "warmup", "max_samples"),
+    "Build and environment": (*BUILD_AND_ENVIRONMENT, "follow_pins"),
+    "Images": IMAGES,
+    "Where steps run": ("executor_kind", "jobs", "gpus", "gpus_per_run", "build_ahead", "ray_address", "remote",
+                        "isolate"),
+    "Record and cache": RECORD_AND_CACHE,
+    "Outputs": ("plan", "json_file", "markdown_file", "pr_url_template"),
+}
+RUN_EXAMPLES = (
+    "bisector run --good v0.9.0 --bad main -- pytest -x tests/kernels/test_mla.py",
+    "bisector run --good v0.9.0 --bad main --scenario aiter-mla-probe --option arch=gfx950 --json found.json",
+    "bisector run --good v0.9.0 --bad main --jobs 4 --skip-file skips.txt -- ./repro.sh",
+    "bisector run --good v0.9.0 --bad main --metric tokens_per_s --higher-is-better -- ./bench.sh",
+    "bisector run --good v0.9.0 --bad main --scenario aiter-mla-probe --plan",
+)
+RUN_EXIT_CODES = (
+    (EXIT_FOUND, "culprit found (--plan: planned)"),
+    (EXIT_INCONCLUSIVE, "inconclusive: skips left candidates, or --flaky stopped short"),
+    (EXIT_USAGE, "bad input, in one line; the repository left as it was"),
+    (EXIT_ENDPOINT, "an endpoint (or a merge base) did not test as --good/--bad said"),
+    (EXIT_ABORTED, "aborted: the run cannot go on"),
+    (EXIT_RECORD, "the record file (bisector.sqlite) cannot be used"),
+    (EXIT_INTERRUPTED, "interrupted; verdicts so far are kept, the same command resumes"),
+)
 
 
-@click.command("run", context_settings={"ignore_unknown_options": False})
+@click.command("run", cls=SectionedCommand, context_settings={"ignore_unknown_options": False},
+               sections=RUN_SECTIONS, examples=RUN_EXAMPLES, exit_codes=RUN_EXIT_CODES)
 @click.option("--repo", default=".", callback=not_an_option, show_default=True,
               help="Repository to bisect (never modified).")
 @click.option("--good", required=True, multiple=True, callback=not_an_option,
@@ -60,16 +106,16 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
 @click.option("--path", "paths", multiple=True, metavar="PATHSPEC",
               help="Only commits touching these paths are candidates.")
 @click.option("--find-fix", is_flag=True, help="Find the first commit where the fault disappears.")
-@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-step timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(0.001, MOST_SECONDS), help="Per-step timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the result as JSON.")
 @click.option("--markdown", "markdown_file", type=click.Path(path_type=Path),
               help="Write the result as Markdown (PR comment).")
 @pr_url_template_option
 @click.option("--no-verify-endpoints", is_flag=True, help="Trust --good/--bad without testing them.")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--jobs", type=click.IntRange(1, MOST_AT_ONCE), default=1, show_default=True,
               help="Commits tested per round.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--repeat", type=click.IntRange(1, MOST_RUNS), default=1, show_default=True,
               help="Runs per commit; any fault makes it bad.")
 @python_option("Python environment scenarios run in.")
 @click.option("--fix", "fix", metavar="REF", callback=not_an_option,
@@ -81,7 +127,7 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
               show_default=True, help="--flaky: stop once one commit is this likely the culprit.")
 @click.option("--fault-rate", type=FiniteFloat(0, 1, min_open=True, max_open=True),
               help="--flaky: probability a faulty commit faults per run (default: estimated).")
-@click.option("--max-runs-per-commit", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--max-runs-per-commit", type=click.IntRange(1, MOST_RUNS), default=20, show_default=True,
               help="--flaky: runs on one commit at most.")
 @build_options
 @click.option("--signature", metavar="auto|any|REGEX",
@@ -98,7 +144,7 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
 @click.option("--executor", "executor_kind", type=RegistryChoice(EXECUTORS, sorted(EXECUTORS)), default="local",
               show_default=True, help="Run steps on this machine's slots, or as Ray tasks.")
 @registry_options(EXECUTORS)
-@click.option("--gpus-per-run", type=click.IntRange(min=0),
+@click.option("--gpus-per-run", type=click.IntRange(0, MOST_AT_ONCE),
               help="GPUs each step gets (default: the scenario's need; 0 = CPU slots).")
 @click.option("--no-cache", is_flag=True, help="Judge every commit again (verdicts are still recorded).")
 @reuse_verdicts_option
@@ -117,11 +163,11 @@ DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git b
               help="--metric: a rise is the regression (a latency).")
 @click.option("--higher-is-better", "direction", flag_value="higher-is-better",
               help="--metric: a fall is the regression (a throughput). Default: either way.")
-@click.option("--min-change", type=FiniteFloat(min=0), default=1.0, show_default=True, metavar="PCT",
+@click.option("--min-change", type=FiniteFloat(0, MOST_PERCENT), default=1.0, show_default=True, metavar="PCT",
               help="--metric: the ends must differ by this many percent at least.")
-@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+@click.option("--warmup", type=click.IntRange(0, MOST_RUNS), default=0, show_default=True, metavar="N",
               help="--metric: each commit's first N runs are discarded.")
-@click.option("--max-samples", type=click.IntRange(min=6), default=20, show_default=True, metavar="N",
+@click.option("--max-samples", type=click.IntRange(6, MOST_RUNS), default=20, show_default=True, metavar="N",
               help="--metric: samples of one commit at most; then it is skipped as not distinguishable.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
@@ -264,11 +310,8 @@ def _perf_settings(params: dict):
 
 
 def _skip_file_revs(path: Path) -> list[str]:
-    """The REVs of a --skip-file: one a line, # comments and blank lines left out."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--skip-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    """The REVs of a --skip-file (at most SKIP_FILE_MOST bytes): one a line, # comments and blank lines left out."""
+    text = read_bounded("--skip-file", path, SKIP_FILE_MOST)
     return [line for line in (raw.partition("#")[0].strip() for raw in text.splitlines()) if line]
 
 

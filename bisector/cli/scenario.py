@@ -9,6 +9,8 @@ import click
 
 from bisector.builds import BuildSettings
 from bisector.cli.options import (
+    MOST_RUNS,
+    MOST_SECONDS,
     FiniteFloat,
     build_options,
     env_options,
@@ -17,6 +19,7 @@ from bisector.cli.options import (
     parse_log_limit,
     parse_options,
     python_option,
+    read_bounded,
     reuse_verdicts_option,
     state_dir_option,
     world_options,
@@ -34,6 +37,7 @@ from bisector.seams import Scenario
 
 # `scenario run` and `scenario classify` answer with git bisect run's exit protocol.
 VERDICT_EXIT = {"good": EXIT_GOOD, "bad": EXIT_BAD, "skip": EXIT_SKIP}
+SAVED_LOG_MOST = 256 * 1024**2  # bytes of a `classify --log` read at most (a step keeps 20M of its log by default)
 
 
 @click.group("scenario")
@@ -60,7 +64,7 @@ def scenario_list() -> None:
 @click.option("--repo", default=".", callback=not_an_option, show_default=True, help="Repository (never modified).")
 @click.option("--ref", default="HEAD", callback=not_an_option, show_default=True, help="Commit to judge.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
-@click.option("--timeout", type=FiniteFloat(min=0.001), help="Timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(0.001, MOST_SECONDS), help="Timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the outcome as JSON.")
 @python_option("Python environment the scenario runs in.")
@@ -100,9 +104,9 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
 @click.option("--repo", default=".", show_default=True, help="Repository (never modified).")
 @click.option("--good", required=True, help="A commit without the fault.")
 @click.option("--bad", required=True, help="A commit with the fault.")
-@click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True, help="Runs of each end.")
+@click.option("--runs", type=click.IntRange(1, MOST_RUNS), default=5, show_default=True, help="Runs of each end.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
-@click.option("--timeout", type=FiniteFloat(min=0.001), help="Per-run timeout in seconds (skip).")
+@click.option("--timeout", type=FiniteFloat(0.001, MOST_SECONDS), help="Per-run timeout in seconds (skip).")
 @state_dir_option
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the calibration as JSON.")
 @python_option("Python environment the scenario runs in.")
@@ -160,7 +164,8 @@ def _build_asked(build: str | None, wheels: str | None) -> str | None:
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="Scenario option.")
 @click.option("--log", "log_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A saved output of the scenario's child (e.g. a crash log from a GPU run).")
-@click.option("--exit-code", type=int, help="The child's exit code; -N means killed by signal N.")
+@click.option("--exit-code", type=click.IntRange(-64, 255),
+              help="The child's exit code; -N means killed by signal N.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 def scenario_classify(name, options, log_file, exit_code, as_json):
     """The verdict, reason and matched lines scenario NAME gives a saved output, without running it;
@@ -171,7 +176,7 @@ def scenario_classify(name, options, log_file, exit_code, as_json):
     judged = create(name, parse_options(options))
     if not isinstance(judged, ClassifiesLogs):
         raise UsageError(f"scenario {name!r} cannot judge a saved log")
-    outcome = judged.classify_log(log_file.read_text(errors="replace"), exit_code)
+    outcome = judged.classify_log(read_bounded("--log", log_file, SAVED_LOG_MOST, errors="replace"), exit_code)
     if as_json:
         click.echo(json.dumps({"verdict": outcome.verdict.value, "reason": outcome.reason,
                                "details": outcome.details}, indent=2))
