@@ -894,10 +894,6 @@ def _minutes_text(seconds: float) -> str:
 PLAN_WIDTH = 36  # the widest a --plan column gets; a longer value is cut with "…"
 
 
-def _elided(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
 @published
 def plan_text(plan: Plan) -> str:
     """`bisector run --plan`: the first commits to test, the build each needs and its commands."""
