@@ -249,7 +249,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
                 for _, ctx in contexts[1:]:
                     ctx.steps = contexts[0][1].steps  # type: ignore[union-attr]  # one run: one step sequence
                 picks = _Picks(repo, fix, None if cfg.no_cache else store)
-                checkers = [_BranchChecker(repo, pool, ctx, fix, cfg.create_branches, label, picks)
+                checkers = [_BranchChecker(picks, pool, ctx, cfg.create_branches, label)
                             for label, ctx in contexts]
                 checks = [checker.check_fix(label or _options_given(cfg.scenario))
                           for (label, _), checker in zip(values, checkers) if checker.ctx]
@@ -435,13 +435,12 @@ def _recorded_picks(store: Store, repo: str, fix: str) -> dict[str, PickResult]:
 
 
 class _BranchChecker:
-    """The per-branch pipeline, sharing one fix, one worktree pool, one run (None: no scenario) and its picks."""
+    """The per-branch pipeline, sharing one fix (its picks), one worktree pool and one run (None: no scenario)."""
 
-    def __init__(self, repo: GitRepo, pool: WorktreePool, ctx: RunContext | None, fix: str,
-                 create_branches: bool, label: str = "", picks: _Picks | None = None):
-        self.repo, self.pool, self.ctx, self.label = repo, pool, ctx, label
-        self.fix, self.create_branches = fix, create_branches
-        self.picks = picks or _Picks(repo, fix, None)
+    def __init__(self, picks: _Picks, pool: WorktreePool, ctx: RunContext | None, create_branches: bool,
+                 label: str = ""):
+        self.repo, self.fix, self.picks = picks.repo, picks.fix, picks
+        self.pool, self.ctx, self.label, self.create_branches = pool, ctx, label, create_branches
         self.fix_hunks = diff_hunks(repo, fix)
         self.served: set[str] = set()  # the commits whose verdict came from the record (of earlier commands)
         self.ran: set[str] = set()     # ... and those judged by this command

@@ -32,6 +32,6 @@ def test_scenario_run_prints_the_phase_and_last_line_while_the_scenario_runs(mak
     assert proc.returncode == 0, lines
     assert lines[0] == f"judging {shas[0][:12]} (v0.3) …"
     heard = [line for line in lines if line.startswith("  … ")]
-    assert heard and heard[0].startswith(f"  … {shas[0][:12]} (v0.3) ") and \
-        heard[0].endswith(" scenario: warming up unit 1"), lines
+    assert all(line.startswith(f"  … {shas[0][:12]} (v0.3) ") for line in heard), lines
+    assert any(line.endswith(" scenario: warming up unit 1") for line in heard), lines
     assert proc.stdout.startswith(f"{shas[0][:12]} good: ")

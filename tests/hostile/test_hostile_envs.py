@@ -198,7 +198,8 @@ def test_a_configured_state_dir_under_home_is_the_same_from_every_directory(plac
     assert (tmp_path / "home" / "bisector-state" / "bisector-state").is_file()  # the state dir, marked
     listed = cli("runs", "--repo", str(repo.path), cwd=there, env=env)
     assert listed.returncode == 0, listed.stderr
-    assert len(listed.stdout.strip().splitlines()) == 1, listed.stdout
+    header, *rows = listed.stdout.strip().splitlines()
+    assert header.startswith("ID ") and len(rows) == 1 and shas[-1][:12] in rows[0], listed.stdout
 
 
 @pytest.mark.parametrize("place", PLACES)
