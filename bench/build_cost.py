@@ -12,7 +12,7 @@ Cost is counted in full native builds (1.0 = every translation unit compiled, pl
   earlier build compiled (so at most those changed since the previous build), plus linking;
 - bisector: both endpoints first, then cost-aware probes (the builder's rule: 0 when the native hash
   was built before or a wheel exists, 1 for a compile); a compile goes through ccache as above.
-Both start with an empty ccache; both searches are the real one (bisector.search.Bisection). Then, on the real
+Both start with an empty ccache; both searches are the real one (bisector.search.dag.Bisection). Then, on the real
 vLLM release repo (if present), the distinct native hashes along main, computed from git objects.
 
     python bench/build_cost.py [--vllm-repo /tmp/vllm-rel] [--wheel-coverage 0.5]
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bisector.builds.native import NATIVE_PATHS, Toolchain, native_hash  # noqa: E402
-from bisector.search import Bisection, Term  # noqa: E402
+from bisector.search.dag import Bisection, Term  # noqa: E402
 
 COMMITS, NATIVE_SHARE, FOLLOW_UP = 1000, 0.2, 0.5
 SOURCES = 200          # native translation units (vLLM's csrc/ has a few hundred .cu/.cpp files)
@@ -148,7 +148,7 @@ def model(coverage: float, runs: int, seed: int) -> Costs:
 
 
 def distinct_native_hashes(repo_path: str) -> None:
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
     repo = GitRepo(repo_path)
     toolchain = Toolchain("7.2.1", "2.9.1", "3.12", "gfx942")
     shas = repo.git.rev_list("--first-parent", "--reverse", "main").split()

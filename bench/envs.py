@@ -30,9 +30,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from steps import default_repo  # noqa: E402  (the release repo the benches share)
 
-from bisector.envs import EnvSettings, environment_key  # noqa: E402
-from bisector.refs import GitRepo  # noqa: E402
-from bisector.search import Bisection, Term  # noqa: E402
+from bisector.machine.envs import EnvSettings, environment_key  # noqa: E402
+from bisector.repo.refs import GitRepo  # noqa: E402
+from bisector.search.dag import Bisection, Term  # noqa: E402
 
 
 def tested_commits(commits: list[tuple[str, tuple]], good: str, culprit_index: int) -> list[str]:

@@ -13,7 +13,7 @@ import argparse
 import random
 
 from bisector.cli import main as cli
-from bisector.search import Bisection, FlakyBisection, FlakyModel, Term
+from bisector.search.dag import Bisection, FlakyBisection, FlakyModel, Term
 
 # `bisector run`'s option values when none is given on the command line, as click resolves them.
 RUN_DEFAULTS = cli.get_command(None, "run").make_context("run", [], resilient_parsing=True).params

@@ -14,11 +14,11 @@ import argparse
 import random
 
 from bisector.errors import EndpointError
-from bisector.policies import Endpoints, FlakyPolicy, FlakySettings
+from bisector.record.steps import Step
+from bisector.record.store import Execution
 from bisector.seams import Verdict
-from bisector.search import FlakyModel, InconsistentVerdicts
-from bisector.steps import Step
-from bisector.store import Execution
+from bisector.search.dag import FlakyModel, InconsistentVerdicts
+from bisector.search.policies import Endpoints, FlakyPolicy, FlakySettings
 
 # (name, commits, culprit index or None for a uniformly drawn one, Q, P)
 SETTINGS = (

@@ -3,8 +3,8 @@
 A simulation on a synthetic history (no GPU, no image is pulled): 1,000 commits, 20 % of them changing the
 native sources (clustered, as kernel PRs come with follow-ups), the culprit uniform over the range. vLLM's AMD
 CI does not build an image for every main commit: COVERAGE of the commits (both endpoints among them) have one.
-Both searches are the real one (bisector.search.Bisection); the cost weights the search sees are bisector's own
-(bisector.world: an image here 0, one to pull PULL_COST, a fallback build FALLBACK_COST + its compile).
+Both searches are the real one (bisector.search.dag.Bisection); the cost weights the search sees are bisector's own
+(bisector.world.world: an image here 0, one to pull PULL_COST, a fallback build FALLBACK_COST + its compile).
 
 Minutes per step (assumptions, stated once): a ROCm source build COMPILE; a rebuild whose native inputs were
 built before REBUILD (setup.py develop, every object from ccache); a pull PULL (a ~12 GB rocm/vllm-ci image);
@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bisector.search import Bisection, Term  # noqa: E402
-from bisector.world import FALLBACK_COST, PULL_COST, UNTESTABLE_COST  # noqa: E402
+from bisector.search.dag import Bisection, Term  # noqa: E402
+from bisector.world.world import FALLBACK_COST, PULL_COST, UNTESTABLE_COST  # noqa: E402
 
 COMPILE, REBUILD, PULL, RUN = 45.0, 3.0, 4.0, 1.5  # minutes
 NATIVE_SHARE, FOLLOW_UP = 0.2, 0.5
@@ -95,7 +95,7 @@ def with_images(commits: int, culprit: int, ids: list[int], imaged: set[int], fa
     pulled: set[int] = set()
     total = {"minutes": 0.0, "compiles": 0}
 
-    def cost(sha: str) -> float:  # bisector.world.World.cost
+    def cost(sha: str) -> float:  # bisector.world.world.World.cost
         i = int(sha)
         if i in imaged:
             return 0.0 if i in pulled else PULL_COST

@@ -1,13 +1,15 @@
 """The import graph of bisector.* and scenarios.*, read with `ast`: cycles, and what a plug-in loads.
 
 Every import statement counts, at module level and inside functions (a function-level import closes a
-cycle at run time as surely as a module-level one); those under `if TYPE_CHECKING:` do not (they never
-run). An edge goes to the module named, or for `from package import module` to that module.
+cycle at run time as surely as a module-level one). Those under `if TYPE_CHECKING:` never run, so they are
+counted apart: a circle they close is no start-up hazard, but it still ties modules that should not know
+each other, and the tree has none either. An edge goes to the module named, or for
+`from package import module` to that module.
 
     python bench/import_graph.py           # figures and any cycle, one per line
     python bench/import_graph.py --json    # {"modules", "edges", "function_edges", "cycles", "plugin_imports", ...}
 
-Exits 1 when there is a cycle. tests/test_seams.py runs it.
+Exits 1 when there is a cycle, type-only imports included. tests/test_seams.py runs it.
 """
 from __future__ import annotations
 
@@ -36,12 +38,14 @@ def _type_checking_only(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.Module, module: str, is_package: bool) -> list[tuple[str, list[str], bool]]:
-    """(imported module, names, inside a function) for every import that runs."""
+def _imports(tree: ast.Module, module: str, is_package: bool,
+             type_only: bool) -> list[tuple[str, list[str], bool]]:
+    """(imported module, names, inside a function) for every import that runs (type_only: and those under
+    `if TYPE_CHECKING:`)."""
     found: list[tuple[str, list[str], bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
-        if isinstance(node, ast.If) and _type_checking_only(node):
+        if isinstance(node, ast.If) and _type_checking_only(node) and not type_only:
             for child in node.orelse:
                 visit(child, in_function)
             return
@@ -63,14 +67,15 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> list[tuple[str,
     return found
 
 
-def import_graph() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
-    """module -> the project modules it imports; and the edges that only a function-level import makes."""
+def import_graph(type_only: bool = False) -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+    """module -> the project modules it imports (type_only: type-checking imports too); and the edges that only
+    a function-level import makes."""
     files = {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
     graph: dict[str, set[str]] = {name: set() for name in files}
     module_level: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        for imported, names, in_function in _imports(tree, name, path.name == "__init__.py"):
+        for imported, names, in_function in _imports(tree, name, path.name == "__init__.py", type_only):
             targets = [f"{imported}.{alias}" for alias in names if f"{imported}.{alias}" in files]
             if len(targets) < len(names) or not names:
                 targets.append(imported)
@@ -160,10 +165,12 @@ def main() -> int:
     args = parser.parse_args()
     graph, function_only = import_graph()
     found = cycles(graph)
+    typed_found = [cycle for cycle in cycles(import_graph(type_only=True)[0]) if cycle not in found]
     loaded = plugin_imports()
     largest, lines = largest_module()
     figures = {"modules": len(graph), "edges": sum(len(deps) for deps in graph.values()),
                "function_edges": sorted(f"{a} -> {b}" for a, b in function_only), "cycles": found,
+               "type_only_cycles": typed_found,
                "plugin_import": PLUGIN_IMPORT, "plugin_imports": loaded,
                "largest_module": {"path": largest, "lines": lines}}
     if args.json:
@@ -174,9 +181,12 @@ def main() -> int:
         print(f"cycles: {len(found)}")
         for cycle in found:
             print("  " + " -> ".join(cycle))
+        print(f"cycles that type-only imports close: {len(typed_found)}")
+        for cycle in typed_found:
+            print("  " + " -> ".join(cycle))
         print(f"`{PLUGIN_IMPORT}` loads {len(loaded)} project modules: {' '.join(loaded)}")
         print(f"largest module: {largest} ({lines} lines)")
-    return 1 if found else 0
+    return 1 if found or typed_found else 0
 
 
 if __name__ == "__main__":

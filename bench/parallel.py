@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bisector.engine.config import RunConfig  # noqa: E402
+from bisector.engine.executor import Placement, RayExecutor, ray_runtime_env  # noqa: E402
 from bisector.engine.run import run_bisection  # noqa: E402
-from bisector.executor import Placement, RayExecutor, ray_runtime_env  # noqa: E402
 from scenarios.command import CommandScenario  # noqa: E402
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com",

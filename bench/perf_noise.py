@@ -36,11 +36,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bisector.errors import EndpointError  # noqa: E402
-from bisector.perf import Direction, PerfSettings  # noqa: E402
-from bisector.policies import Endpoints, PerfPolicy  # noqa: E402
+from bisector.record.store import Execution  # noqa: E402
 from bisector.seams import Verdict  # noqa: E402
-from bisector.search import Bisection, Term  # noqa: E402
-from bisector.store import Execution  # noqa: E402
+from bisector.search.dag import Bisection, Term  # noqa: E402
+from bisector.search.perf import Direction, PerfSettings  # noqa: E402
+from bisector.search.policies import Endpoints, PerfPolicy  # noqa: E402
 
 
 class Bench:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bisector.archives import extract  # noqa: E402
+from bisector.repo.archives import extract  # noqa: E402
 from scenarios.aiter_mla_probe import AiterMLAProbe  # noqa: E402
 from scenarios.base import StepContext  # noqa: E402
 

@@ -5,7 +5,7 @@ or "module:attribute", imported on first use so that listing names and options i
 names it also answers to, and the command-line options it adds to the commands that offer it:
 
     EXECUTORS = Registry("executor")
-    EXECUTORS.register("ray", "bisector.executor:RayExecutor.from_placement",
+    EXECUTORS.register("ray", "bisector.engine.executor:RayExecutor.from_placement",
                        options=[Option("--ray-address", help="...")])
 
 A Registry is a mapping from name to the loaded implementation, so `registry[name]`, iteration (names,

@@ -1,11 +1,11 @@
-"""The plug-in seams: the data a scenario and the engine exchange, and what a scenario, an executor and a
-build must offer.
+"""The plug-in seams: the data a scenario and the engine exchange, and what a scenario must offer.
 
-The core owns these types; `scenarios.base` re-exports the scenario ones for plug-ins. Implementations are
-found in registries (`bisector.registry.Registry`): scenarios in `scenarios.BUILT_IN` (plus the
-`bisector.scenarios` entry-point group), executors in `bisector.executor.EXECUTORS`, build strategies in
-`bisector.builds.REGISTRY` (their own seam, BuildStrategy, sits with its data types in
-`bisector.builds.base`). Optional capabilities are Protocols checked with isinstance.
+The core owns these types; `scenarios.base` re-exports them for plug-ins, and this module imports no other
+part of bisector. Implementations are found in registries (`bisector.registry.Registry`): scenarios in
+`scenarios.BUILT_IN` (plus the `bisector.scenarios` entry-point group). The engine's own seams sit beside their
+implementations: Executor in `bisector.engine.executor` (registry EXECUTORS), Build, BuildConfig and
+BuildStrategy in `bisector.builds.base` (registry `bisector.builds.REGISTRY`), Environments in
+`bisector.machine.envs`. Optional capabilities are Protocols checked with isinstance.
 See ARCHITECTURE.md for how to add one of each.
 """
 from __future__ import annotations
@@ -16,25 +16,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import (
-    TYPE_CHECKING,
-    Any,
     Callable,
     ClassVar,
-    ContextManager,
     Iterable,
     Mapping,
     Protocol,
     Sequence,
     runtime_checkable,
 )
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
-
-    from bisector.builds.base import BuildResult, Decision
-    from bisector.envs import Environment, Reader
-    from bisector.refs import GitRepo
-    from bisector.worktrees import WorktreePool
 
 # The interpreter steps, builds and environments use unless the user names one (--python): the one running
 # bisector, as the CLI passes it, so that a run set up in-process asks the same question as one from the CLI.
@@ -60,7 +49,7 @@ class Outcome:
     reason: str
     log_path: str | None = None
     details: dict = field(default_factory=dict)
-    # why a skip is no verdict about the commit, so never cached (bisector.store.CAUSES): "machine" (no GPU,
+    # why a skip is no verdict about the commit, so never cached (bisector.record.store.CAUSES): "machine" (no GPU,
     # a torch of another flavour), "external-signal" (killed from outside); None: the commit's own outcome
     cause: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # measurements of this run (bisector.metrics)
@@ -82,7 +71,7 @@ class StepContext:
 
 @runtime_checkable
 class ContainerLauncher(Protocol):
-    """How a step's processes run inside the commit's image (`--image`; bisector.images.Container): a
+    """How a step's processes run inside the commit's image (`--image`; bisector.world.images.Container): a
     scenario that can run in images (`runs_in_images`) starts each process with the argv `command` gives."""
 
     python: str     # the image's interpreter
@@ -165,7 +154,7 @@ class TimesAlone(Protocol):
 @runtime_checkable
 class RecordsVersions(Protocol):
     """A scenario naming the distributions whose versions each step records under `--env per-commit`
-    (default: bisector.envs.DEFAULT_VERSIONS)."""
+    (default: bisector.machine.envs.DEFAULT_VERSIONS)."""
 
     env_versions: Sequence[str]
 
@@ -207,64 +196,3 @@ class LearnsOptions(Protocol):
     """A scenario whose options `scenario calibrate` can set from the good end's step details."""
 
     def calibrated_options(self, good_details: list[dict]) -> dict[str, str]: ...
-
-
-# -- where steps run ---------------------------------------------------------------------------------------
-
-@runtime_checkable
-class Executor(Protocol):
-    """Where steps run: `size` steps at once, each a Future of the step's new executions."""
-
-    size: int
-
-    def start(self, pool: WorktreePool, logs: Path) -> None:
-        """Bind to this run's worktree pool and log dir (before the first step)."""
-
-    def run_step(self, judge: Any, sha: str, done: list) -> Future:
-        """Judge sha (given its earlier executions `done`) until its verdict is decided."""
-        ...
-
-    def cancel(self, future: Future) -> None:
-        """Drop a queued step, or kill a running step's processes."""
-
-    def shutdown(self) -> None:
-        """Cancel what still runs and release the workers."""
-
-
-# -- settings, and what they open on a repository and state dir -------------------------------------------
-
-@runtime_checkable
-class Build(Protocol):
-    """A build opened on a repository and state dir: prepares a worktree for one commit."""
-
-    name: str
-
-    def cost(self, sha: str) -> float: ...
-
-    def decide(self, sha: str) -> Decision: ...
-
-    def prepare(self, worktree: Path, sha: str, log_dir: Path,
-                environment: Environment | None = None) -> BuildResult: ...
-
-
-@runtime_checkable
-class BuildConfig(Protocol):
-    """Build settings (`--build` and its options): pickled into Ray tasks, opened where steps run."""
-
-    @property
-    def name(self) -> str: ...
-
-    def open(self, repo: GitRepo, state_dir: Path) -> Build: ...
-
-
-@runtime_checkable
-class Environments(Protocol):
-    """Where each commit runs (`--env`), opened on a state dir: a step holds its environment while it runs."""
-
-    settings: Any  # bisector.envs.EnvSettings: what reopens it elsewhere (a Ray node)
-
-    def environment(self, read: Reader) -> ContextManager[Environment]: ...
-
-    def versions(self, environment: Environment, names: Sequence[str]) -> dict: ...
-
-    def open(self, state_dir: Path) -> Environments: ...

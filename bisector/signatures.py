@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from bisector.results import SignatureRecord
+from bisector.record.results import SignatureRecord
 
 PREFIX_CHARS = 400  # only a line's head is examined: scanning stays linear in the output size
 # Fault kinds by the substring that shows them (ROCm and CUDA as a parent process sees them).

@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 from typing import Mapping
 
 from bisector.errors import ScenarioError
-from bisector.gpus import GPU_VARIABLES, env_gpus
+from bisector.machine.gpus import GPU_VARIABLES, env_gpus
 from bisector.registry import Registry
 from bisector.seams import Scenario
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Mapping
 
 from bisector.errors import ScenarioError
-from bisector.probe_env import python_environment
+from bisector.machine.probe_env import python_environment
 from bisector.process import watch_for
 from bisector.seams import FollowUp, Outcome, StepContext, Verdict
 

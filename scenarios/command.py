@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 from bisector.errors import ScenarioAbort, ScenarioError
+from bisector.machine.probe_env import python_environment
 from bisector.metrics import FILE_VARIABLE, MetricError, parse_output, read_file
-from bisector.probe_env import python_environment
 from bisector.process import no_room, run_process
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines

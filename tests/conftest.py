@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.archives import extract
+from bisector.repo.archives import extract
 
 _ROOT = Path(__file__).resolve().parents[1]
 _GIT_ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 def _private_cache_root(tmp_path_factory, monkeypatch):
     """No test writes the tool's shared GPU caches under the real home: $BISECTOR_CACHE_DIR per test."""
     monkeypatch.setenv("BISECTOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache-root")))
-    # and no test reads the user's configuration (bisector.config): an empty config home, no BISECTOR_<KEY>
+    # and no test reads the user's configuration (bisector.cli.config): an empty config home, no BISECTOR_<KEY>
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))
     for key in ("AITER_REPO", "EXECUTOR", "GPUS", "IMAGE", "STATE_DIR"):
         monkeypatch.delenv(f"BISECTOR_{key}", raising=False)

@@ -7,8 +7,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from bisector.record.store import Execution
 from bisector.seams import Verdict
-from bisector.store import Execution
 
 
 class TableExecutor:

@@ -23,7 +23,7 @@ from typing import Callable
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bisector.pins import pins_in_tree  # noqa: E402
+from bisector.repo.pins import pins_in_tree  # noqa: E402
 from bisector.seams import FollowUp  # noqa: E402
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict  # noqa: E402
 

@@ -1,5 +1,5 @@
 """aiter-mla-probe runs the AITER each vLLM commit pins: small AITER-shaped and vLLM-shaped git repos built
-here (no network), and bisector/pins.py on them."""
+here (no network), and bisector/repo/pins.py on them."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bisector import pins
 from bisector.errors import ScenarioError
-from bisector.results import PinChange
+from bisector.record.results import PinChange
+from bisector.repo import pins
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.aiter_mla_probe.demo import write_tree
 from scenarios.base import StepContext, Verdict
@@ -140,7 +140,7 @@ def run_probe(tree: Path, tmp_path: Path, **options: str):
     return AiterMLAProbe(options).run(ctx)
 
 
-# --- bisector/pins.py ---
+# --- bisector/repo/pins.py ---
 
 def test_parse_pins_reads_the_first_value():
     text = dockerfile("v0.1.13") + 'ARG AITER_BRANCH\nARG AITER_BRANCH="ignored"\n'

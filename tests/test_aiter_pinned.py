@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bisector.aiter import AiterBuild
-from bisector.pins import pins_at
+from bisector.repo.pins import pins_at
+from bisector.world.aiter import AiterBuild
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,11 +1,11 @@
-"""bisector.archives.extract: the 'data' filter's refusals, and the same refusals made by hand on a Python
+"""bisector.repo.archives.extract: the 'data' filter's refusals, and the same refusals made by hand on a Python
 without extraction filters (Debian 12's 3.11.2, where TarFile.extractall has no `filter`)."""
 import io
 import tarfile
 
 import pytest
 
-from bisector.archives import extract
+from bisector.repo.archives import extract
 
 pytestmark = pytest.mark.unit
 

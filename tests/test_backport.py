@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from bisector.backport import decide, target_present
-from bisector.picks import Hunk
+from bisector.engine.backport import decide, target_present
+from bisector.repo.picks import Hunk
 
 pytestmark = pytest.mark.integration
 

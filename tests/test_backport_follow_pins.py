@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from follow_pins_world import PinnedState, commit, date, dockerfile, git, init
 
-from bisector import report
-from bisector.backport import BackportConfig, run_backport
-from bisector.store import Store
+from bisector.engine.backport import BackportConfig, run_backport
+from bisector.record.store import Store
+from bisector.report import renderers as report
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_cli_backport_follow_pins_without_a_scenario_is_a_usage_error(tmp_path, 
 def test_plan_with_follow_pins_shows_each_pin_change_and_the_second_levels_cost(tmp_path):
     from bisector.engine.config import RunConfig
     from bisector.engine.planning import plan_bisection
-    from bisector.world import WorldSettings
+    from bisector.world.world import WorldSettings
 
     world = flip_world(tmp_path)  # releases/v2: c0 (v1.0), c1 docs, c2 bumps to v2.0; AITER a2..a6 after v1.0
     bump = git(world["vllm"], "rev-parse", "releases/v2")

@@ -16,11 +16,11 @@ import pytest
 from follow_pins_world import PinnedState
 from test_backport_follow_pins import backport, flip_world
 
-from bisector import report
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
+from bisector.record.store import Store
+from bisector.report import renderers as report
 from bisector.seams import FollowUp
-from bisector.store import Store
 
 pytestmark = pytest.mark.integration
 TESTS = Path(__file__).resolve().parent

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from test_aiter_mla_probe_pins import commit_all, dockerfile, git, make_aiter, needs_torch, write_files
 
-from bisector.backport import decide
 from bisector.cli.options import option_values, split_values
+from bisector.engine.backport import decide
 from bisector.errors import UsageError
 from scenarios.aiter_mla_probe.demo import write_tree
 

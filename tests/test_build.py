@@ -17,7 +17,7 @@ from bisector.builds.base import BuildResult, Decision
 from bisector.builds.native import Toolchain, native_hash
 from bisector.builds.precompiled import precompiled_plan
 from bisector.builds.source import compiler_cache_env, source_plan
-from bisector.refs import GitRepo
+from bisector.repo.refs import GitRepo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -400,8 +400,8 @@ def test_a_reused_build_brings_back_every_file_the_build_added(make_repo, tmp_pa
     """Not only extension modules: a wheel's generated and vendored Python (vllm/_version.py,
     vllm/third_party/flashmla) must come back with a reused build, or backends that need them fail."""
     from bisector.builds.base import built_outputs
-    from bisector.refs import GitRepo as Repo
-    from bisector.worktrees import WorktreePool
+    from bisector.repo.refs import GitRepo as Repo
+    from bisector.repo.worktrees import WorktreePool
 
     repo = make_repo()
     sha = repo.commit("pkg", {"pkg/__init__.py": "", ".gitignore": "build/\n*.so\n*.egg-info/\n__pycache__/\n"})

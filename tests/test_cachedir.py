@@ -1,4 +1,4 @@
-"""bisector.cachedir, the helper every cache stands on: eviction order and caps, entries in use kept, locks
+"""bisector.machine.cachedir, the helper every cache stands on: eviction order and caps, entries in use kept, locks
 held by real processes on real files, sizes in words."""
 import os
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.cachedir import (
+from bisector.machine.cachedir import (
     EXCLUSIVE,
     SHARED,
     evict,
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HOLDER = """
 import sys, time
 from pathlib import Path
-from bisector.cachedir import locked
+from bisector.machine.cachedir import locked
 with locked(Path(sys.argv[1]), int(sys.argv[2])):
     Path(sys.argv[3]).write_text("held")
     while not Path(sys.argv[4]).exists():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bisector import report
 from bisector.cli import main
+from bisector.report import renderers as report
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""bisector.compile_cache on real files, locks held by real processes, and the CLI commands that show and
+"""bisector.machine.compile_cache on real files, locks held by real processes, and the CLI commands that show and
 clear it (`cache list`, `cache forget --compile`, `doctor`)."""
 import os
 import subprocess
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bisector import compile_cache
-from bisector.compile_cache import CacheBusy, clear, describe, entries, in_use, publish, touch, trim
+from bisector.machine import compile_cache
+from bisector.machine.compile_cache import CacheBusy, clear, describe, entries, in_use, publish, touch, trim
 
 pytestmark = [pytest.mark.integration]
 
@@ -51,7 +51,7 @@ def test_entries_skip_models_being_written(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from bisector.compile_cache import in_use
+from bisector.machine.compile_cache import in_use
 with in_use(Path(sys.argv[1]), 1 << 40):
     Path(sys.argv[2]).write_text("held")
     while not Path(sys.argv[3]).exists():

@@ -1,4 +1,4 @@
-"""Configuration (bisector/config.py): the user's config.toml, [tool.bisector] in the bisected repository's
+"""Configuration (bisector/cli/config.py): the user's config.toml, [tool.bisector] in the bisected repository's
 pyproject.toml and BISECTOR_* variables give defaults; the command line overrides them all. Read through
 the real CLI, with HOME / XDG_CONFIG_HOME pointed at temp dirs."""
 from __future__ import annotations

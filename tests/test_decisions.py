@@ -7,13 +7,13 @@ import pytest
 from bisector.builds.builder import NoBuild
 from bisector.engine.judge import JudgeSpec
 from bisector.errors import EndpointError
-from bisector.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, calibration
-from bisector.results import Evidence, FlakyAnswer, MergeBase
+from bisector.record.results import Evidence, FlakyAnswer, MergeBase
+from bisector.record.steps import Step
+from bisector.record.store import Execution
 from bisector.seams import Verdict
-from bisector.search import Bisection, FlakyModel, Term
+from bisector.search.dag import Bisection, FlakyModel, Term
+from bisector.search.policies import BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings, calibration
 from bisector.signatures import SignatureRule, failure_signature, normalise
-from bisector.steps import Step
-from bisector.store import Execution
 from scenarios.command import CommandScenario
 
 pytestmark = pytest.mark.unit

@@ -122,7 +122,7 @@ def test_the_command_list_names_every_command_and_subcommand():
 def test_the_exit_code_table_lists_every_code_the_cli_uses():
     for module in {module for module, _, _ in COMMANDS.values()}:
         importlib.import_module(module)  # every command's errors defined, the record's StoreError among them
-    importlib.import_module("bisector.store")
+    importlib.import_module("bisector.record.store")
     used = {value for name, value in vars(errors).items() if name.startswith("EXIT_")}
     used |= {error.exit_code for error in every_error_class(errors.BisectorError)}
     table = exit_table(README.read_text())

@@ -2,7 +2,7 @@
 (the fake vLLM package of tests/helpers/fake_vllm.py) moves its AITER pin between two tags of a stand-in AITER
 package whose graph capture "faults" from a known commit on; the fake vLLM reads that flag from the AITER it
 imports. Both levels run the real child against a fake /dev, /sys tree and a fake ROCm torch, each AITER commit
-built into a wheel and installed into a layer for real (bisector.aiter, as `--aiter pinned` does)."""
+built into a wheel and installed into a layer for real (bisector.world.aiter, as `--aiter pinned` does)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +23,7 @@ from helpers.fake_machine import mi300x_machine
 from helpers.fake_vllm import ROCM_TORCH_FILES, write_files
 from helpers.fake_vllm import fake_vllm as fake_vllm_package
 
-from bisector import builds, report
-from bisector.aiter import AiterSettings
+from bisector import builds
 from bisector.builds import BuildSettings, parse_size
 from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import COMPILE_COST, BuildResult, Decision, keep_outputs
@@ -32,11 +31,13 @@ from bisector.engine.config import RunConfig
 from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
 from bisector.errors import ScenarioError
-from bisector.images import LAYER_REPOSITORY, OWNER_LABEL, REVISION_LABEL, ImageSettings, expand
 from bisector.process import Cancelled
-from bisector.refs import GitRepo
-from bisector.store import Store
-from bisector.world import StepAt, WorldSettings
+from bisector.record.store import Store
+from bisector.repo.refs import GitRepo
+from bisector.report import renderers as report
+from bisector.world.aiter import AiterSettings
+from bisector.world.images import LAYER_REPOSITORY, OWNER_LABEL, REVISION_LABEL, ImageSettings, expand
+from bisector.world.world import StepAt, WorldSettings
 from scenarios import create
 from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
@@ -111,11 +112,11 @@ def world(make_repo, tmp_path, monkeypatch, wheel_build):
 RUNNER = f"""
 import json, sys
 from pathlib import Path
-from bisector.aiter import AiterSettings
+from bisector.world.aiter import AiterSettings
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
-from bisector.world import WorldSettings
+from bisector.world.world import WorldSettings
 from bisector.errors import ScenarioError
 from scenarios import create
 from scenarios.base import StepContext, Verdict
@@ -266,7 +267,7 @@ def test_with_image_each_aiter_commit_is_layered_over_the_held_commits_image(wor
     for sha, ref in layered.items():  # the tool's own image, labelled so, with the AITER commit and base in it
         image = json.loads((docker.home / "local" / f"{image_key(ref)}.json").read_text())
         assert image["Config"]["Labels"][OWNER_LABEL] == "bisector"
-        assert image["Config"]["Labels"]["org.bisector.aiter.commit"] == sha
+        assert image["Config"]["Labels"]["org.bisector.world.aiter.commit"] == sha
         assert image["Config"]["Labels"][REVISION_LABEL] == v[2]  # still the held vLLM commit's image
         steps = [call for call in docker.runs() if held_id not in call and image["Id"] in call]
         assert steps, f"no step ran in {ref}"

@@ -17,9 +17,9 @@ from helpers.fake_machine import h200_machine
 from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
 
 from bisector.builds.builder import NoBuild
-from bisector.compile_cache import cache_root
 from bisector.engine.judge import JudgeSpec
 from bisector.engine.run import calibrate
+from bisector.machine.compile_cache import cache_root
 from scenarios import create
 from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv import numerics

@@ -16,12 +16,12 @@ from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401
 from test_images_gpu import STACK, TEMPLATE
 
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import LocalExecutor
 from bisector.engine.run import run_bisection
-from bisector.executor import LocalExecutor
-from bisector.gpus import gpu_env
-from bisector.images import ImageSettings, expand
-from bisector.perf import Direction, PerfSettings
-from bisector.world import WorldSettings
+from bisector.machine.gpus import gpu_env
+from bisector.search.perf import Direction, PerfSettings
+from bisector.world.images import ImageSettings, expand
+from bisector.world.world import WorldSettings
 from scenarios import create
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bisector.errors import ScenarioError
-from bisector.gpus import gpu_env
+from bisector.machine.gpus import gpu_env
 from scenarios import create
 from scenarios.dpa_fp8_kv import child
 from scenarios.dpa_fp8_kv.config import deepseek_v3_config

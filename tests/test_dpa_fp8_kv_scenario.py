@@ -28,7 +28,7 @@ CUDA_TORCH = json.dumps({"torch": "2.11.0+cu130", "transformers": "5.17.0", "tor
                          "torch_cuda": "13.0"})
 
 FAKE_PYTHON = f"""#!{sys.executable}
-# Stands in for the user's python: answers the environment probe (bisector/probe_env.py) from
+# Stands in for the user's python: answers the environment probe (bisector/machine/probe_env.py) from
 # FAKE_ENVIRONMENT_FILE or FAKE_ENVIRONMENT (site directories: FAKE_SITES; one line per probe appended to
 # FAKE_PROBE_LOG), else says it was launched, waits at the real child's start gate when given one, records
 # what it was given, replays FAKE_OUTPUT_<rank>, then acts.

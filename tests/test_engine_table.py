@@ -13,13 +13,13 @@ import pytest
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import RunContext
 from bisector.engine.judge import Judge, JudgeSpec
-from bisector.envs import EnvSettings
 from bisector.errors import EndpointError
-from bisector.policies import BisectPolicy, Endpoints, FlakyPolicy, FlakySettings
-from bisector.search import Bisection, FlakyModel
+from bisector.machine.envs import EnvSettings
+from bisector.record.store import Store
+from bisector.search.dag import Bisection, FlakyModel
+from bisector.search.policies import BisectPolicy, Endpoints, FlakyPolicy, FlakySettings
 from bisector.signatures import SignatureRule
-from bisector.store import Store
-from bisector.world import WorldSettings
+from bisector.world.world import WorldSettings
 from scenarios.command import CommandScenario
 from tests.fake_executor import TableExecutor
 

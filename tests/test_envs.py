@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from bisector.envs import EnvSettings, environment_key, requirement_set, worktree_reader
+from bisector.machine.envs import EnvSettings, environment_key, requirement_set, worktree_reader
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

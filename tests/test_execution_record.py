@@ -10,9 +10,9 @@ import pytest
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.judge import JudgeSpec, signature_of
+from bisector.record.store import SCHEMA_VERSION, Execution, Store
 from bisector.seams import Verdict
 from bisector.signatures import SignatureRule
-from bisector.store import SCHEMA_VERSION, Execution, Store
 from scenarios.command import CommandScenario
 
 pytestmark = pytest.mark.unit

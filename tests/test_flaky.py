@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from bisector.results import Evidence
-from bisector.search import FlakyBisection, FlakyModel, InconsistentVerdicts
+from bisector.record.results import Evidence
+from bisector.search.dag import FlakyBisection, FlakyModel, InconsistentVerdicts
 
 pytestmark = pytest.mark.integration
 

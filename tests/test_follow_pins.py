@@ -20,13 +20,13 @@ from follow_pins_world import (
     unrelated_world,
 )
 
-from bisector import report
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import LocalExecutor, local_slots
 from bisector.engine.run import run_bisection
 from bisector.errors import EXIT_ENDPOINT
-from bisector.executor import LocalExecutor, local_slots
+from bisector.record.store import Store
+from bisector.report import renderers as report
 from bisector.seams import FollowUp
-from bisector.store import Store
 from scenarios.command import CommandScenario
 
 pytestmark = pytest.mark.integration
@@ -248,7 +248,7 @@ def test_cli_follows_the_pin_with_the_real_probe(tmp_path, cli, monkeypatch):
 def test_backport_says_when_a_verdict_flips_with_a_pin_move(tmp_path):
     from follow_pins_world import commit, date, dockerfile, git
 
-    from bisector.backport import BackportConfig, run_backport
+    from bisector.engine.backport import BackportConfig, run_backport
 
     world = shared_world(tmp_path)  # AITER v1.0 narrow, v2.0 wide; vLLM buggy, on v2.0 from c3
     git(world.vllm, "branch", "releases/v1", world.v[-1])
@@ -266,8 +266,8 @@ def test_backport_says_when_a_verdict_flips_with_a_pin_move(tmp_path):
 def test_a_bare_or_remote_aiter_is_cloned_once_with_a_work_tree_into_the_cache(tmp_path, monkeypatch):
     from follow_pins_world import git
 
-    from bisector.pins import DependencyUnavailable, dependency_checkout
-    from bisector.refs import GitRepo
+    from bisector.repo.pins import DependencyUnavailable, dependency_checkout
+    from bisector.repo.refs import GitRepo
 
     monkeypatch.setenv("BISECTOR_AITER_CACHE", str(tmp_path / "cache"))
     world = shared_world(tmp_path)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from bisector import report
-from bisector.results import Plan
+from bisector.record.results import Plan
+from bisector.report import renderers as report
 
 pytestmark = pytest.mark.unit
 

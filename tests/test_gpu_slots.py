@@ -16,19 +16,19 @@ import pytest
 import test_dpa_fp8_kv_scenario as dpa
 
 from bisector.builds.builder import NoBuild
-from bisector.compile_cache import first_start
 from bisector.engine.driver import RunContext
+from bisector.engine.executor import local_slots
 from bisector.engine.judge import Judge, JudgeSpec
-from bisector.envs import EnvSettings
 from bisector.errors import UsageError
-from bisector.executor import local_slots
-from bisector.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
-from bisector.policies import BisectPolicy, Endpoints
-from bisector.search import Bisection
+from bisector.machine.compile_cache import first_start
+from bisector.machine.envs import EnvSettings
+from bisector.machine.gpus import SHARE_ENV, parse_gpu_slots, refuse_shared_for_timing, shared_gpu_slots
+from bisector.record.steps import Handler
+from bisector.record.store import Execution, Store
+from bisector.search.dag import Bisection
+from bisector.search.policies import BisectPolicy, Endpoints
 from bisector.signatures import SignatureRule
-from bisector.steps import Handler
-from bisector.store import Execution, Store
-from bisector.world import WorldSettings
+from bisector.world.world import WorldSettings
 from scenarios.base import Verdict
 from scenarios.command import CommandScenario
 from tests.fake_executor import TableExecutor
@@ -353,7 +353,7 @@ def test_a_first_start_that_dies_opens_its_gate(tmp_path):
     ready = tmp_path / "holding"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import pathlib, time
-        from bisector.compile_cache import first_start
+        from bisector.machine.compile_cache import first_start
         with first_start(pathlib.Path({str(tmp_path)!r}), "key"):
             pathlib.Path({str(ready)!r}).touch()
             time.sleep(600)

@@ -28,10 +28,10 @@ from bisector.builds.builder import Builder, NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.follow import held_by_hand, pin_follow_up
 from bisector.engine.run import run_bisection
-from bisector.images import REVISION_LABEL, ImageSettings, expand
-from bisector.refs import GitRepo
-from bisector.steps import Handler
-from bisector.world import WorldSettings
+from bisector.record.steps import Handler
+from bisector.repo.refs import GitRepo
+from bisector.world.images import REVISION_LABEL, ImageSettings, expand
+from bisector.world.world import WorldSettings
 from scenarios import create
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario
 

@@ -8,7 +8,7 @@ import pytest
 
 from bisector.builds.base import HeldBuild
 from bisector.builds.builder import HELD_KEPT, holding
-from bisector.cachedir import SHARED, locked
+from bisector.machine.cachedir import SHARED, locked
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ import pytest
 
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
-from bisector.results import BisectResult
+from bisector.record.results import BisectResult
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]

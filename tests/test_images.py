@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fake_docker import RENDER_GID, FakeDocker, vllm_site
 
-from bisector.images import (
+from bisector.world.images import (
     ImageIndex,
     ImageSettings,
     Runtime,
@@ -335,7 +335,7 @@ def test_doctor_reports_the_container_runtime(docker, cli, tmp_path):
 
 def test_amd_flags_are_vllm_runners_and_the_ci_launcher_gets_them_from_bisector(docker, project_root):
     assert amd_gpu_flags(["/dev/dri/renderD128", "/dev/dri/renderD136"], RENDER_GID) == AMD_RUNNER_FLAGS
-    done = subprocess.run([sys.executable, "-m", "bisector.images", "flags"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "bisector.world.images", "flags"], capture_output=True, text=True,
                           env={**os.environ, **docker.env, "PYTHONPATH": str(project_root)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == AMD_RUNNER_FLAGS

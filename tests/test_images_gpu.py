@@ -17,12 +17,12 @@ from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm
 from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401 - the fixture
 
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import LocalExecutor
 from bisector.engine.run import run_bisection
-from bisector.executor import LocalExecutor
-from bisector.gpus import gpu_env
-from bisector.images import ImageSettings, expand
-from bisector.probe_env import SCRIPT as PROBE_SCRIPT
-from bisector.world import WorldSettings
+from bisector.machine.gpus import gpu_env
+from bisector.machine.probe_env import SCRIPT as PROBE_SCRIPT
+from bisector.world.images import ImageSettings, expand
+from bisector.world.world import WorldSettings
 from scenarios import create
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]

@@ -8,15 +8,16 @@ import sys
 
 import pytest
 
+from bisector.builds.base import Build
 from bisector.builds.builder import NoBuild
 from bisector.engine.follow import NoLevel, plan_level
 from bisector.engine.judge import Judge, JudgeSpec
 from bisector.engine.run import calibrate, judge_one
-from bisector.envs import EnvSettings
-from bisector.refs import GitRepo
-from bisector.results import Calibration, JudgedCommit
-from bisector.seams import Build, Environments, Verdict
-from bisector.world import World
+from bisector.machine.envs import Environments, EnvSettings
+from bisector.record.results import Calibration, JudgedCommit
+from bisector.repo.refs import GitRepo
+from bisector.seams import Verdict
+from bisector.world.world import World
 from scenarios.command import CommandScenario
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bisector.envs import EnvStore
-from bisector.store import SCHEMA_VERSION, Store
+from bisector.machine.envs import EnvStore
+from bisector.record.store import SCHEMA_VERSION, Store
 
 pytestmark = pytest.mark.integration
 

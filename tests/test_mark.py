@@ -143,8 +143,8 @@ def test_marks_that_cannot_serve_are_one_line_usage_errors(make_repo, tmp_path, 
 
 @pytest.mark.unit
 def test_a_version_4_record_file_gains_the_marks_table(tmp_path):
+    from bisector.record.store import SCHEMA_VERSION, Execution, Store
     from bisector.seams import Verdict
-    from bisector.store import SCHEMA_VERSION, Execution, Store
 
     path = tmp_path / "bisector.sqlite"
     with Store(path) as store:  # a version 4 file: today's tables without marks

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.refs import GitRepo
+from bisector.repo.refs import GitRepo
 
 pytestmark = pytest.mark.integration
 

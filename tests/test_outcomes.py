@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from bisector.formats import FORMATS
+from bisector.report.formats import FORMATS
 
 pytestmark = pytest.mark.integration
 

@@ -6,12 +6,12 @@ import time
 import pytest
 
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import local_slots
 from bisector.engine.run import run_bisection
 from bisector.errors import UsageError
-from bisector.executor import local_slots
-from bisector.gpus import parse_gpus, visible_gpus
-from bisector.search import Bisection, Term
-from bisector.steps import Handler
+from bisector.machine.gpus import parse_gpus, visible_gpus
+from bisector.record.steps import Handler
+from bisector.search.dag import Bisection, Term
 from scenarios.command import CommandScenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]

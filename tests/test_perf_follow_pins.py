@@ -7,11 +7,11 @@ import random
 import pytest
 from follow_pins_world import PinnedState, shared_world
 
-from bisector import pins
 from bisector.engine.config import RunConfig
 from bisector.engine.run import run_bisection
-from bisector.perf import Direction, PerfSettings
-from bisector.results import PinChange
+from bisector.record.results import PinChange
+from bisector.repo import pins
+from bisector.search.perf import Direction, PerfSettings
 from scenarios.base import Outcome, StepContext, Verdict
 
 pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")

@@ -4,9 +4,9 @@ from concurrent.futures import Future
 
 import pytest
 
-from bisector.executor import Placement, RayExecutor
+from bisector.engine.executor import Placement, RayExecutor
+from bisector.record.store import Execution
 from bisector.seams import Verdict
-from bisector.store import Execution
 
 pytestmark = pytest.mark.integration
 

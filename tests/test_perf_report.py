@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.perf_report import change_text
+from bisector.report.perf import change_text
 
 pytestmark = pytest.mark.integration
 

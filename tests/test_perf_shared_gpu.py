@@ -9,7 +9,7 @@ import pytest
 from test_dpa_fp8_kv_numerics import nvidia_root  # noqa: F401
 from test_dpa_fp8_kv_perf import measured
 
-from bisector.gpus import SHARE_ENV
+from bisector.machine.gpus import SHARE_ENV
 from scenarios.base import Verdict
 from scenarios.dpa_fp8_kv.child import PHASE_MARKER
 

@@ -9,8 +9,8 @@ import pytest
 from helpers.perf_noise_bench import load_bench
 
 from bisector.metrics import MetricError, parse_output, read_file
+from bisector.record.store import SCHEMA_VERSION, Execution, Store
 from bisector.seams import Verdict
-from bisector.store import SCHEMA_VERSION, Execution, Store
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def test_metric_file_is_a_json_object_of_finite_numbers(tmp_path):
 
 def test_comparison_is_different_same_or_unknown_as_pinpoint_says():
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import LOW_THRESHOLD, Result, change, compare
+    from bisector.search.perf import LOW_THRESHOLD, Result, change, compare
 
     rng = random.Random(0)
     base = [1000 * (1 + rng.gauss(0, 0.02)) for _ in range(10)]
@@ -52,7 +52,7 @@ def test_comparison_is_different_same_or_unknown_as_pinpoint_says():
 
 def test_a_commit_is_like_an_end_only_when_it_differs_from_the_other():
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import likeness
+    from bisector.search.perf import likeness
 
     rng = random.Random(1)
     old = [1000 * (1 + rng.gauss(0, 0.02)) for _ in range(8)]
@@ -101,7 +101,7 @@ def test_three_samples_decide_against_ends_of_eight_by_their_likelihood_ratio():
     beyond both ends, it is set aside: the three ordinary runs decide (before, ranked below every sample of the
     new end, it held the rank check back for two more runs); halfway between the ends nothing is decided."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import likeness, log_likelihood_ratio, within_reach
+    from bisector.search.perf import likeness, log_likelihood_ratio, within_reach
 
     rng = random.Random(3)
     old = [1000 * (1 + rng.gauss(0, 0.03)) for _ in range(8)]
@@ -148,9 +148,9 @@ def test_ends_with_outliers_are_sampled_further_when_the_direction_is_known():
     direction the two-sided call stands."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
     from bisector.errors import EndpointError
-    from bisector.perf import Direction, PerfSettings
-    from bisector.policies import Endpoints, PerfPolicy
-    from bisector.search import Bisection
+    from bisector.search.dag import Bisection
+    from bisector.search.perf import Direction, PerfSettings
+    from bisector.search.policies import Endpoints, PerfPolicy
 
     good = [962.0, 499.0, 940.0, 995.0, 973.0, 494.0]
     bad = [889.0, 897.0, 932.0, 976.0, 950.0, 450.0]
@@ -173,9 +173,9 @@ def test_ends_with_outliers_are_sampled_further_when_the_direction_is_known():
 
 def _one_probe_hunt(good: list[float], probe: list[float], bad: list[float]):
     """(the three shas, a PerfPolicy over good end, one commit, bad end whose stored runs gave these samples)."""
-    from bisector.perf import Direction, PerfSettings
-    from bisector.policies import Endpoints, PerfPolicy
-    from bisector.search import Bisection
+    from bisector.search.dag import Bisection
+    from bisector.search.perf import Direction, PerfSettings
+    from bisector.search.policies import Endpoints, PerfPolicy
 
     shas = ["a" * 40, "b" * 40, "c" * 40]
     history = {sha: [Execution(sha, Verdict.GOOD, "exit 0", None, 0.1, None, {}, metrics={"tok_s": value})
@@ -191,7 +191,7 @@ def test_an_end_whose_few_samples_look_off_runs_again_before_the_probe_does():
     of times likelier under the bad end than the good, but not consistent with the bad end's own six samples.
     That end, with fewer samples than the commit, runs again next, not the commit."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import likeness
+    from bisector.search.perf import likeness
 
     good, bad = [1000.0, 1012.0, 991.0, 1005.0, 996.0, 1009.0], [880.0, 871.0, 889.0, 884.0, 876.0, 893.0]
     probe = [920.0, 915.0, 927.0, 918.0, 923.0, 912.0, 925.0, 921.0]
@@ -208,7 +208,7 @@ def test_an_undecided_commit_with_more_samples_than_an_ends_pool_runs_that_end_a
     end kept its five runs; now, once the commit has more samples than an end's pool, that end runs again (the
     smaller pool's: every later commit is weighed against it)."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import likeness
+    from bisector.search.perf import likeness
 
     good, bad = [957.0, 975.0, 1058.0, 1059.0, 1072.0], [878.0, 905.0, 926.0, 928.0, 942.0]
     probe = [990.0, 1000.0, 978.0, 1011.0, 965.0, 997.0, 1016.0, 984.0]
@@ -224,7 +224,7 @@ def test_two_runs_of_an_end_in_the_other_ends_phase_make_the_ends_overlap_and_2x
     second mode: the ends overlap (before, 2 far runs of 10 were under the quarter that said so, and the hunt
     named a wrong commit). 2x outliers lie beyond both ends: they are set aside, not a second mode."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import overlapping, within_reach
+    from bisector.search.perf import overlapping, within_reach
 
     good, bad = [980.0, 999.0, 1004.0, 1010.0, 1013.0], [618.0, 620.0, 623.0, 926.0, 931.0]
     assert overlapping(good, bad)
@@ -240,7 +240,7 @@ def test_runs_in_fast_and_slow_phases_leave_a_commit_to_the_strict_rank_tests_ag
     around the medians did: the new end's median fell in its slow mode), and the rank tests alone decide, at
     the strict threshold. Unimodal ends 8 % apart under 3 % noise, with a 2x outlier, do not overlap."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import STRICT_THRESHOLD, likeness, one_sided_p, overlapping
+    from bisector.search.perf import STRICT_THRESHOLD, likeness, one_sided_p, overlapping
 
     old = [1006.0, 675.0, 1005.0, 672.0, 996.0, 1004.0, 999.0]  # bench/perf_noise.py seed 22, as decided
     new = [936.0, 619.0, 951.0, 627.0, 609.0, 949.0, 632.0]
@@ -282,7 +282,7 @@ def test_the_runs_a_commit_needs_against_overlapping_ends_come_from_how_the_ends
     fast bad run beats a slow good one (a good run beats a bad one in 3 pairs of 4), need about 30, more than
     --max-samples 20; ends that rank no way cannot be told apart by any number."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import runs_to_tell
+    from bisector.search.perf import runs_to_tell
 
     assert runs_to_tell([1000.0, 1010.0, 990.0, 1005.0, 995.0], [920.0, 925.0, 915.0, 930.0, 910.0]) == 8
     assert runs_to_tell([1006.0, 675.0, 1005.0, 672.0, 996.0, 669.0], [936.0, 619.0, 951.0, 627.0, 609.0, 940.0]) == 30
@@ -310,7 +310,7 @@ def test_a_commit_a_fraction_of_a_per_cent_from_an_end_is_like_it_however_steady
     the bad end's (the change's interval within a quarter of the ends' distance) at every count from its first
     batch on. A commit 30 % of the way between the ends, as steady, is still like neither."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import first_samples, likeness
+    from bisector.search.perf import first_samples, likeness
 
     runs = _h200_round_7_runs()
     good, bad = runs["bb781452c1ff"][:6], runs["605860915a99"][:6]  # the ends as the hunt first compared them
@@ -344,7 +344,7 @@ def test_the_h200_hunt_on_a_shared_gpu_is_decided_as_it_was_there():
     below the good end) called like the good end at its 4th run; the statistics as they are now (changed after
     that run) decide the same, and not before enough runs."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import first_samples, likeness
+    from bisector.search.perf import first_samples, likeness
 
     runs = _h200_round_8_shared_gpu_runs()
     good, bad, c4 = runs["bb781452c1ff"], runs["6074cf1b1f0d"], runs["d8d102b35544"]
@@ -361,7 +361,7 @@ def test_runs_of_two_modes_are_never_equivalent_to_an_end_whose_median_they_happ
     them. The ends' distance means nothing there, so no equivalence is taken from it: the commit is not called
     like the bad end."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import likeness
+    from bisector.search.perf import likeness
 
     good = [658.92, 660.56, 661.21, 662.18, 663.21, 663.24, 663.48, 664.57, 665.27, 669.11, 670.64, 670.83, 675.02,
             675.64, 977.14, 987.41, 988.12, 988.6, 988.73, 995.27, 995.33, 995.33, 996.68, 997.64, 998.36, 999.57,
@@ -379,7 +379,7 @@ def test_an_ends_second_mode_that_inflated_the_pooled_scale_still_makes_the_ends
     many more than the model puts there (crossing_p). Seed 153's: the bad end's runs in two clusters, its
     median between them (two_modes). Single peaks with a 2x outlier, and steady runs, do not overlap."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import CROSSING_P, crossing_p, overlapping, two_modes
+    from bisector.search.perf import CROSSING_P, crossing_p, overlapping, two_modes
 
     good = [1039.0, 1011.0, 939.0, 997.0, 1030.0, 689.0, 701.0, 1060.0, 1038.0, 996.0, 674.0]
     bad = [879.0, 594.0, 604.0, 293.0, 894.0]
@@ -442,7 +442,7 @@ def test_an_ends_two_modes_are_seen_through_2x_outliers_that_the_grown_scale_kep
     cluster's part, hid the two modes from the split (and no check said the ends overlap). The runs' lowest and
     highest tenth left out, the clusters show. One peak with two 2x outliers in 20 runs is still one peak."""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import overlapping, two_modes
+    from bisector.search.perf import overlapping, two_modes
 
     good = [330.0, 651.0, 662.0, 667.0, 672.0, 674.0, 677.0, 679.0, 687.0, 988.0, 996.0, 998.0, 998.0, 998.0,
             999.0, 1002.0, 1004.0, 1005.0, 1013.0, 1020.0]
@@ -463,9 +463,9 @@ def test_against_overlapping_ends_the_end_with_fewer_runs_of_its_own_runs_again_
     set-aside runs: the bad end's nine runs, one fast, against a bad commit's sixteen, nine fast, and the good
     end ran instead, its pool being the smaller; the commit was called like the good end.)"""
     pytest.importorskip("scipy", reason="the statistics need scipy (the `perf` extra)")
-    from bisector.perf import Direction, PerfSettings, overlapping, runs_to_tell
-    from bisector.policies import Endpoints, PerfPolicy
-    from bisector.search import Bisection
+    from bisector.search.dag import Bisection
+    from bisector.search.perf import Direction, PerfSettings, overlapping, runs_to_tell
+    from bisector.search.policies import Endpoints, PerfPolicy
 
     good, bad = [1006.0, 1005.0, 996.0, 1003.0, 672.0], [619.0, 627.0, 609.0, 622.0, 949.0, 615.0]
     assert overlapping(good, bad) and runs_to_tell(good, bad) <= 20
@@ -490,9 +490,9 @@ def _replay_h200_round_9(after_each_run=lambda policy, runs: None, record="h200-
     lands. Returns (the policy as it ended, the history's shas, runs given)."""
     from pathlib import Path
 
-    from bisector.perf import Direction, PerfSettings
-    from bisector.policies import Endpoints, PerfPolicy
-    from bisector.search import Bisection
+    from bisector.search.dag import Bisection
+    from bisector.search.perf import Direction, PerfSettings
+    from bisector.search.policies import Endpoints, PerfPolicy
 
     records = Path(__file__).parent / "records"
     hunt = json.loads((records / record).read_text())

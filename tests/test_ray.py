@@ -11,12 +11,12 @@ import pytest
 from test_held_continuation import NAME, pinned_vllm
 
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import Placement, RayExecutor, node_cache_dir, ray_runtime_env
 from bisector.engine.follow import pin_follow_up
 from bisector.engine.run import run_bisection
-from bisector.executor import Placement, RayExecutor, node_cache_dir, ray_runtime_env
-from bisector.refs import GitRepo
-from bisector.store import Store
-from bisector.worktrees import NodeCheckout
+from bisector.record.store import Store
+from bisector.repo.refs import GitRepo
+from bisector.repo.worktrees import NodeCheckout
 from scenarios import create
 from scenarios.command import CommandScenario
 

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from bisector.store import Store
+from bisector.record.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +176,7 @@ def test_unfinished_run_has_no_report(tmp_path, cli):
     (None, None),
 ])
 def test_github_pull_url_template(url, template):
-    from bisector.report import github_pull_url_template
+    from bisector.report.renderers import github_pull_url_template
     assert github_pull_url_template(url) == template
 
 

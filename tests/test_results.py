@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bisector.errors import EXIT_ABORTED, EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
-from bisector.results import RESULT_SCHEMA, RESULTS, BackportResult, BisectResult, StoredRun
+from bisector.record.results import RESULT_SCHEMA, RESULTS, BackportResult, BisectResult, StoredRun
 
 pytestmark = pytest.mark.unit
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from bisector.blame import BlamedCommit, blame_reverse
-from bisector.refs import GitRepo
+from bisector.repo.blame import BlamedCommit, blame_reverse
+from bisector.repo.refs import GitRepo
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from bisector.errors import EXIT_RECORD, EXIT_USAGE
+from bisector.record.store import SCHEMA_VERSION, Execution, Store, StoreError
 from bisector.seams import Verdict
-from bisector.store import SCHEMA_VERSION, Execution, Store, StoreError
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]

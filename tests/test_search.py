@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from bisector.search import Bisection, InconsistentVerdicts, Term
+from bisector.search.dag import Bisection, InconsistentVerdicts, Term
 
 pytestmark = pytest.mark.unit
 

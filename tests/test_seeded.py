@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from bisector.blame import BlamedCommit, blame_fix
-from bisector.refs import GitRepo
-from bisector.seeding import plan_seeds
+from bisector.repo.blame import BlamedCommit, blame_fix
+from bisector.repo.refs import GitRepo
+from bisector.search.seeding import plan_seeds
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pytest
 from bisector.builds import BuildSettings
 from bisector.cli.options import WORLD_PARAMETERS, one_aiter_repo
 from bisector.errors import UsageError
-from bisector.world import WorldSettings
+from bisector.world.world import WorldSettings
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.dpa_fp8_kv import DpaFp8KvScenario
 

@@ -131,7 +131,7 @@ def test_a_failed_build_is_one_line_and_the_worktree_is_removed(make_repo, tmp_p
 def test_image_runs_the_command_in_the_commits_container_with_the_worktree_mounted(make_repo, tmp_path, cli):
     from fake_docker import FakeDocker, vllm_site
 
-    from bisector.images import expand
+    from bisector.world.images import expand
 
     docker = FakeDocker(tmp_path / "fake")
     repo = make_repo()
@@ -160,4 +160,4 @@ def test_the_command_sees_the_gpu_variables_a_slot_gets(make_repo, tmp_path, cli
                "sh", "-c", "echo $ROCR_VISIBLE_DEVICES $HIP_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES",
                env={"ROCR_VISIBLE_DEVICES": "2,5", "HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "5 0 0\n"  # bisector.gpus: HIP indexes within ROCR; the step's physical ids, from 0
+    assert proc.stdout == "5 0 0\n"  # bisector.machine.gpus: HIP indexes within ROCR; the step's physical ids, from 0

@@ -111,7 +111,7 @@ def test_interrupt_says_what_a_rerun_does_and_the_rerun_resumes(make_repo, tmp_p
 
 
 def test_aiter_install_pinned_by_sha_names_the_sha_once(make_repo):
-    from bisector.aiter import AiterBuild
+    from bisector.world.aiter import AiterBuild
 
     sha = make_repo("aiter").commit("kernels", {"aiter/__init__.py": ""})
     pinned = AiterBuild(ref=sha[:10], repo="aiter", commit=sha, arch="gfx950", torch="2.9.0", python="3.12",

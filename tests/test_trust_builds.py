@@ -82,7 +82,7 @@ def test_the_told_version_is_setuptools_scms_own_guess_without_the_users_tags(ma
     from setuptools_scm import get_version
 
     from bisector.builds.version import release_version
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     repo = make_repo()
     shas = scm_tree(repo)

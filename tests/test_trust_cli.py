@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from bisector.errors import EXIT_INCONCLUSIVE, EXIT_USAGE
-from bisector.pins import pins_at, unsafe_git_source
+from bisector.repo.pins import pins_at, unsafe_git_source
 
 pytestmark = pytest.mark.integration
 

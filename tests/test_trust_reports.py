@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.formats import FORMATS
+from bisector.report.formats import FORMATS
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bisector.process import ProcessResult
+from bisector.record.store import SCHEMA_VERSION, Store
 from bisector.seams import StepContext, Verdict
-from bisector.store import SCHEMA_VERSION, Store
 from scenarios.command import CommandScenario
 from scenarios.dpa_fp8_kv.child import READY_MARKER
 from scenarios.dpa_fp8_kv.classify import classify
@@ -193,10 +193,10 @@ def flaky_hunt(q: float, p: float, seed: int, commits: int = 30, culprit: int = 
     import random
 
     from bisector.errors import EndpointError
-    from bisector.policies import Endpoints, FlakyPolicy, FlakySettings
-    from bisector.search import FlakyModel
-    from bisector.steps import Step
-    from bisector.store import Execution
+    from bisector.record.steps import Step
+    from bisector.record.store import Execution
+    from bisector.search.dag import FlakyModel
+    from bisector.search.policies import Endpoints, FlakyPolicy, FlakySettings
 
     rng = random.Random(seed)
     shas = [f"c{i}" for i in range(commits)]

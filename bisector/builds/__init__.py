@@ -20,9 +20,8 @@ from bisector.registry import Option, Registry
 from bisector.seams import DEFAULT_PYTHON
 
 if TYPE_CHECKING:
-    from bisector.builds.base import BuildStrategy
-    from bisector.refs import GitRepo
-    from bisector.seams import Build
+    from bisector.builds.base import Build, BuildStrategy
+    from bisector.repo.refs import GitRepo
 
 # The registered strategies by --build name; in a tie of cost `auto` takes the one registered first.
 REGISTRY: Registry[type[BuildStrategy]] = Registry("build strategy")

@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from bisector.cachedir import evict
-from bisector.store import BuildRecord, Store
+from bisector.machine.cachedir import evict
+from bisector.record.store import BuildRecord, Store
 
 
 class ArtifactCache:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol, runtime_checkable
 
 from bisector.builds.version import pretend_env
 from bisector.process import run_process
+from bisector.repo.worktrees import untracked_files
 from bisector.seams import DEFAULT_PYTHON
-from bisector.worktrees import untracked_files
 
 if TYPE_CHECKING:
-    from bisector.builds import BuildSettings
     from bisector.builds.artifacts import ArtifactCache
     from bisector.builds.native import Toolchain
+    from bisector.machine.envs import Environment
+    from bisector.repo.refs import GitRepo
 
 # A strategy that only copies files costs nothing; one that compiles costs a compile.
 FREE_COST, COMPILE_COST = 0.0, 1.0
@@ -115,11 +116,31 @@ class Target:
         return Decision(UNAVAILABLE, reason, self.native)
 
 
+class BuildOptions(Protocol):
+    """The build settings a strategy reads: bisector.builds.BuildSettings, named here by what it offers so that
+    the strategies need not know the package that registers them."""
+
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def python(self) -> str: ...
+    @property
+    def rocm_arch(self) -> str | None: ...
+    @property
+    def wheels(self) -> str | None: ...
+    @property
+    def cache_size(self) -> int: ...
+    @property
+    def max_jobs(self) -> int: ...
+    @property
+    def install_into_python(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class BuildContext:
     """What every strategy of one opened build shares."""
 
-    settings: "BuildSettings"
+    settings: BuildOptions
     toolchain: "Toolchain"
     cache: "ArtifactCache"
     state_dir: Path
@@ -186,3 +207,27 @@ def remove_outputs(worktree: Path) -> None:
     """Delete what a previous step's build left (ignored files survive `git clean`)."""
     for rel in built_outputs(worktree):
         (worktree / rel).unlink()
+
+
+@runtime_checkable
+class Build(Protocol):
+    """A build opened on a repository and state dir: prepares a worktree for one commit."""
+
+    name: str
+
+    def cost(self, sha: str) -> float: ...
+
+    def decide(self, sha: str) -> Decision: ...
+
+    def prepare(self, worktree: Path, sha: str, log_dir: Path,
+                environment: Environment | None = None) -> BuildResult: ...
+
+
+@runtime_checkable
+class BuildConfig(Protocol):
+    """Build settings (`--build` and its options): pickled into Ray tasks, opened where steps run."""
+
+    @property
+    def name(self) -> str: ...
+
+    def open(self, repo: GitRepo, state_dir: Path) -> Build: ...

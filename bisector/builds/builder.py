@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 
 import git
 
-from bisector.archives import extract
 from bisector.builds.artifacts import ArtifactCache
 from bisector.builds.base import (
     FREE_COST,
     UNAVAILABLE,
     BuildContext,
+    BuildOptions,
     BuildResult,
     BuildStrategy,
     Decision,
@@ -30,12 +30,12 @@ from bisector.builds.base import (
 )
 from bisector.builds.native import NATIVE_PATHS, detect_toolchain, native_hash
 from bisector.builds.version import release_version
-from bisector.cachedir import EXCLUSIVE, SHARED, evict, lock_file, locked, take
-from bisector.envs import Environment
+from bisector.machine.cachedir import EXCLUSIVE, SHARED, evict, lock_file, locked, take
+from bisector.machine.envs import Environment
+from bisector.repo.archives import extract
 
 if TYPE_CHECKING:
-    from bisector.builds import BuildSettings
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
 # Worse than any compile: the commit cannot be built (it failed before, or the chosen strategy cannot serve).
 KNOWN_FAILURE_COST = 2.0
@@ -117,7 +117,7 @@ def _prune_held(root: Path, kept: int) -> list[Path]:
 class Builder:
     """Prepares a worktree for one commit by the cheapest registered strategy the settings allow."""
 
-    def __init__(self, settings: BuildSettings, repo: GitRepo, state_dir: Path,
+    def __init__(self, settings: BuildOptions, repo: GitRepo, state_dir: Path,
                  registry: Mapping[str, type[BuildStrategy]]):
         if settings.strategy != "auto" and settings.strategy not in registry:
             raise ValueError(f"unknown build strategy {settings.strategy!r} "

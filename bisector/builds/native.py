@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from bisector.probe_env import run_probe
+from bisector.machine.probe_env import run_probe
 
 # Paths whose content decides the compiled extensions (vLLM's docker/Dockerfile.rocm build stage).
 NATIVE_PATHS = ("csrc", "CMakeLists.txt", "cmake", "setup.py", "pyproject.toml",

@@ -17,7 +17,7 @@ from bisector.builds.base import (
     run_commands,
 )
 from bisector.builds.native import Toolchain
-from bisector.worktrees import clean_ignored
+from bisector.repo.worktrees import clean_ignored
 
 # ROCm build requirements: requirements/build/rocm.txt from 0.20, requirements/rocm-build.txt before.
 BUILD_REQUIREMENTS = ("requirements/build/rocm.txt", "requirements/rocm-build.txt")

@@ -73,7 +73,7 @@ class BisectorGroup(click.Group):
         return getattr(importlib.import_module(module), attribute)
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
-        """The command asked for, its configuration loaded (bisector.config) as the defaults of its options."""
+        """The command asked for, its configuration loaded (bisector.cli.config) as the defaults of its options."""
         try:
             name, command, rest = super().resolve_command(ctx, args)
         except click.exceptions.NoSuchCommand as exc:  # "did you mean" from the map (no command is loaded)
@@ -121,7 +121,7 @@ def main() -> None:
 
 
 def _configured(exc: click.ClickException) -> str:
-    """Where a refused value came from, when configuration gave it (bisector.config), else ""."""
+    """Where a refused value came from, when configuration gave it (bisector.cli.config), else ""."""
     if not isinstance(exc, click.BadParameter) or exc.ctx is None or exc.param is None or exc.param.name is None:
         return ""
     from click.core import ParameterSource

@@ -25,7 +25,6 @@ from bisector.cli.options import (
 )
 from bisector.cli.outputs import check_outputs
 from bisector.cli.sections import BUILD_AND_ENVIRONMENT, IMAGES, RECORD_AND_CACHE, SectionedCommand
-from bisector.envs import EnvSettings
 from bisector.errors import (
     EXIT_ABORTED,
     EXIT_ENDPOINT,
@@ -36,6 +35,7 @@ from bisector.errors import (
     EXIT_USAGE,
     UsageError,
 )
+from bisector.machine.envs import EnvSettings
 
 # `backport --help`: its options in sections (bisector.cli.sections), then examples and exit codes (README's
 # table says each in full).
@@ -99,10 +99,10 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
              log_limit, env_mode,
              env_cache_size, no_cache, reuse_verdicts, world, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
-    from bisector import report
-    from bisector.backport import BackportConfig, run_backport
     from bisector.cli.backport_progress import BackportProgress
-    from bisector.world import WorldSettings
+    from bisector.engine.backport import BackportConfig, run_backport
+    from bisector.report import renderers as report
+    from bisector.world.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 

@@ -1,9 +1,9 @@
 """The backport progress display: imported by `bisector backport` once it runs. It is a
-`bisector.backport.BackportHandler` by shape (a Protocol), so importing it loads no engine."""
+`bisector.engine.backport.BackportHandler` by shape (a Protocol), so importing it loads no engine."""
 from __future__ import annotations
 
 from bisector.cli.progress import ProgressHandler, console, escape
-from bisector.results import BranchEntry, BranchLevel
+from bisector.record.results import BranchEntry, BranchLevel
 
 
 class BackportProgress:

@@ -23,7 +23,7 @@ def cache() -> None:
 
 def _sha_prefix(commit: str | None, repo: str) -> str:
     """--commit as a sha prefix: a ref resolved in repo, else hex as given."""
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     if not commit:
         return ""
@@ -67,7 +67,7 @@ def cache_list(repo, state_dir, commit, scenario_name, as_json):
         for line in table:
             click.echo("  ".join([*(cell.ljust(width) for cell, width in zip(line, widths)), line[-1]]))
     click.echo(f"{len(rows)} cached verdict(s)", err=True)
-    from bisector import compile_cache
+    from bisector.machine import compile_cache
 
     click.echo(compile_cache.describe(compile_cache.cache_root(), _compile_cap()), err=True)
 
@@ -98,7 +98,7 @@ def cache_forget(repo, state_dir, commit, scenario_name, everything, compiled):
     if not (commit or scenario_name or everything or compiled):
         raise UsageError("give --commit SHA, --scenario NAME, --all, or --compile")
     if compiled:
-        from bisector import compile_cache
+        from bisector.machine import compile_cache
 
         root = compile_cache.cache_root()
         try:
@@ -117,7 +117,7 @@ def cache_forget(repo, state_dir, commit, scenario_name, everything, compiled):
 
 
 def _compile_cap() -> int:
-    from bisector import compile_cache
+    from bisector.machine import compile_cache
 
     try:
         return compile_cache.size_cap()

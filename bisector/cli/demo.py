@@ -27,9 +27,9 @@ from bisector.errors import (
 @python_option("Python environment the probe runs in (needs torch).")
 def demo(directory, commits, culprit, python, keep):
     """Bisect a throwaway vLLM-shaped repo with the CPU probe: the whole job in under a minute."""
-    from bisector import report
     from bisector.engine.config import RunConfig
     from bisector.engine.run import run_bisection
+    from bisector.report import renderers as report
     from scenarios import create
     from scenarios.aiter_mla_probe.demo import make_demo_repo
 

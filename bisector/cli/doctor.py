@@ -18,8 +18,8 @@ from bisector.cli.state import resolve_state_dir
 def doctor_command(repo, state_dir, python, container_runtime):
     """Versions, GPUs, the container runtime and disk use, for support requests (changes nothing).
 
-    Then the configuration in effect (bisector.config): each key's value and where it came from."""
-    from bisector import doctor
+    Then the configuration in effect (bisector.cli.config): each key's value and where it came from."""
+    from bisector.machine import doctor
 
     ctx = click.get_current_context()
     given = {"state_dir": str(state_dir)} if ctx.get_parameter_source("state_dir") is ParameterSource.COMMANDLINE \

@@ -11,11 +11,11 @@ import click
 from bisector.cli.options import python_option, state_dir_option, write_output
 from bisector.cli.outputs import check_outputs
 from bisector.cli.state import resolve_state_dir
-from bisector.envs import EnvSettings, EnvStore
 from bisector.errors import (
     EnvironmentFailed,
     UsageError,
 )
+from bisector.machine.envs import EnvSettings, EnvStore
 
 
 @click.group("env")
@@ -42,7 +42,7 @@ def open_env_store(repo: str, state_dir: Path | None, python: str) -> EnvStore:
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the environment as JSON.")
 def env_create(repo, ref, state_dir, python, json_file):
     """Create (or find) the environment a commit runs in with --env per-commit."""
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     check_outputs(repo, state_dir, [("--json", json_file)])
     git_repo = GitRepo(Path(repo))

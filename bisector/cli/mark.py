@@ -28,8 +28,8 @@ def mark_command(run_id, rev, verdict, reason, repo, state_dir):
 
     RUN is a run id as `bisector runs` lists it, or `latest` (the last run of --repo). The mark is
     evidence for that run and the runs that resume it only; rerun the run's command to resume it."""
-    from bisector.cachedir import EXCLUSIVE, locked
-    from bisector.refs import GitRepo
+    from bisector.machine.cachedir import EXCLUSIVE, locked
+    from bisector.repo.refs import GitRepo
     from bisector.seams import Verdict
 
     if run_id != "latest" and not (run_id.isascii() and run_id.isdigit() and len(run_id) < 20

@@ -13,15 +13,15 @@ from click.core import ParameterSource
 
 from bisector.builds import DEFAULT_CACHE_SIZE, STRATEGIES, parse_size
 from bisector.builds import REGISTRY as BUILD_STRATEGIES
-from bisector.envs import DEFAULT_ENV_CACHE_SIZE, MODES
+from bisector.engine.executor import checked_git_source
 from bisector.errors import (
     GitError,
     UsageError,
 )
-from bisector.executor import checked_git_source
-from bisector.pins import unsafe_git_source
+from bisector.machine.envs import DEFAULT_ENV_CACHE_SIZE, MODES
 from bisector.redact import redact_all
 from bisector.registry import Registry
+from bisector.repo.pins import unsafe_git_source
 
 
 class RegistryChoice(click.Choice):
@@ -206,8 +206,8 @@ def pr_links(repo: str, template: str | None) -> str | None:
         if "{pr}" not in template:
             raise UsageError(f"--pr-url-template needs {{pr}} where the PR number goes, got {template!r}")
         return template
-    from bisector.refs import GitRepo
-    from bisector.report import github_pull_url_template
+    from bisector.repo.refs import GitRepo
+    from bisector.report.renderers import github_pull_url_template
     try:
         return github_pull_url_template(GitRepo(Path(repo)).origin_url())
     except GitError:
@@ -259,9 +259,9 @@ def world_options(command):
     """--image and its options, --aiter and its options (`run`, `backport`, `scenario run|calibrate`); the
     command receives them as one `world` mapping (see WorldSettings.from_options), with the names of those
     that came from configuration under "configured" (defaults: applied, never refused for being there)."""
-    from bisector.aiter import DEFAULT_AITER_CACHE_SIZE
-    from bisector.images import DEFAULT_IMAGE_CACHE_SIZE, FALLBACKS, RUNTIMES
-    from bisector.world import AITER_MODES
+    from bisector.world.aiter import DEFAULT_AITER_CACHE_SIZE
+    from bisector.world.images import DEFAULT_IMAGE_CACHE_SIZE, FALLBACKS, RUNTIMES
+    from bisector.world.world import AITER_MODES
 
     options = [
         click.option("--image", metavar="TEMPLATE",
@@ -340,17 +340,17 @@ def scenario_takes(name: str | None, option: str) -> bool:
 
 
 def configure(ctx: click.Context, name: str, command: click.Command, args: list[str]) -> None:
-    """Load the configuration (bisector.config) seen from the command's --repo, else the cwd: the defaults of
+    """Load the configuration (bisector.cli.config) seen from the command's --repo, else the cwd: the defaults of
     every option it names, for the command and its subcommands (click's default_map: an option given on the
     command line wins), and ctx.meta[CONFIG] (what `doctor` shows)."""
-    from bisector.config import load
+    from bisector.cli.config import load
 
     config = load(repository_argument(ctx, name, command, args) or ".")
     ctx.meta[CONFIG] = config
     ctx.default_map = {name: _defaults_under(command, config.defaults())}
 
 
-CONFIG = "bisector.config"  # ctx.meta key of the loaded configuration
+CONFIG = "bisector.cli.config"  # ctx.meta key of the loaded configuration
 
 
 def repository_argument(ctx: click.Context, name: str, command: click.Command, args: list[str]) -> str | None:

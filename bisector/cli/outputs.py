@@ -57,7 +57,7 @@ def check_outputs(repo: str, state_dir: Path | None, outputs: Sequence[tuple[str
     state dir (the record, its journal, locks, logs: the tool's own files) nor in git's directory, no two at
     one file, and no plot where a file stands that bisector did not write."""
     from bisector.cli.state import resolve_state_dir
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     try:
         git_repo = GitRepo(Path(repo))
@@ -112,7 +112,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def _holds_plot(path: Path) -> bool:
     """Whether path is a plot bisector wrote (it carries perf_report.PLOT_MARK near its start)."""
-    from bisector.perf_report import PLOT_MARK
+    from bisector.report.perf import PLOT_MARK
 
     try:
         with path.open("rb") as handle:

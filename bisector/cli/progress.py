@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from bisector.record.results import named
+from bisector.record.steps import Handler, Step
 from bisector.redact import redact
-from bisector.results import named
-from bisector.steps import Handler, Step
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -148,8 +148,8 @@ class ProgressHandler(Handler):
         if not logs:
             return None
         newest = logs[-1]
-        if newest.name.startswith("pull-"):  # bytes and layers so far (bisector.images)
-            from bisector.images import pull_progress
+        if newest.name.startswith("pull-"):  # bytes and layers so far (bisector.world.images)
+            from bisector.world.images import pull_progress
             return f"pull: {pull_progress(newest) or '(no layer done yet)'}"
         phase = "build " + newest.stem.rsplit("-", 1)[-1] if newest.name.startswith("build-") else \
             "image check" if newest.name.startswith("image-") else "scenario"

@@ -18,8 +18,8 @@ from bisector.errors import (
     GitError,
     UsageError,
 )
-from bisector.formats import FORMATS
-from bisector.results import StoredRun
+from bisector.record.results import StoredRun
+from bisector.report.formats import FORMATS
 
 SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
 
@@ -37,7 +37,7 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
     """Regenerate a run's report from the stored record (bisection or backport).
 
     `latest` is the last run of --repo (and of --scenario when given) that ended, whatever its outcome."""
-    from bisector import report
+    from bisector.report import renderers as report
 
     if run_id != "latest" and not (run_id.isascii() and run_id.isdigit()):
         raise UsageError(f"RUN_ID must be a run number or 'latest', got {run_id!r}")
@@ -77,7 +77,7 @@ def runs_command(repo, all_repos, state_dir):
 
     A header, then a line per run with when it started and ended; on a terminal each line fits its width (long
     fields end in …; `bisector report ID` shows a run whole), into a file or a pipe lines are whole."""
-    from bisector import report
+    from bisector.report import renderers as report
 
     store = open_record(repo, state_dir)
     try:
@@ -101,7 +101,7 @@ def _terminal_width() -> int | None:
 def _names_of_unfinished(runs: list[StoredRun]) -> dict[str, str]:
     """sha -> the tag or branch naming it, for the ends (or fix) of runs with no result yet (a finished run's
     result keeps its own names), read from their repositories, those still there."""
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     wanted: dict[str, list[str]] = {}
     for run in runs:

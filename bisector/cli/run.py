@@ -36,7 +36,7 @@ from bisector.cli.options import (
 from bisector.cli.outputs import check_outputs, labelled, plot_beside, value_names
 from bisector.cli.progress import ProgressHandler, console, escape, resume_hint
 from bisector.cli.sections import BUILD_AND_ENVIRONMENT, IMAGES, RECORD_AND_CACHE, SectionedCommand
-from bisector.envs import EnvSettings
+from bisector.engine.executor import EXECUTORS
 from bisector.errors import (
     EXIT_ABORTED,
     EXIT_ENDPOINT,
@@ -48,7 +48,7 @@ from bisector.errors import (
     EXIT_USAGE,
     UsageError,
 )
-from bisector.executor import EXECUTORS
+from bisector.machine.envs import EnvSettings
 from bisector.redact import redact
 
 SKIP_FILE_MOST = 16 * 1024**2  # bytes of a --skip-file read at most: some 400,000 shas
@@ -178,13 +178,13 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
         gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, command,
         build_ahead, metric, direction, min_change, warmup, max_samples):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
-    from bisector import report
     from bisector.engine.config import RunConfig
+    from bisector.engine.executor import LocalExecutor, Placement, create_executor
     from bisector.engine.planning import plan_bisection
-    from bisector.executor import LocalExecutor, Placement, create_executor
-    from bisector.gpus import refuse_shared_for_timing
+    from bisector.machine.gpus import refuse_shared_for_timing
+    from bisector.report import renderers as report
     from bisector.seams import TimesAlone
-    from bisector.world import WorldSettings
+    from bisector.world.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario
 
@@ -236,7 +236,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
             planned = plan_bisection(cfg)
             click.echo(report.plan_text(planned))
             if perf:
-                from bisector import perf_report
+                from bisector.report import perf as perf_report
 
                 testable = planned.commits - planned.skipped_by_user - 1
                 fewest, most = perf.plan(testable)
@@ -257,8 +257,8 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
 def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: Path | None,
             pr_url_template: str | None) -> int:
     """One bisection with its reports written (every outcome); returns its exit code."""
-    from bisector import report
     from bisector.engine.run import run_bisection
+    from bisector.report import renderers as report
 
     result = run_bisection(cfg, ProgressHandler([build_note] if build_note else [],
                                                 metric=cfg.perf.metric if cfg.perf else None))
@@ -268,7 +268,7 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
     if json_file:
         write_output("--json", json_file, report.bisect_json(result))
         if result.perf:  # the metric per tested commit, beside the JSON
-            from bisector import perf_report
+            from bisector.report import perf as perf_report
 
             write_output("--json", plot_beside(json_file),
                          perf_report.svg(result.perf, result.range, result.culprit.sha if result.culprit else None))
@@ -286,7 +286,7 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
 def _perf_settings(params: dict):
     """--metric and its options (the command's params) as PerfSettings (None without --metric), or UsageError."""
     from bisector.metrics import NAME
-    from bisector.perf import Direction, PerfSettings, scipy_missing
+    from bisector.search.perf import Direction, PerfSettings, scipy_missing
 
     metric = params["metric"]
     asked = [name for name, given in (("--lower-is-better/--higher-is-better", params["direction"]),

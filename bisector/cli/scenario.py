@@ -26,13 +26,13 @@ from bisector.cli.options import (
     write_output,
 )
 from bisector.cli.outputs import check_outputs
-from bisector.envs import EnvSettings
 from bisector.errors import (
     EXIT_BAD,
     EXIT_GOOD,
     EXIT_SKIP,
     UsageError,
 )
+from bisector.machine.envs import EnvSettings
 from bisector.seams import Scenario
 
 # `scenario run` and `scenario classify` answer with git bisect run's exit protocol.
@@ -81,7 +81,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import JudgeOne, judge_one
-    from bisector.world import WorldSettings
+    from bisector.world.world import WorldSettings
     check_outputs(repo, state_dir, [("--json", json_file)])
     scenario = _scenario_asked(name, options, command, bool(world["image"]))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
@@ -121,7 +121,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
-    from bisector.world import WorldSettings
+    from bisector.world.world import WorldSettings
     check_outputs(repo, state_dir, [("--json", json_file)])
     scenario = _scenario_asked(name, options, command, bool(world["image"]))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,

@@ -45,10 +45,10 @@ def shell_command(ref, repo, state_dir, python, build, rocm_arch, wheels, allow_
     the commit's image with --image), removed on exit unless --keep."""
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.state import choose_state_dir, prepare_state_dir
-    from bisector.envs import EnvSettings
-    from bisector.refs import GitRepo
-    from bisector.worktrees import OwnWorktree
-    from bisector.world import WorldSettings
+    from bisector.machine.envs import EnvSettings
+    from bisector.repo.refs import GitRepo
+    from bisector.repo.worktrees import OwnWorktree
+    from bisector.world.world import WorldSettings
     from scenarios.command import CommandScenario
 
     argv = list(command) or [os.environ.get("SHELL") or "/bin/sh"]
@@ -73,9 +73,9 @@ def _run_in(judge: Judge, tree: Path, sha: str, argv: list[str], logs: Path) -> 
     """Set tree up as the judge's steps are (its environment, world and build) and run argv in it; its exit code
     (128 + N when killed by signal N)."""
     from bisector.builds.base import BuildResult
-    from bisector.envs import worktree_reader
-    from bisector.gpus import gpu_env, visible_gpus
-    from bisector.world import StepAt
+    from bisector.machine.envs import worktree_reader
+    from bisector.machine.gpus import gpu_env, visible_gpus
+    from bisector.world.world import StepAt
 
     logs = logs / f"shell-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)

@@ -11,13 +11,13 @@ from bisector.errors import (
 
 if TYPE_CHECKING:
 
-    from bisector.store import Store
+    from bisector.record.store import Store
 
 
 def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
     """--state-dir as given, else the repository's default; None when repo is no git repository."""
     from bisector.engine.state import default_state_dir
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     if state_dir:
         return state_dir
@@ -29,7 +29,7 @@ def resolve_state_dir(repo: str, state_dir: Path | None) -> Path | None:
 
 def open_record(repo: str, state_dir: Path | None) -> Store:
     """The store of repo's state dir (or --state-dir), or UsageError when there is none."""
-    from bisector.store import Store
+    from bisector.record.store import Store
 
     directory = resolve_state_dir(repo, state_dir)
     if directory is None:
@@ -42,7 +42,7 @@ def open_record(repo: str, state_dir: Path | None) -> Store:
 
 def repo_root(repo: str) -> str | None:
     """The root path runs record for repo, None when repo is no git repository."""
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
 
     try:
         return str(GitRepo(Path(repo)).root)

@@ -5,13 +5,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from bisector.builds.base import BuildConfig
 from bisector.builds.builder import NoBuild
-from bisector.envs import EnvSettings
-from bisector.perf import PerfSettings
+from bisector.engine.executor import Executor
+from bisector.machine.envs import EnvSettings
 from bisector.process import DEFAULT_LOG_LIMIT
-from bisector.results import PinLevel
-from bisector.seams import DEFAULT_PYTHON, BuildConfig, Executor, Scenario
-from bisector.world import WorldSettings
+from bisector.record.results import PinLevel
+from bisector.seams import DEFAULT_PYTHON, Scenario
+from bisector.search.perf import PerfSettings
+from bisector.world.world import WorldSettings
 
 
 @dataclass(kw_only=True)
@@ -51,6 +53,6 @@ class RunConfig:
     skip: Sequence[str] = ()           # --skip/--skip-file: revs and A..B ranges never tested (git bisect skip)
     follow_pins: bool = False          # when the answer moves a pin, go on bisecting inside the dependency
     level: PinLevel | None = None      # this run is such a level (bisector.engine.follow): how it came about
-    perf: PerfSettings | None = None   # --metric: a performance hunt (bisector.perf, policies.PerfPolicy)
+    perf: PerfSettings | None = None   # --metric: a performance hunt (bisector.search.perf, policies.PerfPolicy)
     chain: Sequence[str] = ()          # bisect these commits, oldest first, each standing on the one before
                                        # (release tags of histories that share no ancestor) instead of a range

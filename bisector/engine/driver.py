@@ -10,13 +10,14 @@ from typing import Callable, Generator, Protocol, runtime_checkable
 
 from bisector.builds.base import UNAVAILABLE
 from bisector.builds.builder import FAILED_BEFORE
+from bisector.engine.executor import Executor
 from bisector.engine.judge import Judge, signature_of
 from bisector.errors import AbortError
-from bisector.policies import Batch, SearchPolicy
 from bisector.process import Cancelled
-from bisector.seams import Executor, Verdict
-from bisector.steps import Handler, Step
-from bisector.store import Execution, Store
+from bisector.record.steps import Handler, Step
+from bisector.record.store import Execution, Store
+from bisector.seams import Verdict
+from bisector.search.policies import Batch, SearchPolicy
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,15 @@ from typing import Callable, Iterator, Sequence
 from bisector.builds.base import HeldBuild
 from bisector.builds.builder import Builder, NoBuild, holding
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import LocalExecutor
 from bisector.engine.state import choose_state_dir, open_builder
-from bisector.envs import EnvSettings
 from bisector.errors import BisectorError, GitError
-from bisector.executor import LocalExecutor
-from bisector.images import ImageIndex
-from bisector.picks import rewritten_equivalent
-from bisector.pins import (
+from bisector.machine.envs import EnvSettings
+from bisector.record.results import BisectResult, PinChange, PinLevel
+from bisector.record.steps import Handler, Step
+from bisector.record.store import Store
+from bisector.repo.picks import rewritten_equivalent
+from bisector.repo.pins import (
     DEFAULT_AITER_REPO,
     DependencyUnavailable,
     continuation_argv,
@@ -36,13 +38,11 @@ from bisector.pins import (
     pins_at,
     tag_chain,
 )
-from bisector.policies import Endpoints
-from bisector.refs import GitRepo
-from bisector.results import BisectResult, PinChange, PinLevel
+from bisector.repo.refs import GitRepo
 from bisector.seams import DEFAULT_PYTHON, FollowsPins, FollowUp, Scenario
-from bisector.search import Term
-from bisector.steps import Handler, Step
-from bisector.store import Store
+from bisector.search.dag import Term
+from bisector.search.policies import Endpoints
+from bisector.world.images import ImageIndex
 
 Bisect = Callable[[RunConfig, Handler], BisectResult]  # run_bisection, passed in (it calls this module)
 

@@ -14,26 +14,23 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Mapping
 
-from bisector.builds.base import BuildResult
+from bisector.builds.base import Build, BuildConfig, BuildResult
 from bisector.engine.state import open_builder
-from bisector.envs import DEFAULT_VERSIONS, Environment, EnvSettings, worktree_reader
 from bisector.errors import UsageError
+from bisector.machine.envs import DEFAULT_VERSIONS, Environment, Environments, EnvSettings, worktree_reader
+from bisector.record.steps import PHASES, PhaseClock, summed_phases, with_phases
+from bisector.record.store import CAUSES, Execution
 from bisector.redact import redact_json
-from bisector.refs import GitRepo
+from bisector.repo.refs import GitRepo
 from bisector.seams import (
-    Build,
-    BuildConfig,
     ChecksMachine,
-    Environments,
     RecordsVersions,
     Scenario,
     StepContext,
     Verdict,
 )
 from bisector.signatures import SignatureRule, normalise
-from bisector.steps import PHASES, PhaseClock, summed_phases, with_phases
-from bisector.store import CAUSES, Execution
-from bisector.world import Place, StepAt, World, WorldSettings
+from bisector.world.world import Place, StepAt, World, WorldSettings
 
 # Variables that change from shell to shell, terminal to terminal or CI run to CI run without changing what a
 # command does: left out of the environment a reused command verdict is keyed on (--reuse-verdicts).
@@ -79,8 +76,8 @@ class JudgeSpec:
     python: str
     repeat: int = 1
     signature: SignatureRule = field(default_factory=SignatureRule)  # which bad runs are the fault hunted
-    envs: EnvSettings = field(default_factory=EnvSettings)  # --env (bisector.envs)
-    world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world)
+    envs: EnvSettings = field(default_factory=EnvSettings)  # --env (bisector.machine.envs)
+    world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world.world)
     environment: str | None = None  # inputs not known: environment_hash of the driver's (keyed_on_environment)
     measures: Mapping[str, str] | None = None  # --metric: what the samples are of (PerfSettings.key_parts)
 
@@ -184,7 +181,7 @@ class Judge:
         """In the commit's environment and world: build, then run the scenario until sha's verdict is decided;
         new executions only (each records the environment's key and versions under details["env"], and
         the world's under details["image"] or details["aiter"]; the first the step's time, its parts under
-        details["phases"]: bisector.steps.PhaseClock)."""
+        details["phases"]: bisector.record.steps.PhaseClock)."""
         clock = PhaseClock()
         return clock.stamp(self._test(StepAt(sha, worktree, logs, slot_env, cancel), done, clock))
 

@@ -10,9 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from bisector.builds.base import UNAVAILABLE
+from bisector.builds.base import UNAVAILABLE, Build
 from bisector.builds.builder import FAILED_BEFORE, Builder, NoBuild
 from bisector.engine.config import RunConfig
+from bisector.engine.executor import LocalExecutor
 from bisector.engine.follow import (
     HELD_IMAGE_MISSING,
     NoLevel,
@@ -27,8 +28,9 @@ from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.run import run_key, skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError
-from bisector.executor import LocalExecutor
-from bisector.pins import (
+from bisector.record.results import PinChange, Plan, PlannedCommand, PlannedStep
+from bisector.record.store import Store
+from bisector.repo.pins import (
     DEFAULT_AITER_REPO,
     DOCKERFILE,
     DependencyUnavailable,
@@ -36,12 +38,10 @@ from bisector.pins import (
     pin_change,
     pins_at,
 )
-from bisector.refs import GitRepo
-from bisector.results import PinChange, Plan, PlannedCommand, PlannedStep
-from bisector.seams import Build, ChecksMachine, StepContext
-from bisector.search import Bisection, InconsistentVerdicts, Term
-from bisector.store import Store
-from bisector.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World, WorldSettings
+from bisector.repo.refs import GitRepo
+from bisector.seams import ChecksMachine, StepContext
+from bisector.search.dag import Bisection, InconsistentVerdicts, Term
+from bisector.world.world import AITER_JIT_MINUTES, AITER_PREBUILD_MINUTES, World, WorldSettings
 
 
 def plan_bisection(cfg: RunConfig) -> Plan:

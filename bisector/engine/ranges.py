@@ -7,8 +7,8 @@ from typing import Sequence
 
 from bisector.engine.config import RunConfig
 from bisector.errors import UsageError
-from bisector.policies import Endpoints
-from bisector.refs import GitRepo
+from bisector.repo.refs import GitRepo
+from bisector.search.policies import Endpoints
 
 
 @dataclass(frozen=True)

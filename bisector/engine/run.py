@@ -10,16 +10,22 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from bisector.blame import blame_fix, blame_reverse
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import AS_ASKED, CacheUse, RunContext
+from bisector.engine.executor import LocalExecutor
 from bisector.engine.follow import follow_pins, held_by_hand, pin_follow_up, stopped_level
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import AbortError, EndpointError, GitError, MergeBaseError, UsageError
-from bisector.executor import LocalExecutor
-from bisector.policies import (
+from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
+from bisector.record.results import ANSWERED, BisectResult, Calibration, JudgedCommit, PrefilterRecord, end_json
+from bisector.record.steps import Handler
+from bisector.repo.blame import blame_fix, blame_reverse
+from bisector.repo.refs import GitRepo
+from bisector.seams import ImplicatesPaths, LearnsOptions, Scenario
+from bisector.search.dag import Bisection, FlakyModel, Term
+from bisector.search.policies import (
     BisectPolicy,
     CalibratePolicy,
     Endpoints,
@@ -28,13 +34,7 @@ from bisector.policies import (
     PerfPolicy,
     SearchPolicy,
 )
-from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
-from bisector.refs import GitRepo
-from bisector.results import ANSWERED, BisectResult, Calibration, JudgedCommit, PrefilterRecord, end_json
-from bisector.seams import ImplicatesPaths, LearnsOptions, Scenario
-from bisector.search import Bisection, FlakyModel, Term
-from bisector.seeding import SeedPlan, plan_seeds
-from bisector.steps import Handler
+from bisector.search.seeding import SeedPlan, plan_seeds
 
 
 def run_key(cfg: RunConfig, olds: Sequence[str], new: str, judge_key: str, skipped: Sequence[str] = ()) -> str:

@@ -10,12 +10,12 @@ from typing import Callable, Iterator
 
 import git
 
-from bisector.cachedir import claim
 from bisector.errors import UsageError
+from bisector.machine.cachedir import claim
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS, kill_recorded_groups
-from bisector.refs import GitRepo
-from bisector.store import Store
-from bisector.worktrees import WorktreePool
+from bisector.record.store import Store
+from bisector.repo.refs import GitRepo
+from bisector.repo.worktrees import WorktreePool
 
 
 def default_state_dir(repo: GitRepo) -> Path:

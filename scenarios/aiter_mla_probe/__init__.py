@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import cast
 
 from bisector.errors import ScenarioError
-from bisector.pins import unsafe_git_source
-from bisector.probe_env import python_environment
+from bisector.machine.probe_env import python_environment
 from bisector.process import no_room, run_process
+from bisector.repo.pins import unsafe_git_source
 from bisector.seams import FollowUp, Scenario
 from scenarios.aiter_mla_probe import sources
 from scenarios.aiter_mla_probe.contract import RESULT_PREFIX, ProbeConfig

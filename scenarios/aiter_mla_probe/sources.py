@@ -17,8 +17,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bisector.archives import extract
-from bisector.pins import cache_root, pins_in_tree, unsafe_git_source
+from bisector.repo.archives import extract
+from bisector.repo.pins import cache_root, pins_in_tree, unsafe_git_source
 
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"
 PACKAGE = "aiter"

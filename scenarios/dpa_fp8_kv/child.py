@@ -275,7 +275,7 @@ def generates_decode(timed, batch, tokens):
 
 
 def pass_start_gate(path):
-    """Wait while another engine of these settings compiles alone (bisector/compile_cache.py first_start
+    """Wait while another engine of these settings compiles alone (bisector/machine/compile_cache.py first_start
     holds this lock file exclusively until its compiles are in the cache); at once when nobody holds it."""
     import fcntl
     with open(path, "rb") as gate:

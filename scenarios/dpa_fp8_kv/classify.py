@@ -231,7 +231,7 @@ def _after_progress_bar(line: str, marker: str) -> str:
 
 
 def skip_cause(judged: list[tuple[Verdict, str]]) -> str | None:
-    """Why the ranks' skip is no verdict about the commit (bisector.store.CAUSES): a rank killed from outside
+    """Why the ranks' skip is no verdict about the commit (bisector.record.store.CAUSES): a rank killed from outside
     ("external-signal"), a rank that found no GPU ("machine"); None: the commit's own skip."""
     reasons = [reason for verdict, reason in judged if verdict is Verdict.SKIP]
     if any(reason.startswith(OUTSIDE_KILL) for reason in reasons):

@@ -1,6 +1,6 @@
 """What the step's Python environment holds, and whether the checkout's own runtime pins accept it.
 
-The probe (bisector.probe_env) runs in the scenario's interpreter and reads package metadata only (no torch
+The probe (bisector.machine.probe_env) runs in the scenario's interpreter and reads package metadata only (no torch
 import, so it takes well under a second); StepProbes runs it once per step. The rest is pure.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from bisector.pins import pins_in_tree
-from bisector.probe_env import SCRIPT as PROBE_SCRIPT
-from bisector.probe_env import last_error_line, run_probe
+from bisector.machine.probe_env import SCRIPT as PROBE_SCRIPT
+from bisector.machine.probe_env import last_error_line, run_probe
+from bisector.repo.pins import pins_in_tree
 from bisector.seams import ContainerLauncher
 
 PINNED = ("torch", "transformers")  # the runtime pins a wrong environment most often violates

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from bisector.compile_cache import publish
+from bisector.machine.compile_cache import publish
 from scenarios.dpa_fp8_kv import weights
 from scenarios.dpa_fp8_kv.config import deepseek_v3_config
 from scenarios.dpa_fp8_kv.options import Options

@@ -41,7 +41,7 @@ OPTION_DEFAULTS = {
     # KV cache, a GPU-bound step (with more layers) where the tiny model's short decode is CPU-bound
     "perf_prompt_tokens": "8",
     # A level inside AITER (run --follow-pins): vLLM held at this commit of this repository, the repository
-    # bisected being AITER (each step's AITER commit installed by the world, bisector.world.for_level).
+    # bisected being AITER (each step's AITER commit installed by the world, bisector.world.world.for_level).
     "vllm_repo": "",
     "vllm_ref": "",
 }
@@ -101,7 +101,7 @@ class Options:
         return replace(self, attention_backend=other), other
 
     def within_share(self, share: float) -> "Options":
-        """The options of an engine on a slot that shares its GPUs (bisector.gpus.SHARE_ENV): vLLM's memory
+        """The options of an engine on a slot that shares its GPUs (bisector.machine.gpus.SHARE_ENV): vLLM's memory
         fraction and the KV cache's bytes scaled by the slot's share, so that the slots' engines together
         take what one engine would, and none starves another; share 1 leaves them as they are."""
         if share >= 1:

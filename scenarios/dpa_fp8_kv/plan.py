@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from bisector.gpus import env_gpus
+from bisector.machine.gpus import env_gpus
 from scenarios.dpa_fp8_kv.options import Options
 
 DEFAULT_TIMEOUT = 3600.0  # first run on a commit may compile graphs and AITER kernels
@@ -28,7 +28,7 @@ class Launch:
 
 
 def step_devices(env: Mapping[str, str], detected: int) -> list[str]:
-    """Physical GPU ids the step may use, by bisector's one rule (bisector.gpus.env_gpus): what
+    """Physical GPU ids the step may use, by bisector's one rule (bisector.machine.gpus.env_gpus): what
     the GPU variables grant (set but empty = none), else every detected GPU. ValueError on a bad list."""
     granted = env_gpus(env)
     return [str(i) for i in (range(detected) if granted is None else granted)]

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import NamedTuple, cast
 
 from bisector.builds.native import installed_rocm_version
-from bisector.compile_cache import (
+from bisector.errors import ScenarioError, UsageError
+from bisector.machine.compile_cache import (
     SIZE_ENV,
     Start,
     cache_root,
@@ -24,11 +25,10 @@ from bisector.compile_cache import (
     size_cap,
     touch,
 )
-from bisector.errors import ScenarioError, UsageError
-from bisector.gpus import GPU_VARIABLES, gpu_share
-from bisector.pins import pins_in_tree
-from bisector.probe_env import python_environment
+from bisector.machine.gpus import GPU_VARIABLES, gpu_share
+from bisector.machine.probe_env import python_environment
 from bisector.process import ProcessResult
+from bisector.repo.pins import pins_in_tree
 from bisector.seams import FollowUp, Scenario
 from bisector.signatures import failure_signature
 from scenarios.aiter_mla_probe.sources import SourceUnavailable, held_vllm
@@ -348,7 +348,7 @@ class DpaFp8KvScenario(BaseScenario):
         return candidates[0], GpuProbe((), "no usable GPU (" + "; ".join(problems) + ")")
 
     def _unrun(self, ctx: StepContext, reason: str, cause: str | None = None) -> Outcome:
-        """Skip without running anything, for cause (bisector.store.CAUSES; None: the commit's options); the
+        """Skip without running anything, for cause (bisector.record.store.CAUSES; None: the commit's options); the
         log says why in one line."""
         _write_log(ctx.log_path, reason + "\n")
         return Outcome(Verdict.SKIP, reason, str(ctx.log_path), cause=cause)

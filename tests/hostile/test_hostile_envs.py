@@ -105,8 +105,8 @@ def _list(cli, repo, disk: Path):
 
 def _step(cli, repo, disk: Path):
     """A GPU step's hold on the root (trimmed to a cap of 0 first), as the dpa-fp8-kv scenario takes it."""
-    from bisector.compile_cache import in_use
     from bisector.errors import UsageError
+    from bisector.machine.compile_cache import in_use
     with pytest.raises(UsageError) as refused:
         with in_use(disk, 0):
             pass
@@ -146,7 +146,7 @@ def test_cache_list_counts_none_of_the_users_files(make_repo, tmp_path, cli, hos
 def test_forget_compile_in_the_tools_own_root_removes_only_what_the_tool_wrote(make_repo, tmp_path, cli, hostile):
     """Item 2: in a root the tool made (marked), the caches and model dirs go; a file the user put beside them
     stays."""
-    from bisector.compile_cache import in_use, publish
+    from bisector.machine.compile_cache import in_use, publish
     root = tmp_path / "cache-root"
     with in_use(root, 1 << 30):  # a step made the root and wrote into it
         publish(root, "0123456789abcdef", lambda tmp: (tmp / "config.json").write_text("{}"))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fake_docker import FakeDocker, vllm_site
 
-from bisector.images import REVISION_LABEL, ImageInfo, expand, prove
+from bisector.world.images import REVISION_LABEL, ImageInfo, expand, prove
 
 pytestmark = pytest.mark.integration
 

@@ -229,7 +229,7 @@ def test_report_latest_is_the_last_run_that_ended_whatever_its_outcome(make_repo
 
 def test_report_latest_says_when_no_run_has_ended_yet(tmp_path, cli, hostile):
     """Item 22: a run still in progress (or killed) is no run that ended; `latest` names it and says so."""
-    from bisector.store import Store
+    from bisector.record.store import Store
 
     store = Store(tmp_path / "bisector.sqlite")
     run_id, _ = store.start_run("bisect", "k", {}, os.getpid())

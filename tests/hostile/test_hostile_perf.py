@@ -21,15 +21,15 @@ import pytest
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import RunContext
 from bisector.engine.judge import Judge, JudgeSpec
-from bisector.envs import EnvSettings
 from bisector.errors import AbortError, EndpointError
-from bisector.policies import Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings
+from bisector.machine.envs import EnvSettings
+from bisector.record.steps import Handler
+from bisector.record.store import Execution, Store
 from bisector.seams import Verdict
-from bisector.search import Bisection, FlakyModel
+from bisector.search.dag import Bisection, FlakyModel
+from bisector.search.policies import Batch, BisectPolicy, CalibratePolicy, Endpoints, FlakyPolicy, FlakySettings
 from bisector.signatures import SignatureRule
-from bisector.steps import Handler
-from bisector.store import Execution, Store
-from bisector.world import WorldSettings
+from bisector.world.world import WorldSettings
 from scenarios.command import CommandScenario
 
 pytest.importorskip("scipy", reason="performance hunts need scipy (the `perf` extra)")
@@ -196,8 +196,8 @@ ENDS = Endpoints(SHAS[0], SHAS[-1], "good", "bad", SHAS[0], SHAS[-1])
 
 
 def _policy(kind: str, ctx: RunContext):
-    from bisector.perf import Direction, PerfSettings
-    from bisector.policies import PerfPolicy
+    from bisector.search.perf import Direction, PerfSettings
+    from bisector.search.policies import PerfPolicy
 
     if kind == "bisect":
         return BisectPolicy(Bisection(COMMITS, ENDS.new), ENDS, 1, lambda sha: 1.0)
@@ -322,8 +322,8 @@ DIRECTION_ROWS = {  # (good end's median, bad end's median, direction) -> whethe
 def test_the_direction_of_a_change_holds_for_negative_and_zero_baselines(good, bad, direction, worse):
     """Item 8: the ends' check of a performance hunt (the real PerfPolicy) on each sign of baseline: a change for
     the worse is hunted, the other way is refused as "the wrong way"; a baseline of 0 divides nothing."""
-    from bisector.perf import Direction, PerfSettings
-    from bisector.policies import PerfPolicy
+    from bisector.search.perf import Direction, PerfSettings
+    from bisector.search.policies import PerfPolicy
 
     history = {sha: [Execution(sha, Verdict.GOOD, "exit 0", None, 0.1, None, {}, metrics={"score": value})
                      for value in values] for sha, values in ((SHAS[0], _samples(good)), (SHAS[-1], _samples(bad)))}
@@ -351,11 +351,11 @@ CHANGE_ROWS = {  # (before, after) -> the relative change (None: from 0, absolut
 @pytest.mark.unit
 @pytest.mark.parametrize("before, after, relative", CHANGE_ROWS.values(), ids=CHANGE_ROWS.keys())
 def test_relative_change_is_of_the_baselines_magnitude_and_absolute_from_zero(before, after, relative):
-    """Item 8, bisector.perf.change: (after - before) / |before|, its interval on the same side of 0 as the
+    """Item 8, bisector.search.perf.change: (after - before) / |before|, its interval on the same side of 0 as the
     change; from a baseline of 0 the absolute change, and its interval, in the metric's units; the words say
-    which (bisector.perf_report.change_text)."""
-    from bisector.perf import change
-    from bisector.perf_report import MINUS, change_text
+    which (bisector.report.perf.change_text)."""
+    from bisector.report.perf import MINUS, change_text
+    from bisector.search.perf import change
 
     moved = change(_samples(before), _samples(after))
     assert moved.absolute == pytest.approx(after - before)

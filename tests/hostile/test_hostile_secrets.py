@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bisector.formats import FORMATS
 from bisector.redact import redact
+from bisector.report.formats import FORMATS
 
 pytestmark = pytest.mark.integration
 

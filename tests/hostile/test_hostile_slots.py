@@ -67,7 +67,7 @@ def test_isolate_refuses_a_steps_push_to_the_repository(make_repo, tmp_path, cli
 def cluster(tmp_path_factory):
     """A small local Ray cluster for this module (its workers keep their clones in a temp cache)."""
     ray = pytest.importorskip("ray")
-    from bisector.executor import ray_runtime_env
+    from bisector.engine.executor import ray_runtime_env
 
     cache = tmp_path_factory.mktemp("node-cache")
     saved = os.environ.get("XDG_CACHE_HOME")
@@ -95,8 +95,8 @@ def test_a_ray_step_push_never_reaches_the_repository(cluster, make_repo, tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert shas[5] in proc.stdout
     assert repo.snapshot() == before
-    from bisector.executor import node_cache_dir
-    from bisector.worktrees import NodeCheckout
+    from bisector.engine.executor import node_cache_dir
+    from bisector.repo.worktrees import NodeCheckout
 
     node_clone = NodeCheckout(str(repo.path.resolve()), node_cache_dir(), shas[0], tmp_path).clone_path
     branches = git(node_clone, "branch", "--list")
@@ -114,7 +114,7 @@ def test_a_signalled_shell_ends_its_command_group_and_leaves_no_worktree(make_re
                                                                          wait_for, pid_alive, signum, image):
     from fake_docker import FakeDocker, vllm_site
 
-    from bisector.images import expand
+    from bisector.world.images import expand
 
     repo = make_repo()
     sha = repo.commit("one", {"a.txt": "1\n", "vllm/__init__.py": ""})

@@ -11,11 +11,11 @@
 set -euo pipefail
 me=rocm-container.sh
 
-# vLLM's AMD container flags come from bisector itself (python -m bisector.images flags), the same code that
+# vLLM's AMD container flags come from bisector itself (python -m bisector.world.images flags), the same code that
 # starts each step's container under --image: one implementation. It says in one line what is missing.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 errors=$(mktemp)
-if ! flags_text=$("$here/host-bisector.sh" python -m bisector.images flags 2>"$errors"); then
+if ! flags_text=$("$here/host-bisector.sh" python -m bisector.world.images flags 2>"$errors"); then
     echo "$me: $(tail -n 1 "$errors")" >&2
     rm -f "$errors"
     exit 1

@@ -126,7 +126,7 @@ report)
   $B report latest --repo /tmp/perf-history --state-dir /tmp/pstate > $OUT/perf-hunt.txt
   python3 -c "
 import json, sys; sys.path.insert(0, '$SRC')
-from bisector.perf_report import svg
+from bisector.report.perf import svg
 data = json.load(open('$OUT/perf-hunt.json'))
 culprit = (data.get('first_bad') or {}).get('sha')
 open('$OUT/perf-hunt.svg', 'w').write(svg(data['perf'], data['range'], culprit))

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bisector import __version__, compile_cache
+from bisector import __version__
 from bisector.builds.native import installed_rocm_version, rocm_root
-from bisector.cachedir import human_size
-from bisector.gpus import GPU_VARIABLES
-from bisector.probe_env import run_probe
+from bisector.machine import compile_cache
+from bisector.machine.cachedir import human_size
+from bisector.machine.gpus import GPU_VARIABLES
+from bisector.machine.probe_env import run_probe
 from bisector.redact import redact
 
 
@@ -100,7 +101,7 @@ def container_runtime(name: str) -> str:
     """The runtime --image would use: its version and path, or why there is none; where its daemon does not
     answer, that too; and the render devices and group the containers would get."""
     from bisector.errors import UsageError
-    from bisector.images import Runtime, agent_render_devices, render_gid, topology_render_devices
+    from bisector.world.images import Runtime, agent_render_devices, render_gid, topology_render_devices
 
     try:
         runtime = Runtime.find(name)
@@ -119,7 +120,7 @@ def container_runtime(name: str) -> str:
 
 
 def report(python: str, state_dir: Path | None, runtime: str = "docker", config: Sequence[str] = ()) -> str:
-    """The doctor's text: one `name: value` line per fact, then the configuration's lines (bisector.config);
+    """The doctor's text: one `name: value` line per fact, then the configuration's lines (bisector.cli.config);
     credentials in it redacted (bisector.redact), as configured URLs and error messages may carry them."""
     packages = python_packages(python)
     lines = [f"bisector: {__version__}",

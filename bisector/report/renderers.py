@@ -1,4 +1,4 @@
-"""Reports rendered from typed results (bisector.results): text, JSON, Markdown, JUnit, HTML."""
+"""Reports rendered from typed results (bisector.record.results): text, JSON, Markdown, JUnit, HTML."""
 from __future__ import annotations
 
 import html
@@ -10,11 +10,8 @@ import xml.etree.ElementTree as ET
 from functools import wraps
 from typing import Any, Callable, Mapping, Sequence
 
-from bisector import perf_report
 from bisector.errors import ReportError
-from bisector.formats import FORMATS
-from bisector.redact import redact
-from bisector.results import (
+from bisector.record.results import (
     VERDICTS,
     BackportResult,
     BisectResult,
@@ -26,6 +23,9 @@ from bisector.results import (
     StoredRun,
     named,
 )
+from bisector.redact import redact
+from bisector.report import perf as perf_report
+from bisector.report.formats import FORMATS
 
 LOG_TAIL_CHARS = 6000
 TEXT_FILES = 20      # files a culprit's text report lists besides those the scenario implicates
@@ -273,7 +273,7 @@ def _inconclusive(result: BisectResult) -> str:
             f"for the {result.culprit_label}:")
 
 
-# The headline of a run without a culprit, by its outcome (bisector.results.OUTCOMES).
+# The headline of a run without a culprit, by its outcome (bisector.record.results.OUTCOMES).
 HEADLINES = {"inconclusive": "inconclusive", "endpoint": "stopped", "merge-base": "stopped", "aborted": "aborted",
              "interrupted": "interrupted"}
 
@@ -506,7 +506,7 @@ document.querySelectorAll('[data-target]').forEach(e=>e.addEventListener('click'
 """
 USER_SKIP = "background:repeating-linear-gradient(45deg,#d5d9de 0 3px,#fff 3px 6px)"  # a commit --skip kept out
 # Every verdict the tool produces: step verdicts, a performance hunt's (perf_report.step_verdict), then
-# backport verdicts (bisector.results.VERDICTS).
+# backport verdicts (bisector.record.results.VERDICTS).
 _TONES = {"good": "good", "bad": "bad", "skip": "skip", "like good": "good", "like bad": "bad", "undecided": "skip",
           "verified": "good", "not-affected": "good", "already-fixed": "good", "contains": "good",
           "already-picked": "good", "applies-unverified": "skip", "conflict": "bad",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Mapping, Sequence
 
-from bisector.results import Evidence
+from bisector.record.results import Evidence
 
 
 class Term(str, Enum):

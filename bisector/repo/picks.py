@@ -13,9 +13,9 @@ from pathlib import Path
 import git
 
 from bisector.errors import GitError
-from bisector.refs import GitRepo
-from bisector.results import Conflict
-from bisector.worktrees import slot_git
+from bisector.record.results import Conflict
+from bisector.repo.refs import GitRepo
+from bisector.repo.worktrees import slot_git
 
 CHERRY_PICKED_FROM = re.compile(r"\(cherry picked from commit ([0-9a-f]{7,40})\)")
 NULL_SHA = "0" * 40

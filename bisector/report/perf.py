@@ -8,7 +8,7 @@ import html
 import math
 from typing import Mapping, Sequence
 
-from bisector.results import StepRecord
+from bisector.record.results import StepRecord
 
 COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#f9a825"}
 MINUS = "\u2212"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from bisector.cachedir import EXCLUSIVE, SHARED, claim, evict, foreign, human_size, lock_file, locked, take
+from bisector.machine.cachedir import EXCLUSIVE, SHARED, claim, evict, foreign, human_size, lock_file, locked, take
 
 ROOT_ENV = "BISECTOR_CACHE_DIR"
 SIZE_ENV = "BISECTOR_COMPILE_CACHE_SIZE"

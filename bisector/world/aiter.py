@@ -13,8 +13,8 @@ count (least recently used removed, never one in use). The base interpreter is n
 
 Inside a vLLM image (a level inside AITER with `--image`) the same source is checked out here and built and
 installed inside a container of the held commit's image (IMAGE_SCRIPT, its python3, its torch and ROCm):
-`AiterImageBuild` is that install, keyed by AITER commit + image digest + arch (+ prebuild); bisector.world
-commits the container into the tool's own image (bisector.images) and remembers a failed build here, under
+`AiterImageBuild` is that install, keyed by AITER commit + image digest + arch (+ prebuild); bisector.world.world
+commits the container into the tool's own image (bisector.world.images) and remembers a failed build here, under
 aiter/images/<key>/.
 """
 from __future__ import annotations
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from bisector import cachedir
 from bisector.builds.version import PRETEND_ANY, pretend_env, release_version
-from bisector.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
-from bisector.pins import unsafe_git_source
-from bisector.probe_env import run_probe
+from bisector.machine import cachedir
+from bisector.machine.envs import TORCH_FAMILY, Environment, _see_base_sites, uv_binary
+from bisector.machine.probe_env import run_probe
 from bisector.process import run_process
+from bisector.repo.pins import unsafe_git_source
 
 DEFAULT_AITER_CACHE_SIZE = 4
 RECORD = "record.json"

@@ -21,21 +21,19 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import git
 
+from bisector.builds.base import BuildConfig
 from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import CacheUse, RunContext
+from bisector.engine.executor import LocalExecutor
 from bisector.engine.follow import follow_branch_pin, levels_answer, scenario_follow_up
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
 from bisector.engine.run import run_bisection, run_logs
 from bisector.engine.state import open_builder, open_state
-from bisector.envs import EnvSettings
 from bisector.errors import GitError, UsageError
-from bisector.executor import LocalExecutor
-from bisector.picks import Hunk, PickResult, cherry_pick, create_branch, diff_hunks, find_equivalent
-from bisector.pins import pin_change, pins_at
+from bisector.machine.envs import EnvSettings
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
-from bisector.refs import GitRepo
-from bisector.results import (
+from bisector.record.results import (
     BackportBranch,
     BackportResult,
     BisectResult,
@@ -44,11 +42,14 @@ from bisector.results import (
     FixCheck,
     PinChange,
 )
-from bisector.seams import DEFAULT_PYTHON, BuildConfig, Scenario
-from bisector.steps import Handler
-from bisector.store import Execution, Store
-from bisector.worktrees import WorktreePool
-from bisector.world import WorldSettings
+from bisector.record.steps import Handler
+from bisector.record.store import Execution, Store
+from bisector.repo.picks import Hunk, PickResult, cherry_pick, create_branch, diff_hunks, find_equivalent
+from bisector.repo.pins import pin_change, pins_at
+from bisector.repo.refs import GitRepo
+from bisector.repo.worktrees import WorktreePool
+from bisector.seams import DEFAULT_PYTHON, Scenario
+from bisector.world.world import WorldSettings
 
 MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
 
@@ -441,7 +442,7 @@ class _BranchChecker:
                  label: str = ""):
         self.repo, self.fix, self.picks = picks.repo, picks.fix, picks
         self.pool, self.ctx, self.label, self.create_branches = pool, ctx, label, create_branches
-        self.fix_hunks = diff_hunks(repo, fix)
+        self.fix_hunks = diff_hunks(self.repo, self.fix)
         self.served: set[str] = set()  # the commits whose verdict came from the record (of earlier commands)
         self.ran: set[str] = set()     # ... and those judged by this command
 

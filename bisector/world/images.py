@@ -9,7 +9,7 @@ removed least recently used beyond `--image-cache-size`; an image it did not pul
 
 `amd_gpu_flags` is the one implementation of the flags vLLM's AMD test runner gives its containers
 (`/dev/kfd`, the agent's render devices, the numeric render group, video, `--ulimit core=0`, `--ipc=host`,
-`--shm-size`); the CI launcher in examples/ci asks for them with `python -m bisector.images flags`.
+`--shm-size`); the CI launcher in examples/ci asks for them with `python -m bisector.world.images flags`.
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from bisector.cachedir import evict, human_size
 from bisector.errors import UsageError
-from bisector.gpus import env_gpus
+from bisector.machine.cachedir import evict, human_size
+from bisector.machine.gpus import env_gpus
 from bisector.process import GROUPS, Cancelled
 
 RUNTIMES = ("docker", "podman")
@@ -534,7 +534,7 @@ def pull_progress(log_path: Path) -> str | None:
 
 @dataclass(frozen=True)
 class ImageSettings:
-    """What the user asked (--image and its options); opened on a state dir by bisector.world."""
+    """What the user asked (--image and its options); opened on a state dir by bisector.world.world."""
 
     template: str
     runtime: str = "docker"
@@ -558,7 +558,7 @@ class ImageIndex:
         self.cancel = threading.Event()  # set when a resolve is interrupted: its registry calls end
 
     def _store(self):
-        from bisector.store import Store
+        from bisector.record.store import Store
         return Store(self.db_path)
 
     def ref(self, sha: str) -> str:
@@ -665,7 +665,7 @@ def as_remote(info: ImageInfo) -> ImageInfo:
     return ImageInfo(info.ref, info.present, False, info.digest, info.image_id, info.size, info.layers, info.labels)
 
 
-# -- `python -m bisector.images flags`: the CI launcher's flags ---------------------------------------------------
+# -- `python -m bisector.world.images flags`: the CI launcher's flags --------------------------------------------------
 
 def _flags_main(argv: Sequence[str]) -> int:
     """Print vLLM's AMD container flags for this agent, one per line; exit 1 with one line when the agent
@@ -688,6 +688,6 @@ def _flags_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["flags"]:
-        print("usage: python -m bisector.images flags [SHM_SIZE]", file=sys.stderr)
+        print("usage: python -m bisector.world.images flags [SHM_SIZE]", file=sys.stderr)
         sys.exit(2)
     sys.exit(_flags_main(sys.argv[1:]))

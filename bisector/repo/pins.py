@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisector.perf import PerfSettings
-from bisector.results import PinChange
+from bisector.record.results import PinChange
+from bisector.search.perf import PerfSettings
 
 DOCKERFILE = "docker/Dockerfile.rocm_base"
 DEFAULT_AITER_REPO = "https://github.com/ROCm/aiter.git"  # where the continuation looks when nothing names one

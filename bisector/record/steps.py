@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from bisector.results import StepRecord
+from bisector.record.results import StepRecord
+from bisector.record.store import Execution
 from bisector.seams import Verdict
-from bisector.store import Execution
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -56,7 +56,7 @@ class Step:
 
     @property
     def cause(self) -> str | None:
-        """Why it is no verdict about the commit (bisector.store.CAUSES): not cached."""
+        """Why it is no verdict about the commit (bisector.record.store.CAUSES): not cached."""
         return self.execution.cause
 
     def record(self) -> StepRecord:

@@ -1,10 +1,10 @@
 """Each commit in its own world: what a step stands on before its scenario runs.
 
-With `--image TEMPLATE` a commit runs in the container image that holds it (bisector.images): pulled when
+With `--image TEMPLATE` a commit runs in the container image that holds it (bisector.world.images): pulled when
 not here, proven to hold the commit, then every process of the scenario runs inside it with vLLM's AMD
 container flags. A commit without an image is skipped (`--image-fallback build`: built and run here).
 On bare metal `--aiter` decides the AITER: `pinned` installs each commit's pinned AITER into a layer over
-its environment (bisector.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
+its environment (bisector.world.aiter), `installed` requires the environment's AITER to be the pin, `any` takes
 what is there. In a level inside AITER (`run --follow-pins`, WorldSettings.for_level) the repository bisected
 is AITER itself and each step installs its own commit that way, the scenario holding vLLM (on bare metal the held
 commit's tree with the first level's stored build, when there is one: `held_build`); with `--image` the
@@ -26,8 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-from bisector import cachedir
-from bisector.aiter import (
+from bisector.builds import parse_size
+from bisector.errors import UsageError
+from bisector.machine import cachedir
+from bisector.machine.cachedir import human_size
+from bisector.machine.envs import Environment
+from bisector.machine.probe_env import SCRIPT as PROBE_SCRIPT
+from bisector.machine.probe_env import run_probe
+from bisector.process import run_process
+from bisector.record.steps import PhaseClock
+from bisector.repo.pins import DEFAULT_AITER_REPO, installed_against_pin, pins_at, pins_in_tree
+from bisector.world.aiter import (
     DEFAULT_AITER_CACHE_SIZE,
     IMAGE_SCRIPT,
     AiterImageBuild,
@@ -35,11 +44,7 @@ from bisector.aiter import (
     AiterSettings,
     AiterUnavailable,
 )
-from bisector.builds import parse_size
-from bisector.cachedir import human_size
-from bisector.envs import Environment
-from bisector.errors import UsageError
-from bisector.images import (
+from bisector.world.images import (
     DEFAULT_IMAGE_CACHE_SIZE,
     DEFAULT_NETWORK,
     IMAGE_PROBE,
@@ -69,15 +74,10 @@ from bisector.images import (
     user_flags,
     write_pull_layers,
 )
-from bisector.pins import DEFAULT_AITER_REPO, installed_against_pin, pins_at, pins_in_tree
-from bisector.probe_env import SCRIPT as PROBE_SCRIPT
-from bisector.probe_env import run_probe
-from bisector.process import run_process
-from bisector.steps import PhaseClock
 
 if TYPE_CHECKING:
     from bisector.builds.base import HeldBuild
-    from bisector.refs import GitRepo
+    from bisector.repo.refs import GitRepo
     from bisector.seams import Scenario
 
 AITER_MODES = ("pinned", "installed", "any")
@@ -732,7 +732,7 @@ class World:
 
 def layer_labels(build: AiterImageBuild) -> dict[str, str]:
     """The labels of the image layering build: bisector's own, of which AITER commit over which image."""
-    return {OWNER_LABEL: "bisector", "org.bisector.aiter.commit": build.commit, "org.bisector.base": build.base}
+    return {OWNER_LABEL: "bisector", "org.bisector.world.aiter.commit": build.commit, "org.bisector.base": build.base}
 
 
 def _held_vllm_ref(scenario: Scenario | None) -> str | None:

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Mapping, NoReturn, Protocol, Sequence
 
 from bisector.errors import EndpointError, MergeBaseError, UsageError
-from bisector.perf import (
+from bisector.record.results import FlakyAnswer, MergeBase
+from bisector.record.steps import Step
+from bisector.search.dag import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
+from bisector.search.perf import (
     Comparison,
     Direction,
     PerfSettings,
@@ -26,9 +29,6 @@ from bisector.perf import (
     runs_to_tell,
     within_reach,
 )
-from bisector.results import FlakyAnswer, MergeBase
-from bisector.search import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
-from bisector.steps import Step
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ class PerfPolicy:
     of its runs (the first `warmup` discarded). The ends are sampled first and must differ by at least
     min_change with significance (else an EndpointError: the endpoints do not differ); then each probe is
     sampled (first as many runs as can differ from the ends' pools at all, then PROBE_STEP more at a time)
-    until it is like the old end or like the new one (bisector.perf.likeness, against the end's pool: its
+    until it is like the old end or like the new one (bisector.search.perf.likeness, against the end's pool: its
     own samples and those of the probes already decided like it), up to max_samples (then a skip: not
     distinguishable); an undecided probe with more samples than an end's pool runs that end again first. An
     end also runs again, alternating, with a probe's first batch when no end ran with the last three probes,

@@ -25,11 +25,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
-from bisector import cachedir
 from bisector.errors import UsageError
-from bisector.probe_env import last_error_line, python_environment, run_probe
+from bisector.machine import cachedir
+from bisector.machine.probe_env import last_error_line, python_environment, run_probe
 from bisector.seams import DEFAULT_PYTHON
 
 MODES = ("shared", "per-commit")
@@ -411,3 +411,16 @@ def worktree_reader(worktree: Path) -> Reader:
         file = Path(worktree) / path
         return file.read_text(errors="replace") if file.is_file() else None
     return read
+
+
+@runtime_checkable
+class Environments(Protocol):
+    """Where each commit runs (`--env`), opened on a state dir: a step holds its environment while it runs."""
+
+    settings: Any  # bisector.machine.envs.EnvSettings: what reopens it elsewhere (a Ray node)
+
+    def environment(self, read: Reader) -> ContextManager[Environment]: ...
+
+    def versions(self, environment: Environment, names: Sequence[str]) -> dict: ...
+
+    def open(self, state_dir: Path) -> Environments: ...

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from bisector.errors import GitError
-from bisector.refs import GitRepo
+from bisector.repo.refs import GitRepo
 
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 PORCELAIN_HEADER = re.compile(r"^([0-9a-f]{40}) \d+ \d+")

@@ -1,6 +1,6 @@
 """Where steps run: a pool of local slots (CPU jobs or GPU groups), or Ray tasks across a cluster.
 
-Executors implement `bisector.seams.Executor` and are registered in EXECUTORS by the name
+Executors implement `Executor` (below) and are registered in EXECUTORS by the name
 `--executor` takes, with the command-line options they read; each is built from the run's Placement.
 """
 from __future__ import annotations
@@ -17,21 +17,21 @@ import time
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import click
 
 from bisector.errors import ExecutorError, UsageError
-from bisector.gpus import gpu_env, gpu_slots, parse_gpu_slots, parse_gpus, shared_gpu_slots, visible_gpus
-from bisector.pins import unsafe_git_source
+from bisector.machine.gpus import gpu_env, gpu_slots, parse_gpu_slots, parse_gpus, shared_gpu_slots, visible_gpus
 from bisector.process import interruptible
 from bisector.registry import Option, Registry
-from bisector.seams import Executor, Verdict
+from bisector.repo.pins import unsafe_git_source
+from bisector.seams import Verdict
 
 if TYPE_CHECKING:
     from bisector.engine.judge import Judge, JudgeSpec
-    from bisector.store import Execution
-    from bisector.worktrees import WorktreePool
+    from bisector.record.store import Execution
+    from bisector.repo.worktrees import WorktreePool
 
 
 DEFAULT_BUILD_AHEAD = 2  # both ways a one-slot round can fall
@@ -156,7 +156,7 @@ class LocalExecutor:
         assert self.worktrees is not None
         if not self.worktrees.isolate:
             return {}
-        from bisector.worktrees import push_refusal
+        from bisector.repo.worktrees import push_refusal
 
         return push_refusal([self.worktrees.repo.root, self.worktrees.repo.common_dir])
 
@@ -168,7 +168,7 @@ class LocalExecutor:
 
     def _build_ahead(self, judge: Judge, sha: str):
         assert self.worktrees is not None, "start() binds the worktree pool before the first build"
-        from bisector.envs import worktree_reader
+        from bisector.machine.envs import worktree_reader
 
         with self.worktrees.checkout(sha) as worktree, \
                 judge.envs.environment(worktree_reader(worktree)) as environment:
@@ -365,7 +365,7 @@ def checkout_skip(sha: str, stderr: str, git_dir: Path | None) -> Execution | No
     (its promisor remote is gone or unreachable); None for any other checkout failure."""
     if "promisor remote" not in stderr:
         return None
-    from bisector.store import Execution
+    from bisector.record.store import Execution
 
     urls = promisor_remotes(git_dir) if git_dir is not None else []
     where = f" {', '.join(urls)}" if urls else ""
@@ -389,7 +389,7 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec
     import git
     import ray
 
-    from bisector.worktrees import NodeCheckout, push_refusal
+    from bisector.repo.worktrees import NodeCheckout, push_refusal
     gpus = ray.get_gpu_ids()
     env = {**(gpu_env(gpus) if gpus else {}), **push_refusal([source, *protected])}
     cache = Path(cache_dir) if cache_dir else node_cache_dir()
@@ -420,7 +420,7 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec
 def with_worktree_time(fresh: list, seconds: float) -> list:
     """The step's executions with the time its worktree took (checking out, handing back) added to the
     first: its seconds and, before its other phases, "worktree"."""
-    from bisector.steps import before_phases
+    from bisector.record.steps import before_phases
 
     return [before_phases(fresh[0], "worktree", seconds), *fresh[1:]] if fresh else fresh
 
@@ -458,3 +458,23 @@ EXECUTORS.register("ray", RayExecutor.from_placement, options=[
 def create_executor(kind: str, placement: Placement) -> Executor:
     """The executor registered as kind, built for placement; UsageError on bad options."""
     return EXECUTORS[EXECUTORS.entry(kind).name](placement)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Where steps run: `size` steps at once, each a Future of the step's new executions."""
+
+    size: int
+
+    def start(self, pool: WorktreePool, logs: Path) -> None:
+        """Bind to this run's worktree pool and log dir (before the first step)."""
+
+    def run_step(self, judge: Any, sha: str, done: list) -> Future:
+        """Judge sha (given its earlier executions `done`) until its verdict is decided."""
+        ...
+
+    def cancel(self, future: Future) -> None:
+        """Drop a queued step, or kill a running step's processes."""
+
+    def shutdown(self) -> None:
+        """Cancel what still runs and release the workers."""

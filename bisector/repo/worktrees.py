@@ -21,7 +21,7 @@ import git
 
 from bisector.errors import GitError
 from bisector.process import StateDirRemoved
-from bisector.refs import GitRepo
+from bisector.repo.refs import GitRepo
 
 MARKER = "bisector-slot"
 NO_HOOKS = "core.hooksPath=/dev/null"  # the user's hooks (git-lfs's post-checkout, ...) never run on tool checkouts

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from bisector.blame import BlamedCommit
-from bisector.results import SeedRecord
+from bisector.record.results import SeedRecord
+from bisector.repo.blame import BlamedCommit
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Sequence
 import git
 
 from bisector.errors import GitError
-from bisector.results import CommitInfo
+from bisector.record.results import CommitInfo
 
 PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
 REF_KINDS = ("tags", "heads", "remotes")  # which refs name a commit first (GitRepo.names)

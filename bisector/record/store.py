@@ -94,7 +94,7 @@ CREATE INDEX IF NOT EXISTS marks_by_run ON marks (run_id, id);
 CREATE TABLE IF NOT EXISTS images (
     ref TEXT PRIMARY KEY,             -- an --image template filled in for one commit
     present INTEGER NOT NULL,         -- 1: the image exists (here or in its registry), 0: a miss (asked again later)
-    info TEXT NOT NULL,               -- JSON: bisector.images.ImageInfo
+    info TEXT NOT NULL,               -- JSON: bisector.world.images.ImageInfo
     checked REAL NOT NULL,
     pulled INTEGER NOT NULL DEFAULT 0, -- 1: this tool pulled it, so it may remove it (--image-cache-size)
     size INTEGER,
@@ -483,7 +483,7 @@ class Store:
         self.db.execute("DELETE FROM builds WHERE native_hash = ?", (native_hash,))
 
 
-    # -- images (bisector.images: availability answers, and what this tool pulled) ----------------------
+    # -- images (bisector.world.images: availability answers, and what this tool pulled) ----------------------
     @_guarded
     def images(self, refs: list[str]) -> dict[str, dict]:
         """Stored answers for refs: {ref: {"present", "info", "checked"}}."""

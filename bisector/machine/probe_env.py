@@ -60,7 +60,7 @@ def run_probe(python: str, distributions: Sequence[str] = (), env: Mapping[str, 
     (with its stderr) when it fails, ValueError when it prints no JSON.
     """
     argv = [python, str(SCRIPT), *distributions]
-    if launch is not None:  # e.g. inside a step's container (bisector.images.Container.command)
+    if launch is not None:  # e.g. inside a step's container (bisector.world.images.Container.command)
         argv, env = launch(argv), None
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True,
                           env=None if env is None else dict(env))

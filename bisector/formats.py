@@ -1,7 +1,0 @@
-"""The report formats, by the name `bisector report --format` takes; bisector.report renders them.
-
-Kept apart from the renderers so that the command line lists them without importing bisector.report.
-"""
-from __future__ import annotations
-
-FORMATS = ("text", "json", "markdown", "junit", "html")
