@@ -441,7 +441,7 @@ class _BranchChecker:
                  label: str = ""):
         self.repo, self.fix, self.picks = picks.repo, picks.fix, picks
         self.pool, self.ctx, self.label, self.create_branches = pool, ctx, label, create_branches
-        self.fix_hunks = diff_hunks(repo, fix)
+        self.fix_hunks = diff_hunks(self.repo, self.fix)
         self.served: set[str] = set()  # the commits whose verdict came from the record (of earlier commands)
         self.ran: set[str] = set()     # ... and those judged by this command
 
