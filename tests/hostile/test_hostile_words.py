@@ -262,7 +262,7 @@ def test_a_stored_reason_with_a_newline_stays_on_its_steps_row(make_repo, tmp_pa
     assert proc.returncode == 0, proc.stderr
     with sqlite3.connect(state / "bisector.sqlite") as db:  # as a record another writer left it
         db.execute("UPDATE runs SET result = replace(result, '\"reason\": \"exit 1\"', "
-                   "'\"reason\": \"exit 1\\nforged: a row of its own\\r\\u2028and more\"')")
+                   "'\"reason\": \"exit 1\\nforged: a row\\rof its own\\u2028and more\"')")
     shown = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format", "text")
     assert shown.returncode == 0, shown.stderr
     [row] = [line for line in shown.stdout.splitlines() if "exit 1" in line]
