@@ -268,3 +268,21 @@ def test_a_stored_reason_with_a_newline_stays_on_its_steps_row(make_repo, tmp_pa
     [row] = [line for line in shown.stdout.splitlines() if "exit 1" in line]
     assert row.startswith(f"  {shas[1][:12]}") and row.endswith("exit 1 forged: a row of its own and more"), row
     assert not any(line.startswith("forged") for line in shown.stdout.splitlines()), shown.stdout
+
+
+# --- round three, item 15: a bad --skip-file entry is named by its file and line ----------------------------------
+
+@pytest.mark.parametrize("entry, named", [
+    ("notarev", "notarev"), ("{good}..notarev", "notarev"), ("notarev..{good}", "notarev"), ("--all", "--all"),
+], ids=["a word", "a range's end", "a range's start", "an option"])
+def test_a_bad_skip_file_entry_is_refused_by_file_and_line_before_any_work(make_repo, tmp_path, cli, hostile,
+                                                                         entry, named):
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=2)
+    skips = tmp_path / "skips.txt"
+    skips.write_text(f"# commits that do not build\n{shas[1]}\n\n{entry.format(good=shas[0])}  # why\n")
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--skip-file", str(skips), "--", "touch", str(tmp_path / "ran"))
+    assert hostile.one_line_error(proc) == f"bisector: error: --skip-file {skips}:4: {named!r} is not a commit"
+    assert not (tmp_path / "ran").exists() and not (state / "bisector.sqlite").exists()
