@@ -1,5 +1,6 @@
-"""Hostile rows (issue 45, items 16, 17, 11; round three item 10): credentials reach no output and no row of the record, whatever their
-shape and wherever they were given; a full disk or a file size limit is the machine's, never a stored verdict."""
+"""Hostile rows (issue 45, items 16, 17, 11; round three item 10): credentials reach no output and no row of the
+record, whatever their shape and wherever they were given; a full disk or a file size limit is the machine's, never
+a stored verdict."""
 from __future__ import annotations
 
 import json

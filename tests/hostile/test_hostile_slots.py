@@ -1,6 +1,7 @@
 """Hostile rows for the checkouts steps and shells run in (issue 45 items 3, 15, 19, 21; round three item 11): a
 step's `git push` to the repository under test (by any spelling of its path), signals to a shell or a run while
-its command runs, `--isolate` on shallow and partial clones, and `shell -- CMD`'s default build. Each runs the real CLI on real repositories and processes."""
+its command runs, `--isolate` on shallow and partial clones, and `shell -- CMD`'s default build. Each runs the
+real CLI on real repositories and processes."""
 from __future__ import annotations
 
 import os
