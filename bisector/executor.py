@@ -151,14 +151,14 @@ class LocalExecutor:
             self.slots.put(slot)
 
     def _refusal(self) -> dict[str, str]:
-        """With --isolate, the variables that keep a step's pushes out of the repository (worktrees.push_refusal);
-        a linked worktree shares its refs with the repository anyway."""
+        """With --isolate, the variables that keep a step's pushes out of the repository, as out of every local
+        one (worktrees.push_refusal); a linked worktree shares its refs with the repository anyway."""
         assert self.worktrees is not None
         if not self.worktrees.isolate:
             return {}
         from bisector.worktrees import push_refusal
 
-        return push_refusal([self.worktrees.repo.root, self.worktrees.repo.common_dir])
+        return push_refusal(())
 
     def build_ahead(self, judge: Judge, sha: str) -> Future:
         """Check out and build sha beside the steps, one such build at a time, in a worktree of the pool
