@@ -48,13 +48,21 @@ def no_room(exc: OSError) -> bool:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """How long a process may run in all, and how long it may print nothing (seconds; None: no limit)."""
+
+    total: float | None = None
+    quiet: float | None = None
+
+
+@dataclass(frozen=True)
 class ProcessResult:
     returncode: int | None  # None when killed for the timeout (or, stalled, for its silence)
     timed_out: bool
     seconds: float
     output: str  # combined stdout+stderr, as written to the (capped) log
     marked: tuple[str, ...] = ()  # lines holding a watched marker (watch_for), seen over the whole output
-    stalled: bool = False  # killed for printing nothing for `quiet` seconds (run_process)
+    stalled: bool = False  # killed for printing nothing for Limits.quiet seconds (run_process)
 
     @property
     def signal_name(self) -> str | None:
@@ -224,12 +232,13 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 @_state_dir_kept
-def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | None = None,
-                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None,
-                quiet: float | None = None) -> ProcessResult:
-    """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout,
-    after `quiet` seconds without output (stalled), on cancel or driver stop kill the group. Lines holding a
-    watched marker are collected as they stream."""
+def run_process(argv: list[str], cwd: Path, log_path: Path, timeout: float | Limits | None = None,
+                env: Mapping[str, str] | None = None, cancel: threading.Event | None = None) -> ProcessResult:
+    """Run argv in its own process group, output to log_path (capped, head and tail kept); on timeout (seconds,
+    or Limits: also after `quiet` seconds without output, stalled), on cancel or driver stop kill the group.
+    Lines holding a watched marker are collected as they stream."""
+    limits = timeout if isinstance(timeout, Limits) else Limits(timeout)
+    timeout, quiet = limits.total, limits.quiet
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = step_environment(cwd, {**os.environ, **(env or {})})

@@ -2,18 +2,20 @@
 
 `https://user:TOKEN@host/x?token=T&sig=S` reads `https://***@host/x?token=***&sig=***`, also where a
 path's normalisation left `https:/user:TOKEN@host`. The userinfo ends at the last `@` before the host (a
-password may hold `@` and `:`, raw or percent-encoded); it cannot hold `/`, `?`, `#` or whitespace, which end
-the authority. The query rule also matches after `;` (so `&amp;token=` in rendered HTML and XML is redacted
-too) and in a fragment (`#access_token=`, as OAuth redirects carry it).
+password may hold `@`, `:` and every RFC 3986 sub-delim, `'` included, raw or percent-encoded); it cannot hold
+`/`, `?`, `#` or whitespace, which end the authority. A query key that ends in `key` (`api_key`, `apiKey`,
+`x-api-key`, `accessKey`) is a secret's, as are those naming a token, secret, password, signature or
+credential. The query rule also matches after `;` (so `&amp;token=` in rendered HTML and XML is redacted too)
+and in a fragment (`#access_token=`, as OAuth redirects carry it).
 """
 from __future__ import annotations
 
 import re
 
 REDACTED = "***"
-_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})[^/\s?#'\"<>]+@")  # greedy: to the last @
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})[^/\s?#\"<>]+@")  # greedy: to the last @
 _SECRET_KEYS = (r"[\w.-]*(?:token|secret|passw(?:or)?d|signature|credential)[\w.-]*|sig|pwd|auth|"
-                r"api[_-]?key|key|client[_-]?secret")
+                r"[\w.-]*key")
 _QUERY = re.compile(rf"([?&;#](?:{_SECRET_KEYS})=)[^&;\s#'\"<>\\]+", re.IGNORECASE)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import unicodedata
 from pathlib import Path
 
 import click
@@ -35,6 +36,10 @@ def mark_command(run_id, rev, verdict, reason, repo, state_dir):
     if run_id != "latest" and not (run_id.isascii() and run_id.isdigit() and len(run_id) < 20
                                   and int(run_id) <= SQLITE_MAX_INTEGER):
         raise UsageError(f"RUN must be a run number or 'latest', got {run_id!r}")
+    control = next((char for char in reason if unicodedata.category(char) == "Cc"), None)
+    if control is not None:  # a newline (or a terminal escape) would split the reason's row in every report
+        raise UsageError(f"--reason holds the control character {control!r}: give the reason on one line, "
+                         f"in printable characters")
     store = open_record(repo, state_dir)
     try:
         row = _latest_of(store, repo) if run_id == "latest" else store.run(run_id)

@@ -119,7 +119,7 @@ class ProgressHandler(Handler):
         cached = " cached" if step.cached else ""
         build = escape(f" [build {step.build}]") if step.build else ""
         console.print(f"step {self.count}: {self._named(step.sha)} {said}{cached} "
-                      f"({escape(step.reason)}){build} | {counted(left, 'commit')} left, "
+                      f"({escape(' '.join(step.reason.splitlines()))}){build} | {counted(left, 'commit')} left, "
                       f"~{counted(steps_left, 'step')} to go | "
                       f"elapsed {elapsed:.0f}s ETA {eta:.0f}s", markup=True)
         if step.log_path:

@@ -196,7 +196,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     if prefilter_options and not prefilter_name:
         raise UsageError("--prefilter-option needs --prefilter")
     perf = _perf_settings(click.get_current_context().params)
-    skip = (*skip, *_skip_file_revs(skip_file)) if skip_file else skip
+    skip = (*skip, *_skip_file_revs(skip_file, repo)) if skip_file else skip
     runs = option_values(options) if scenario_name else [("", {})]
     outputs = [(label, labelled(json_file, name), labelled(markdown_file, name))
                for (label, _), name in zip(runs, value_names(runs))]
@@ -309,10 +309,20 @@ def _perf_settings(params: dict):
                         params["warmup"], params["max_samples"], params["jobs"])
 
 
-def _skip_file_revs(path: Path) -> list[str]:
-    """The REVs of a --skip-file (at most SKIP_FILE_MOST bytes): one a line, # comments and blank lines left out."""
+def _skip_file_revs(path: Path, repo: str) -> list[str]:
+    """The REVs of a --skip-file (at most SKIP_FILE_MOST bytes): one a line, # comments and blank lines left out.
+    Raises UsageError naming the file and line of the first REV (or end of an A..B) that is not a commit of repo."""
+    from bisector.repo.refs import GitRepo
+
     text = read_bounded("--skip-file", path, SKIP_FILE_MOST)
-    return [line for line in (raw.partition("#")[0].strip() for raw in text.splitlines()) if line]
+    entries = [(number, rev) for number, raw in enumerate(text.split("\n"), 1)
+               if (rev := raw.partition("#")[0].strip())]
+    ends = [(number, end or "HEAD") for number, rev in entries for end in rev.split("..", 1)]  # as the run reads A..B
+    unknown = GitRepo(Path(repo)).unknown_commits([end for _, end in ends])
+    for number, end in ends:
+        if end in unknown:
+            raise UsageError(f"--skip-file {path}:{number}: {end!r} is not a commit")
+    return [rev for _, rev in entries]
 
 
 def _one_or_many(refs: tuple[str, ...]) -> str | tuple[str, ...]:

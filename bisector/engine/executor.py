@@ -151,14 +151,14 @@ class LocalExecutor:
             self.slots.put(slot)
 
     def _refusal(self) -> dict[str, str]:
-        """With --isolate, the variables that keep a step's pushes out of the repository (worktrees.push_refusal);
-        a linked worktree shares its refs with the repository anyway."""
+        """With --isolate, the variables that keep a step's pushes out of the repository, as out of every local
+        one (worktrees.push_refusal); a linked worktree shares its refs with the repository anyway."""
         assert self.worktrees is not None
         if not self.worktrees.isolate:
             return {}
         from bisector.repo.worktrees import push_refusal
 
-        return push_refusal([self.worktrees.repo.root, self.worktrees.repo.common_dir])
+        return push_refusal(())
 
     def build_ahead(self, judge: Judge, sha: str) -> Future:
         """Check out and build sha beside the steps, one such build at a time, in a worktree of the pool
@@ -254,7 +254,8 @@ class RayExecutor:
         """Test sha in a Ray task that opens the judge's spec on its node: the settings the run's verdict cache
         key names, its build among them (none in a level inside AITER run by hand, as here)."""
         self._start()
-        ref = self.task.remote(self.source, self.cache_dir, sha, done, judge.spec, self.isolate, self.protected)
+        source = NodeSource(self.source, self.cache_dir, self.isolate, tuple(self.protected))
+        ref = self.task.remote(source, sha, done, judge.spec)
         future: Future = Future()
         self.refs[future] = ref
         ref.future().add_done_callback(lambda landed: self._land(landed, future, sha, self.logs))
@@ -377,11 +378,21 @@ def _last_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1]
 
 
-def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec: JudgeSpec, isolate: bool = False,
-                  protected: Sequence[str] = ()) -> list:
+@dataclass(frozen=True)
+class NodeSource:
+    """Where a Ray step checks out: the repository's URL, the node's cache dir (None: the default), whether in
+    a clone of its own (isolate), and the repositories (besides url) its pushes must never reach."""
+
+    url: str
+    cache_dir: str | None = None
+    isolate: bool = False
+    protected: tuple[str, ...] = ()
+
+
+def _test_on_node(source: NodeSource, sha: str, done: list, spec: JudgeSpec) -> list:
     """Ray task body: clone or fetch, worktree (with isolate a clone of its own), build, scenario; returns
-    (execution, log text) pairs. The step's pushes to source and to protected (the repository under test)
-    are refused, as a local slot's under --isolate.
+    (execution, log text) pairs. The step's pushes to the source and to the protected repositories (the one
+    under test) are refused, as a local slot's under --isolate.
 
     The node's clone and build artifacts live under its cache dir; spec (the judge's settings) is opened
     here against that clone.
@@ -391,20 +402,20 @@ def _test_on_node(source: str, cache_dir: str | None, sha: str, done: list, spec
 
     from bisector.repo.worktrees import NodeCheckout, push_refusal
     gpus = ray.get_gpu_ids()
-    env = {**(gpu_env(gpus) if gpus else {}), **push_refusal([source, *protected])}
-    cache = Path(cache_dir) if cache_dir else node_cache_dir()
+    env = {**(gpu_env(gpus) if gpus else {}), **push_refusal([source.url, *source.protected])}
+    cache = Path(source.cache_dir) if source.cache_dir else node_cache_dir()
     started, judged = time.monotonic(), 0.0
     with interruptible(), tempfile.TemporaryDirectory(prefix="bisector-step-") as tmp:
         with contextlib.ExitStack() as stack:
             try:
                 try:
-                    checkout = stack.enter_context(NodeCheckout(source, cache, sha, Path(tmp) / "worktree",
-                                                                isolate))
+                    checkout = stack.enter_context(NodeCheckout(source.url, cache, sha, Path(tmp) / "worktree",
+                                                                source.isolate))
                 except git.GitCommandError as exc:
                     skipped = checkout_skip(sha, str(exc.stderr), None)
                     if skipped is None:
                         raise ExecutorError(f"on Ray node {ray.util.get_node_ip_address()}: cannot check out "
-                                            f"{sha[:12]} from {source}: {_last_line(str(exc.stderr))}") from None
+                                            f"{sha[:12]} from {source.url}: {_last_line(str(exc.stderr))}") from None
                     return [(skipped, None)]
                 judge = spec.open(checkout.repo, cache / f"{checkout.clone_path.name}-state")
             except (UsageError, ValueError) as exc:

@@ -105,8 +105,8 @@ def plan_bisection(cfg: RunConfig) -> Plan:
             branch.record(first[0], term)
             for sha in branch.next_probes(1, cost=cost):
                 add(sha, f"probe 2 if {first[0][:12]} is {name}")
-    cached = cached_verdicts(cfg, asked, builder, world, state_dir, skipped,
-                             [*ends.olds, ends.new, *ends.merge_bases, *(sha for sha, _ in commits)])
+    cached = cached_verdicts(cfg, asked, _step_judge(cfg, builder, world, state_dir), state_dir / "bisector.sqlite",
+                             skipped, [*ends.olds, ends.new, *ends.merge_bases, *(sha for sha, _ in commits)])
     probes = [dataclasses.replace(probe, cached=cached[probe.sha], build="cached", commands=(), world="", estimate="",
                                   minutes=(0, 0), reason=f"{cached[probe.sha]} in the record: nothing runs")
               if probe.sha in cached else probe for probe in probes]
@@ -133,19 +133,22 @@ def plan_bisection(cfg: RunConfig) -> Plan:
                 held_build=planned_held_by_hand(cfg, state_dir, world) if by_hand else None)
 
 
-def cached_verdicts(cfg: RunConfig, asked: Range, builder: Build, world: World, state_dir: Path,
-                    skipped: Sequence[str], shas: Sequence[str]) -> dict[str, str]:
-    """The verdicts (good, bad, skip) of shas the run would be served from the record instead of testing them,
-    as RunContext serves them: under the commit's verdict cache key; a `-- CMD` without --reuse-verdicts only
-    from the unfinished run it would resume. None with --no-cache, --flaky or --metric (their steps weigh
-    repeated runs, not one verdict)."""
-    path = state_dir / "bisector.sqlite"
-    if cfg.no_cache or cfg.flaky or cfg.perf or not path.is_file():
-        return {}
+def _step_judge(cfg: RunConfig, builder: Build, world: World, state_dir: Path) -> Judge:
+    """The judge the run's steps would use, as RunContext opens it (its verdict cache key)."""
     spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python, cfg.repeat,
                                           signature_rule(cfg.signature or cfg.scenario.default_signature),
                                           cfg.envs, cfg.world))
-    judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
+    return Judge(spec, builder, cfg.envs.open(state_dir), world)
+
+
+def cached_verdicts(cfg: RunConfig, asked: Range, judge: Judge, path: Path, skipped: Sequence[str],
+                    shas: Sequence[str]) -> dict[str, str]:
+    """The verdicts (good, bad, skip) of shas the run would be served from the record at path instead of testing
+    them, as RunContext serves them: under the commit's verdict cache key; a `-- CMD` without --reuse-verdicts
+    only from the unfinished run it would resume. None with --no-cache, --flaky or --metric (their steps weigh
+    repeated runs, not one verdict)."""
+    if cfg.no_cache or cfg.flaky or cfg.perf or not path.is_file():
+        return {}
     with Store(path) as store:
         served: tuple[int, ...] | None = None
         if not (cfg.reuse_verdicts or cfg.scenario.inputs_known):

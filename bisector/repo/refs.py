@@ -63,6 +63,16 @@ class GitRepo:
         except git.GitCommandError:
             raise GitError(f"unknown ref: {ref}") from None
 
+    def unknown_commits(self, revs: Sequence[str]) -> set[str]:
+        """Those of revs that name no commit (as resolve would refuse them), all asked of one
+        `git cat-file --batch-check`: a file of thousands costs one git run."""
+        asked = [rev for rev in revs if rev and not rev.startswith("-")]
+        with tempfile.TemporaryFile() as names:
+            names.write("".join(f"{rev}^{{commit}}\n" for rev in asked).encode())
+            names.seek(0)
+            types = self.git.cat_file("--batch-check=%(objecttype)", istream=names).splitlines() if asked else []
+        return {rev for rev in revs if rev not in asked} | {rev for rev, kind in zip(asked, types) if kind != "commit"}
+
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:
         try:
             self.git.merge_base("--is-ancestor", ancestor, descendant)

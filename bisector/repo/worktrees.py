@@ -27,6 +27,8 @@ MARKER = "bisector-slot"
 NO_HOOKS = "core.hooksPath=/dev/null"  # the user's hooks (git-lfs's post-checkout, ...) never run on tool checkouts
 # where a step's push to the repository under test goes instead: a path that can never be a repository
 NOWHERE = "/dev/null/bisector-refuses-pushes-to-the-repository-under-test"
+# how a push to a local repository is spelled: an absolute path (`//x` too), one from `.` or `..`, a file URL
+LOCAL_PUSHES = ("/", ".", "file://")
 
 
 def hookless_git(work_dir: Path) -> git.Git:
@@ -95,18 +97,14 @@ def _mark(tree: Path, admin: Path | None, clone: bool = False) -> None:
     (tree.parent / MARKER).write_text(json.dumps({"admin": str(admin) if admin else None, "clone": clone}))
 
 
-def push_refusal(locations: Iterable[str | Path | None], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """Variables that make git turn a push to any of locations (a path, as given and resolved, bare or as a
-    file:// URL; a URL) into a push to NOWHERE (`url.NOWHERE.pushInsteadOf`, numbered after the configuration
-    environ passes in GIT_CONFIG_COUNT already): a step's `git push`, to `origin` or to a remote it added,
-    never reaches the repository under test."""
-    prefixes: dict[str, None] = {}
-    for location in (str(given) for given in locations if given):
-        if "://" in location:
-            prefixes[location] = None
-            continue
-        for path in (location, str(Path(location).resolve())):
-            prefixes.update({path: None, f"file://{path}": None})
+def push_refusal(urls: Iterable[str | Path | None], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Variables that make git turn a push to any local repository (LOCAL_PUSHES: every spelling of the
+    repository under test's path, symlinks, `..` and `file://localhost/` included) and to each URL among urls
+    (paths among them are local already) into a push to NOWHERE (`url.NOWHERE.pushInsteadOf`, numbered after
+    the configuration environ passes in GIT_CONFIG_COUNT already): a step's `git push`, to `origin` or to a
+    remote it added, never reaches the repository under test."""
+    given = (str(url) for url in urls if url)
+    prefixes = dict.fromkeys([*LOCAL_PUSHES, *(url for url in given if "://" in url)])
     try:
         count = max(0, int(environ.get("GIT_CONFIG_COUNT", "0")))
     except ValueError:

@@ -42,6 +42,11 @@ def printable(text: str) -> str:
     return NOT_XML.sub(lambda m: ascii(m[0])[1:-1], ANSI_ESCAPE.sub("", text))
 
 
+def one_row(text: str) -> str:
+    """text on one line: each line break (`\\n`, `\\r`, U+2028, ...) a space, so a reason cannot split its row."""
+    return " ".join(text.splitlines())
+
+
 def published(renderer: Callable[..., str]) -> Callable[..., str]:
     """A document renderer whose output is printable and holds no credentials (bisector.redact)."""
     @wraps(renderer)
@@ -327,7 +332,7 @@ def _level_text(result: BisectResult) -> str:
         shown = step.build and not step.build.startswith("none")
         build = f"  [build {step.build}]" if shown else ""
         lines.append(f"  {result.named(step.sha)} {step.role:<8} {perf_report.step_verdict(result.perf, step):<4} "
-                     f"{step.seconds:7.2f}s{cached}  {step.reason}{build}")
+                     f"{step.seconds:7.2f}s{cached}  {one_row(step.reason)}{build}")
     return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ from bisector.machine.cachedir import human_size
 from bisector.machine.envs import Environment
 from bisector.machine.probe_env import SCRIPT as PROBE_SCRIPT
 from bisector.machine.probe_env import run_probe
-from bisector.process import run_process
+from bisector.process import Limits, run_process
 from bisector.record.steps import PhaseClock
 from bisector.repo.pins import DEFAULT_AITER_REPO, installed_against_pin, pins_at, pins_in_tree
 from bisector.world.aiter import (
@@ -674,7 +674,7 @@ class World:
         log.parent.mkdir(parents=True, exist_ok=True)
         write_pull_layers(log, info)
         quiet = pull_quiet_seconds(info)
-        result = run_process([runtime.path, "pull", info.ref], logs, log, cancel=cancel, quiet=quiet)
+        result = run_process([runtime.path, "pull", info.ref], logs, log, Limits(quiet=quiet), cancel=cancel)
         if result.stalled:
             return None, Place(False, f"pull of {info.ref} stalled: no output for {quiet:g} s (the registry stopped "
                                       f"sending; {STALL_VARIABLE} sets how long a pull may be silent)", str(log),

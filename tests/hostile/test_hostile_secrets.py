@@ -1,5 +1,6 @@
-"""Hostile rows (issue 45, items 16, 17, 11): credentials reach no output and no row of the record, whatever their
-shape and wherever they were given; a full disk or a file size limit is the machine's, never a stored verdict."""
+"""Hostile rows (issue 45, items 16, 17, 11; round three item 10): credentials reach no output and no row of the
+record, whatever their shape and wherever they were given; a full disk or a file size limit is the machine's, never
+a stored verdict."""
 from __future__ import annotations
 
 import json
@@ -46,6 +47,10 @@ def leaked(hostile):
     ("https://host/x?password=p@ss:PASSWD&b=2", "https://host/x?password=***&b=2"),
     ("https://host/cb#access_token=FRAGTOK&state=1", "https://host/cb#access_token=***&state=1"),
     ("https://github.com/org/pkg@v1.2 user@example.com", "https://github.com/org/pkg@v1.2 user@example.com"),
+    # round three, item 10: every RFC 3986 sub-delim in a password, and query keys that end in key
+    *((f"https://ci:pa{c}ss{{SECRET}}@host/x", "https://***@host/x") for c in "!$&'()*+,;="),
+    *((f"https://host/x?{key}=QTOKEN&ref=main", f"https://host/x?{key}=***&ref=main")
+      for key in ("api_key", "apiKey", "x-api-key", "accessKey", "ACCESS_KEY", "private-key", "sessionkey")),
 ])
 def test_every_shape_of_a_credential_in_a_url_is_redacted_whole(hostile, given, shown):
     assert redact(given.format(SECRET=hostile.SECRET)) == shown
@@ -74,6 +79,23 @@ def test_a_password_with_at_signs_reaches_no_output_and_no_row(make_repo, tmp_pa
         outputs[" ".join(command)] = listed.stdout + listed.stderr
     assert "wheels.example.com" in outputs["runs"]
     assert {name: leaked(text) for name, text in outputs.items() if leaked(text)} == {}
+    assert "wheels.example.com" in hostile.record_text(state) and leaked(hostile.record_text(state)) == []
+
+
+@pytest.mark.parametrize("url", [
+    "https://ci:pa'ss{SECRET}@wheels.example.com/{{commit}}/",
+    "https://wheels.example.com/{{commit}}/?x-api-key=QTOKEN",
+    "https://wheels.example.com/{{commit}}/?accessKey=QTOKEN&api_key=PRIVTOK",
+], ids=["a quote in the password", "x-api-key", "accessKey and api_key"])
+def test_a_credential_of_any_shape_in_an_option_reaches_no_output_and_no_row(make_repo, tmp_path, cli, hostile,
+                                                                           leaked, url):
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=1)
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--no-verify-endpoints", "--wheels", url.format(SECRET=hostile.SECRET), "--", "true")
+    assert "wheels.example.com" in proc.stdout, proc.stdout + proc.stderr
+    assert leaked(proc.stdout + proc.stderr) == []
     assert "wheels.example.com" in hostile.record_text(state) and leaked(hostile.record_text(state)) == []
 
 

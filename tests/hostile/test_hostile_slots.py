@@ -1,6 +1,7 @@
-"""Hostile rows for the checkouts steps and shells run in (issue 45 items 3, 15, 19, 21): a step's `git push` to
-the repository under test, signals to a shell or a run while its command runs, `--isolate` on shallow and partial
-clones, and `shell -- CMD`'s default build. Each runs the real CLI on real repositories and processes."""
+"""Hostile rows for the checkouts steps and shells run in (issue 45 items 3, 15, 19, 21; round three item 11): a
+step's `git push` to the repository under test (by any spelling of its path), signals to a shell or a run while
+its command runs, `--isolate` on shallow and partial clones, and `shell -- CMD`'s default build. Each runs the
+real CLI on real repositories and processes."""
 from __future__ import annotations
 
 import os
@@ -61,6 +62,24 @@ def test_isolate_refuses_a_steps_push_to_the_repository(make_repo, tmp_path, cli
     assert proc.returncode == 0, proc.stderr
     assert shas[5] in proc.stdout
     assert repo.snapshot() == before  # no pushed-by-step-N ref, nor any other
+
+
+@pytest.mark.parametrize("spelling", [
+    "{tmp}/elsewhere/../repo", "{tmp}/./repo", "/{repo}", "{tmp}/link", "file://localhost{repo}", "file:///{repo}",
+    "$(realpath --relative-to=. {repo})",
+], ids=["dot-dot", "dot", "double slash", "a symlink", "file://localhost", "file:////", "relative"])
+def test_isolate_refuses_a_steps_push_to_any_spelling_of_the_repository(make_repo, tmp_path, cli, spelling):
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=1)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(repo.path)
+    before = repo.snapshot()
+    url = spelling.format(tmp=tmp_path, repo=repo.path)
+    step = script(tmp_path / "push.sh", f'git push -q "{url}" HEAD:refs/heads/pushed-by-step; grep -q good state\n')
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--isolate",
+               "--no-verify-endpoints", "--state-dir", str(tmp_path / "state"), "--", step)
+    assert proc.returncode == 0, proc.stderr
+    assert repo.snapshot() == before  # no pushed-by-step ref
 
 
 @pytest.fixture(scope="module")

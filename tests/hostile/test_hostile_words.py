@@ -229,3 +229,60 @@ def test_a_plan_of_a_hunt_the_record_answers_costs_nothing_and_its_columns_stay_
             assert len(answered) >= 4 and all(row[3].endswith(" in the record: nothing runs") for row in answered)
     assert re.search(r"^time: about 0 s of steps to the answer \(0 endpoint rounds and 0 more", planned.stdout, re.M)
     assert "probe rounds have their verdicts in the record: they cost nothing" in planned.stdout
+
+
+# --- round three, item 14: a reason never splits a report's row -------------------------------------------------
+
+@pytest.mark.parametrize("reason", ["first line\nsecond line", "a\r\nb", "colour \x1b[31mred", "tab\there", "del\x7f"],
+                         ids=["newline", "CRLF", "escape", "tab", "DEL"])
+def test_mark_refuses_a_reason_with_a_control_character(make_repo, tmp_path, cli, hostile, reason):
+    import sqlite3
+
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=1)
+    state = tmp_path / "state"
+    stopped = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+                  "--", "false")  # GOOD tests bad: the run stops at its endpoint check, a run that takes marks
+    assert stopped.returncode != 0, stopped.stdout
+    marked = cli("mark", "latest", shas[1], "skip", "--reason", reason, "--repo", str(repo.path),
+                 "--state-dir", str(state))
+    assert "--reason" in hostile.one_line_error(marked) and "one line" in marked.stderr
+    with sqlite3.connect(state / "bisector.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM marks").fetchone() == (0,)
+
+
+def test_a_stored_reason_with_a_newline_stays_on_its_steps_row(make_repo, tmp_path, cli):
+    import sqlite3
+
+    repo = make_repo()
+    shas = repo.linear(3, bad_from=1)
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--no-verify-endpoints", "--", "sh", "-c", "grep -q good state")
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(state / "bisector.sqlite") as db:  # as a record another writer left it
+        db.execute("UPDATE runs SET result = replace(result, '\"reason\": \"exit 1\"', "
+                   "'\"reason\": \"exit 1\\nforged: a row\\rof its own\\u2028and more\"')")
+    shown = cli("report", "1", "--repo", str(repo.path), "--state-dir", str(state), "--format", "text")
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if "exit 1" in line]
+    assert row.startswith(f"  {shas[1][:12]}") and row.endswith("exit 1 forged: a row of its own and more"), row
+    assert not any(line.startswith("forged") for line in shown.stdout.splitlines()), shown.stdout
+
+
+# --- round three, item 15: a bad --skip-file entry is named by its file and line ----------------------------------
+
+@pytest.mark.parametrize("entry, named", [
+    ("notarev", "notarev"), ("{good}..notarev", "notarev"), ("notarev..{good}", "notarev"), ("--all", "--all"),
+], ids=["a word", "a range's end", "a range's start", "an option"])
+def test_a_bad_skip_file_entry_is_refused_by_file_and_line_before_any_work(make_repo, tmp_path, cli, hostile,
+                                                                         entry, named):
+    repo = make_repo()
+    shas = repo.linear(4, bad_from=2)
+    skips = tmp_path / "skips.txt"
+    skips.write_text(f"# commits that do not build\n{shas[1]}\n\n{entry.format(good=shas[0])}  # why\n")
+    state = tmp_path / "state"
+    proc = cli("run", "--repo", str(repo.path), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--skip-file", str(skips), "--", "touch", str(tmp_path / "ran"))
+    assert hostile.one_line_error(proc) == f"bisector: error: --skip-file {skips}:4: {named!r} is not a commit"
+    assert not (tmp_path / "ran").exists() and not (state / "bisector.sqlite").exists()
