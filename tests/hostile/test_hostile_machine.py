@@ -65,8 +65,11 @@ def test_cache_forget_compile_leaves_a_symlink_and_what_it_points_at(link, make_
     linked = link(root, theirs)
     before = hostile.tree_listing(theirs)
     repo = make_repo()
-    repo.commit("one", {"a": "1"})
+    sha = repo.commit("one", {"a": "1"})
     env = {"BISECTOR_CACHE_DIR": str(root)}
+    judged = cli("scenario", "run", "command", "--repo", str(repo.path), "--ref", sha, "--state-dir",
+                 str(tmp_path / "state"), "--", "true", env=env)
+    assert judged.returncode == 0, judged.stderr  # a record for `cache list` to read
     listed = cli("cache", "list", "--repo", str(repo.path), "--state-dir", str(tmp_path / "state"), env=env)
     assert listed.returncode == 0, listed.stderr
     counted = listed.stderr.strip().splitlines()[-1]
