@@ -112,10 +112,10 @@ def test_a_bad_progress_period_is_one_line_naming_it(value, make_repo, tmp_path,
 # The step judges the checkout by its `state` file; at commit 2 it first writes where there is no room and dies
 # of the OSError's traceback (exit 1), as a Python test that fills a disk does.
 NO_ROOM_WRITES = {
-    "ENOSPC": "open('/dev/full', 'w').write('x' * 100000)",  # flushed at close: [Errno 28] No space left on device
+    "ENOSPC": "open('/dev/full', 'w').write('x' * 100000)",  # [Errno 28] No space left on device
     "EFBIG": ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
               "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000)); "
-              "open(sys.argv[1], 'wb').write(b'x' * 5000)"),  # [Errno 27] File too large
+              "open(sys.argv[1], 'wb').write(b'x' * 100000)"),  # [Errno 27] File too large
 }
 
 
