@@ -40,6 +40,8 @@ CALLER_GIT_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE", "G
 # A write refused for want of room: a full disk (ENOSPC), a quota (EDQUOT), a file size limit (EFBIG: `ulimit -f`).
 # The machine's fault, not the commit's: a step that meets one is no verdict (cause "machine", never stored).
 NO_ROOM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+# How a program says it met one ("OSError: [Errno 28] No space left on device", "write error: File too large").
+NO_ROOM_TEXTS = tuple(os.strerror(number) for number in sorted(NO_ROOM_ERRNOS))
 
 
 def no_room(exc: OSError) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 from bisector.errors import ScenarioAbort, ScenarioError
 from bisector.machine.probe_env import python_environment
 from bisector.metrics import FILE_VARIABLE, MetricError, parse_output, read_file
-from bisector.process import no_room, run_process
+from bisector.process import NO_ROOM_TEXTS, no_room, run_process, watch_for
 from bisector.signatures import failure_signature
 from scenarios.base import BaseScenario, Outcome, StepContext, Verdict, fault_lines
 
@@ -20,12 +20,14 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "
 OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"})
 # A file size limit hit (`ulimit -f`, a quota): the machine's, a skip that is never cached either.
 MACHINE_SIGNALS = frozenset({"SIGXFSZ"})
+watch_for(*NO_ROOM_TEXTS)  # a command that failed saying it met a full disk, a quota or a file size limit
 
 
 class CommandScenario(BaseScenario):
     """Exit 0 good, 125 skip, 1-127 bad; killed by a crash signal (CRASH_SIGNALS) bad, by one from outside
     (OUTSIDE_SIGNALS), the machine's (MACHINE_SIGNALS) or any other a skip; other exits >= 128 abort the run;
-    a step whose log cannot be written for want of room (a full disk, `ulimit -f`) is the machine's skip. A
+    a step whose log cannot be written for want of room (a full disk, `ulimit -f`), or that failed saying it
+    met none (NO_ROOM_TEXTS, without a GPU fault line), is the machine's skip. A
     good run's metrics (bisector.metrics: `BISECTOR_METRIC name=value` lines, else the JSON file
     `$BISECTOR_METRIC_FILE` names, whose values win) are its Outcome's.
 
@@ -91,6 +93,10 @@ class CommandScenario(BaseScenario):
             return Outcome(Verdict.GOOD, f"exit 0 ({shown})" if shown else "exit 0", log, metrics=metrics)
         if code == SKIP_EXIT:
             return Outcome(Verdict.SKIP, "exit 125 (skip)", log)
+        no_room_line = next((line for line in result.marked if any(text in line for text in NO_ROOM_TEXTS)), None)
+        if no_room_line and not faults:
+            return Outcome(Verdict.SKIP, f"exit {code}: {no_room_line.strip()} (a full disk, a quota or a file size "
+                           f"limit), no verdict", log, cause="machine")
         if code < 128:
             return Outcome(Verdict.BAD, f"exit {code}" + (f": {faults[0]}" if faults else ""), log, failed)
         if faults:

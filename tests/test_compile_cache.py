@@ -78,7 +78,7 @@ def test_a_running_step_blocks_clear_and_trim_until_it_ends(tmp_path):
         holder.wait(timeout=60)
     with in_use(root, cap=0) as removed:  # alone now: trims first
         assert [item.path.name for item in removed] == ["aaa"]
-    assert clear(root) == (0, 0)
+    assert clear(root) == (0, 0, [])
 
 
 def test_publish_writes_once_and_a_concurrent_writer_loses_cleanly(tmp_path):

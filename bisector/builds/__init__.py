@@ -53,6 +53,20 @@ def parse_size(text: str) -> int:
     return int(size)
 
 
+MOST_JOBS = 1024  # a larger MAX_JOBS is a typo
+
+
+def max_jobs_from_env() -> int:
+    """How many compile jobs a source build runs at once: $MAX_JOBS (1 to MOST_JOBS), else the CPU count;
+    UsageError in one line for anything else."""
+    given = os.environ.get("MAX_JOBS", "").strip()
+    if not given:
+        return os.cpu_count() or 1
+    if not given.isdecimal() or not 1 <= int(given) <= MOST_JOBS:
+        raise UsageError(f"MAX_JOBS={given[:40]!r}: a whole number of parallel compile jobs from 1 to {MOST_JOBS}")
+    return int(given)
+
+
 @dataclass(frozen=True)
 class BuildSettings:
     """What the user asked for; `open` binds it to a repository and state dir for one run."""
@@ -62,7 +76,7 @@ class BuildSettings:
     rocm_arch: str | None = None
     wheels: str | None = None
     cache_size: int = parse_size(DEFAULT_CACHE_SIZE)
-    max_jobs: int = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
+    max_jobs: int = dataclasses.field(default_factory=max_jobs_from_env)
     install_into_python: bool = False  # --allow-install-into-python: pip may write into --python (--env shared)
 
     def __post_init__(self) -> None:

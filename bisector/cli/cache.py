@@ -102,10 +102,13 @@ def cache_forget(repo, state_dir, commit, scenario_name, everything, compiled):
 
         root = compile_cache.cache_root()
         try:
-            entries, size = compile_cache.clear(root)
+            entries, size, links = compile_cache.clear(root)
         except compile_cache.CacheBusy as exc:
             raise UsageError(f"{exc}: try again when it has finished") from None
         click.echo(f"deleted {entries} compile cache entries and model dirs ({size >> 20} MiB) under {root}")
+        for link in links:
+            click.echo(f"left {link}: a symbolic link bisector did not make, not followed (remove it yourself "
+                       f"if it is no longer needed)")
         if not (commit or scenario_name or everything):
             return
     store = open_record(repo, state_dir)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from bisector.errors import UsageError
 from bisector.record.results import named
 from bisector.record.steps import Handler, Step
 from bisector.redact import redact
@@ -49,6 +50,24 @@ def counted(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+PERIOD_VARIABLE = "BISECTOR_PROGRESS_SECONDS"
+PERIOD_RANGE = (0.1, 86400.0)  # seconds: more often would spin the heartbeat, less is never
+
+
+def progress_period() -> float:
+    """How often the heartbeat prints: PERIOD_VARIABLE's seconds (within PERIOD_RANGE), else 30; UsageError in
+    one line for anything else."""
+    given = os.environ.get(PERIOD_VARIABLE, "").strip()
+    low, high = PERIOD_RANGE
+    try:
+        seconds = float(given) if given else 30.0
+    except ValueError:
+        seconds = float("nan")
+    if not low <= seconds <= high:  # NaN too
+        raise UsageError(f"{PERIOD_VARIABLE}={given[:40]!r}: a number of seconds from {low:g} to {high:g}")
+    return seconds
+
+
 class ProgressHandler(Handler):
     """One line per event on stderr, never wrapped (CI logs are grepped): each step as it lands with its
     log, and every BISECTOR_PROGRESS_SECONDS the phase and last output line of each step still running."""
@@ -62,7 +81,7 @@ class ProgressHandler(Handler):
         self.logs: Path | None = None
         self.running: dict[str, float] = {}  # sha -> when it started
         self.shown: dict[str, str] = {}      # sha -> the last progress line printed for it
-        self.period = float(os.environ.get("BISECTOR_PROGRESS_SECONDS") or 30)
+        self.period = progress_period()
         self.names: dict[str, str] = {}  # sha -> the tag or branch naming it, of the runs so far
 
     def named(self, names: Mapping[str, str]) -> None:

@@ -90,18 +90,43 @@ class Entry:
 
 
 def entries(root: Path) -> list[Entry]:
-    """The evictable entries under root: the children of CONTAINERS that are no container themselves."""
+    """The evictable entries under root: the children of CONTAINERS that are no container themselves, and no
+    symbolic link nor under one (`links`)."""
     containers = {root / rel for rel in CONTAINERS}
     found = []
     for container in containers:
-        if not container.is_dir():
+        if not container.is_dir() or _first_link(root, container) is not None:
             continue
         for child in container.iterdir():
-            if child in containers or child.name.startswith("."):  # .tmp: model dirs being written
+            if child in containers or child.name.startswith(".") or child.is_symlink():  # .tmp: being written
                 continue
             size, used = _measure(child)
             found.append(Entry(child, size, used))
     return sorted(found, key=lambda entry: entry.used)
+
+
+def links(root: Path) -> list[Path]:
+    """The symbolic links among the tool's folders under root and their entries. The tool makes none: what one
+    points at is somebody's files, so it is never followed, counted or removed, nor is the link."""
+    folders = {root / rel for rel in (*CONTAINERS, *TOOL_FOLDERS)}
+    found = set()
+    for folder in folders:
+        link = _first_link(root, folder)
+        if link is not None:
+            found.add(link)
+        elif folder.is_dir():
+            found.update(child for child in folder.iterdir() if child.is_symlink())
+    return sorted(found)
+
+
+def _first_link(root: Path, path: Path) -> Path | None:
+    """The first symbolic link on the way from root down to path (path itself included), if any."""
+    step = root
+    for part in path.relative_to(root).parts:
+        step = step / part
+        if step.is_symlink():
+            return step
+    return None
 
 
 def touch(root: Path, text: str) -> int:
@@ -205,23 +230,24 @@ def first_start(root: Path, key: str) -> Iterator[Start]:
             up()
 
 
-def clear(root: Path) -> tuple[int, int]:
-    """Delete the compile caches and model dirs under root: (entries, bytes). CacheBusy while a step runs,
-    UsageError when root is not the tool's."""
+def clear(root: Path) -> tuple[int, int, list[Path]]:
+    """Delete the compile caches and model dirs under root: (entries, bytes, the symbolic links left as they are
+    with what they point at, `links`). CacheBusy while a step runs, UsageError when root is not the tool's."""
     if not root.is_dir():
-        return 0, 0
+        return 0, 0, []
     claim_root(root)
     with locked(root / ".lock", EXCLUSIVE, wait=False) as lock:
         if lock is None:
             raise CacheBusy(f"{root} is in use by a running step")
-        found = entries(root)
+        found, left = entries(root), links(root)
         for entry in found:
             _remove(entry.path)
-        for folder in TOOL_FOLDERS:
-            shutil.rmtree(root / folder, ignore_errors=True)
+        for folder in (root / rel for rel in TOOL_FOLDERS):
+            if not any(link == folder or folder in link.parents or link in folder.parents for link in left):
+                shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(OSError):
             (root / "compile").rmdir()  # only when nothing else is left in it
-        return len(found), sum(entry.size for entry in found)
+        return len(found), sum(entry.size for entry in found), left
 
 
 def describe(root: Path, cap: int) -> str:
@@ -235,10 +261,11 @@ def describe(root: Path, cap: int) -> str:
     if others:
         return f"compile cache: {root} is not bisector's (it holds files bisector did not make, no {ROOT_MARKER} " \
                f"marker): nothing counted; point ${ROOT_ENV} at a new or empty directory"
-    found = entries(root)
+    found, left = entries(root), links(root)
     models = sum(1 for entry in found if entry.path.parent == root / "models")
+    unfollowed = f", {len(left)} symbolic links not followed" if left else ""
     return (f"compile cache: {root} ({human_size(sum(entry.size for entry in found))} of {human_size(cap)}, "
-            f"{len(found) - models} compile entries, {models} model dirs)")
+            f"{len(found) - models} compile entries, {models} model dirs{unfollowed})")
 
 
 def publish(root: Path, name: str, fill) -> tuple[Path, bool]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import resource
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -162,17 +163,38 @@ class StoreError(BisectorError):
     exit_code = EXIT_RECORD
 
 
-def _advice(exc: sqlite3.Error) -> str:
+ROOM_MARGIN = 1 << 20  # bytes: less room than this for the record's files counts as none
+
+
+def _advice(exc: sqlite3.Error, path: Path) -> str:
     text = str(exc).lower()
     if "readonly" in text or "unable to open" in text or "access permission" in text:
         return "it cannot be written: fix its permissions or give another --state-dir"
-    if "full" in text:
-        return "the disk is full: free space and run the same command again (verdicts so far are kept)"
+    if "full" in text or "disk i/o error" in text:  # SQLite names no errno: the machine says which
+        why = _no_room(path) or ("the disk is full: free space" if "full" in text else None)
+        if why:
+            return f"{why} and run the same command again (the record is kept, verdicts so far too)"
+        return "a write to it failed (the disk, a quota?): fix that and run the same command again (the record is kept)"
     if "locked" in text or "busy" in text:
         return "another process holds it locked: wait for it, then run again"
     if "not a database" in text or "malformed" in text or "corrupt" in text:
         return "it is corrupt: move it aside (its cached verdicts are lost) and run again"
     return "move it aside or give another --state-dir"
+
+
+def _no_room(path: Path) -> str | None:
+    """Why the record's files cannot grow, and what to do, when they cannot: a file size limit (`ulimit -f`) they
+    reach, or a full disk."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    files = [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")]
+    largest = max((file.stat().st_size for file in files if file.exists()), default=0)
+    if limit != resource.RLIM_INFINITY and largest + ROOM_MARGIN > limit:
+        return f"a file size limit was hit (ulimit -f: {limit} bytes): raise it"
+    try:
+        disk = os.statvfs(path.parent)
+    except OSError:
+        return None
+    return "the disk is full: free space" if disk.f_bavail * disk.f_frsize < ROOM_MARGIN else None
 
 
 def _guarded(method):
@@ -182,7 +204,7 @@ def _guarded(method):
         try:
             return method(self, *args, **kwargs)
         except sqlite3.Error as exc:
-            raise StoreError(f"bisector record {self.path}: {exc}; {_advice(exc)}") from None
+            raise StoreError(f"bisector record {self.path}: {exc}; {_advice(exc, self.path)}") from None
     return call
 
 
