@@ -82,10 +82,16 @@ NAME_MAX = 255  # bytes of one name in a path, the most Linux file systems take
 PATH_MAX = 4096  # bytes of a path the kernel takes, its closing NUL included
 
 
+def _null_device(path: Path) -> bool:
+    """Whether path is the null device (`--json /dev/null`: the output thrown away, as asked)."""
+    found, null = path.stat(), os.stat(os.devnull)
+    return stat.S_ISCHR(found.st_mode) and found.st_rdev == null.st_rdev
+
+
 def check_writable(option: str, path: Path | None) -> None:
     """Raise UsageError unless path can be written (checked before any step runs): a regular file or none yet,
-    not a FIFO, device or socket (a write there hangs or fails at the end), nor a symlink to nothing, its names
-    within the file system's lengths; missing parent folders are made when it is written."""
+    not a FIFO, device (but the null device) or socket (a write there hangs or fails at the end), nor a symlink
+    to nothing, its names within the file system's lengths; missing parent folders are made when written."""
     if path is None:
         return
     if len(os.fsencode(path.absolute())) >= PATH_MAX:
@@ -104,7 +110,7 @@ def check_writable(option: str, path: Path | None) -> None:
     if mode is not None:
         if stat.S_ISDIR(mode):
             raise UsageError(f"{option} {path}: is a directory")
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(mode) and not _null_device(path):
             raise UsageError(f"{option} {path}: {'a FIFO' if stat.S_ISFIFO(mode) else 'not a regular file'}; "
                              "give a file")
         if not os.access(path, os.W_OK):

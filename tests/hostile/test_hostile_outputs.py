@@ -420,3 +420,11 @@ def test_per_value_report_names_are_cut_to_fit_the_file_system(copied, tmp_path,
     assert all(name.startswith("r" * 200 + ".aiter_repo=") and name.endswith(".json") for name in names), names
     reports = [json.loads((tmp_path / "out" / name).read_text()) for name in names]
     assert sorted(report["run_id"] for report in reports) == [2, 3]
+
+
+@pytest.mark.parametrize("name, command", OUTPUT_COMMANDS, ids=[name for name, _ in OUTPUT_COMMANDS])
+def test_the_null_device_stays_an_output_that_throws_the_report_away(copied, cli, name, command):
+    """`--json /dev/null` is a habit (run for the exit code only): the null device is the one device taken."""
+    repo, state, shas = copied
+    proc = cli(*command(repo, state, shas, Path(os.devnull)))
+    assert proc.returncode != 2 and "bisector: error" not in proc.stderr, proc.stderr  # the command's own answer
