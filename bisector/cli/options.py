@@ -78,18 +78,45 @@ def absolute_path(ctx, param, value):
     return Path(os.path.abspath(value)) if value is not None else None
 
 
+NAME_MAX = 255  # bytes of one name in a path, the most Linux file systems take
+PATH_MAX = 4096  # bytes of a path the kernel takes, its closing NUL included
+
+
+def _null_device(path: Path) -> bool:
+    """Whether path is the null device (`--json /dev/null`: the output thrown away, as asked)."""
+    found, null = path.stat(), os.stat(os.devnull)
+    return stat.S_ISCHR(found.st_mode) and found.st_rdev == null.st_rdev
+
+
 def check_writable(option: str, path: Path | None) -> None:
-    """Raise UsageError unless path can be written (checked before any step runs); missing parent
-    folders are made when it is written."""
+    """Raise UsageError unless path can be written (checked before any step runs): a regular file or none yet,
+    not a FIFO, device (but the null device) or socket (a write there hangs or fails at the end), nor a symlink
+    to nothing, its names within the file system's lengths; missing parent folders are made when written."""
     if path is None:
         return
-    if path.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    if path.exists():
+    if len(os.fsencode(path.absolute())) >= PATH_MAX:
+        raise UsageError(f"{option} {path}: longer than {PATH_MAX - 1} bytes, the most a path may be")
+    if any(len(os.fsencode(part)) > NAME_MAX for part in path.parts):
+        raise UsageError(f"{option} {path}: a name in it is longer than {NAME_MAX} bytes, the most a file "
+                         "system takes")
+    try:
+        mode: int | None = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror}") from None
+    if mode is None and path.is_symlink():
+        raise UsageError(f"{option} {path}: a symlink to {os.readlink(path)}, which does not exist; give a file")
+    if mode is not None:
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{option} {path}: is a directory")
+        if not stat.S_ISREG(mode) and not _null_device(path):
+            raise UsageError(f"{option} {path}: {'a FIFO' if stat.S_ISFIFO(mode) else 'not a regular file'}; "
+                             "give a file")
         if not os.access(path, os.W_OK):
             raise UsageError(f"{option} {path}: not writable")
         return
-    base = next(parent for parent in path.absolute().parents if parent.exists())
+    base = next(parent for parent in path.absolute().parents if os.path.lexists(parent))
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: cannot create a file there ({base} is "
                          f"{'not writable' if base.is_dir() else 'not a directory'})")

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from bisector.cli.options import check_writable
+from bisector.cli.options import NAME_MAX, check_writable
 from bisector.errors import GitError, UsageError
 
 NAME_SAFE = re.compile(r"[A-Za-z0-9._+,-]+")  # what a value keeps of itself in a report's name
@@ -37,9 +37,13 @@ def value_names(runs: Sequence[tuple[str, dict[str, str]]]) -> list[str]:
 
 def labelled(path: Path | None, name: str) -> Path | None:
     """A report path of one run among several: its value name before the suffix, `run.json` →
-    `run.arch=gfx950.json`."""
+    `run.arch=gfx950.json`; a name that would pass NAME_MAX bytes keeps what fits of the value name, then `-`
+    and 8 hex digits of its sha256 (check_writable refuses a --json too long to hold even that)."""
     if path is None or not name:
         return path
+    room = NAME_MAX - len(os.fsencode(f"{path.stem}.{path.suffix}"))
+    if len(name) > room:  # value names are ASCII (name_part): a character is a byte
+        name = f"{name[:max(room - 9, 0)]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return path.with_name(f"{path.stem}.{name}{path.suffix}")
 
 
@@ -53,9 +57,10 @@ def plot_beside(json_file: Path) -> Path:
 def check_outputs(repo: str, state_dir: Path | None, outputs: Sequence[tuple[str, Path | None]],
                   plots: Sequence[tuple[str, Path]] = ()) -> None:
     """Raise UsageError unless every output (option, path) and plot (the option it goes beside, path) can be
-    written without harm: not a directory nor in a place that cannot be made (check_writable), not in the
-    state dir (the record, its journal, locks, logs: the tool's own files) nor in git's directory, no two at
-    one file, and no plot where a file stands that bisector did not write."""
+    written without harm: a regular file or none yet, in a place where one can be made (check_writable), not in
+    the state dir (the record, its journal, locks, logs: the tool's own files) nor in git's directory (repo's,
+    or any repository's that path is or lies in: a `.git` file too), no two at one file however spelled, and no
+    plot where a file stands that bisector did not write."""
     from bisector.cli.state import resolve_state_dir
     from bisector.repo.refs import GitRepo
 
@@ -67,16 +72,19 @@ def check_outputs(repo: str, state_dir: Path | None, outputs: Sequence[tuple[str
     state = resolve_state_dir(repo, state_dir)
     named = [(option, path) for option, path in outputs if path is not None]
     plotted = [(f"{option}'s plot", path) for option, path in plots]
-    seen: dict[str, str] = {}
+    seen: dict[tuple[object, ...], str] = {}
     for option, path in (*named, *plotted):
         check_writable(option, path)
         if state is not None and _inside(path, state):
             raise UsageError(f"{option} {path}: would write into the state dir {state}, whose files (the record "
                              "bisector.sqlite and its journal among them) are the tool's; write it elsewhere")
-        for git_dir in git_dirs:
+        for git_dir in (*git_dirs, *filter(None, [_git_place(path)])):
+            if git_dir.is_file():
+                raise UsageError(f"{option} {path}: is git's {git_dir} (a .git file naming its repository's git "
+                                 "directory); write it elsewhere")
             if _inside(path, git_dir):
                 raise UsageError(f"{option} {path}: would write into git's directory {git_dir}; write it elsewhere")
-        identity = str(path.resolve())
+        identity = _identity(path)
         if identity in seen:
             raise UsageError(f"{option} {path}: {seen[identity]} writes that file too; give each its own")
         seen[identity] = option
@@ -84,6 +92,34 @@ def check_outputs(repo: str, state_dir: Path | None, outputs: Sequence[tuple[str
         if path.exists() and not _holds_plot(path):
             raise UsageError(f"{option}'s plot {path}: a file bisector did not write is there; move it, or give "
                              f"{option} another name (the plot goes beside it, .json → .svg)")
+
+
+def _git_place(path: Path) -> Path | None:
+    """The git directory (or `.git` file) that path is or lies in, whatever repository's: a place named .git, or
+    a folder git itself takes for its directory (HEAD beside objects/ and refs/, or a worktree's or
+    submodule's own with its commondir), such as the one a `.git` file's `gitdir:` names."""
+    real = path.resolve()
+    for place in (real, *real.parents):
+        if place.name == ".git" or (place / "HEAD").is_file() and (
+                (place / "objects").is_dir() and (place / "refs").is_dir() or (place / "commondir").is_file()):
+            return place
+    return None
+
+
+def _identity(path: Path) -> tuple[object, ...]:
+    """What tells path's file from others however it is spelled (a hard link, a symlink, a bind mount): its
+    device and inode when it is there, else its folder's and its name, else (no folder yet) its real path."""
+    real = path.resolve()
+    try:
+        found = real.stat()
+        return found.st_dev, found.st_ino
+    except OSError:
+        pass
+    try:
+        folder = real.parent.stat()
+        return folder.st_dev, folder.st_ino, real.name
+    except OSError:
+        return (real,)
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -59,6 +59,9 @@ def report_command(run_id, repo, scenario_name, state_dir, fmt, output, pr_url_t
             row = store.run(run_id) if len(run_id) < 20 and int(run_id) <= SQLITE_MAX_INTEGER else None
             if row is None:
                 raise UsageError(f"no run {run_id} in {store.path}")
+        recorded = StoredRun.from_row(dict(row)).params.repo
+        if output and recorded:  # the run's repository may not be --repo: its git dir is no output either
+            check_outputs(recorded, state_dir, [("--output", output)])
         text = report.render(dict(row), fmt, pr_url_template)
     finally:
         store.close()

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -236,3 +237,194 @@ def test_report_latest_says_when_no_run_has_ended_yet(tmp_path, cli, hostile):
     store.close()
     line = hostile.one_line_error(cli("report", "latest", "--state-dir", str(tmp_path), cwd=tmp_path))
     assert line.endswith(f"(run {run_id} has not ended: it is running, or was killed)"), line
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _socket(path: Path) -> Path:
+    import socket
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))  # the file stays when the socket is closed
+    server.close()
+    return path
+
+
+def _dangling(path: Path) -> Path:
+    path.symlink_to(path.parent / "gone" / "away.json")
+    return path
+
+
+# outputs no command may take (name, made from a fresh path in the test's tmp_path, what the line says)
+NOT_FILES = [
+    ("a FIFO", _fifo, "a FIFO"),
+    ("a socket", _socket, "not a regular file"),
+    ("/dev/full", lambda path: Path("/dev/full"), "not a regular file"),
+    ("a symlink to a FIFO", lambda path: (_fifo(path.with_name("fifo")), path.symlink_to("fifo"), path)[-1],
+     "a FIFO"),
+    ("a dangling symlink", _dangling, "a symlink to"),
+]
+OUTPUT_COMMANDS = [
+    ("run --json", lambda repo, state, shas, out: run_json(repo, state, shas, out)),
+    ("backport --junit", lambda repo, state, shas, out: (
+        "backport", "--repo", str(repo), "--fix", shas[3], "--branches", "main", "--state-dir", str(state),
+        "--junit", str(out), *GREP_GOOD)),
+    ("report -o", report_o),
+]
+SAID = {"run --json": "--json", "backport --junit": "--junit", "report -o": "--output"}  # the option each line names
+
+
+@pytest.fixture
+def drained():
+    """drained(fifo): read whatever is written into fifo (so that a run writing its report there ends, and the
+    row fails on its answer rather than hanging); the reader is let go at the end of the test."""
+    import threading
+
+    fifos: list[tuple[Path, threading.Thread]] = []
+
+    def drain(fifo: Path) -> None:
+        reader = threading.Thread(target=lambda: fifo.read_bytes(), daemon=True)
+        reader.start()
+        fifos.append((fifo, reader))
+    yield drain
+    for fifo, reader in fifos:
+        if reader.is_alive():  # nobody opened it for writing: open it so that the reader sees its end
+            os.close(os.open(fifo, os.O_WRONLY))
+        reader.join()
+
+
+@pytest.mark.parametrize("what, made, said", NOT_FILES, ids=[name for name, _, _ in NOT_FILES])
+@pytest.mark.parametrize("name, command", OUTPUT_COMMANDS, ids=[name for name, _ in OUTPUT_COMMANDS])
+def test_an_output_that_is_no_regular_file_is_refused_before_anything_runs(copied, tmp_path, cli, hostile,
+                                                                           drained, name, command, what, made,
+                                                                           said):
+    """Attack round three: a FIFO as --json/--junit/-o hung the command at its end (after the whole run), and
+    /dev/full or a dangling symlink failed only then. Each is refused in one line before any step runs."""
+    repo, state, shas = copied
+    out = made(tmp_path / "out.json")
+    fifo = out.resolve() if out.resolve().is_fifo() else None
+    if fifo is not None:
+        drained(fifo)
+    before = hostile.tree_listing(state)
+    proc = cli(*command(repo, state, shas, out))
+    line = hostile.one_line_error(proc)
+    assert line.startswith(f"bisector: error: {SAID[name]} {out}: ") and said in line, line
+    assert proc.stdout == "" and hostile.tree_listing(state) == before
+    assert not (tmp_path / "gone").exists()
+
+
+def _worktree_gitfile(repo: Path, tmp: Path) -> Path:
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", str(tmp / "linked")], check=True)
+    return tmp / "linked" / ".git"
+
+
+def _separate(tmp: Path) -> Path:
+    """A repository whose git dir lies apart (as a submodule's does): its .git is a file `gitdir: ...`."""
+    subprocess.run(["git", "init", "-q", "--separate-git-dir", str(tmp / "apart.git"), str(tmp / "other")],
+                   check=True)
+    return tmp / "other" / ".git"
+
+
+@pytest.mark.parametrize("target", [
+    lambda repo, tmp: _worktree_gitfile(repo, tmp),
+    lambda repo, tmp: _separate(tmp),
+    lambda repo, tmp: (_separate(tmp), tmp / "apart.git" / "config")[-1],
+    lambda repo, tmp: (_separate(tmp), tmp / "apart.git" / "hooks" / "pre-commit")[-1],
+], ids=["a linked worktree's .git file", "a separate git dir's .git file", "the config of the git dir it names",
+        "a new hook in it"])
+@pytest.mark.parametrize("name, command", OUTPUT_COMMANDS, ids=[name for name, _ in OUTPUT_COMMANDS])
+def test_git_files_and_the_git_dirs_they_name_are_no_outputs(copied, tmp_path, cli, hostile, name, command,
+                                                             target):
+    """Attack round three: --json at a linked worktree's or a submodule's `.git` (a file, `gitdir: ...`) wrote
+    over it (the worktree no longer a checkout); only .git directories were known."""
+    repo, state, shas = copied
+    out = target(repo, tmp_path)
+    before = {place: hostile.tree_listing(place) for place in tmp_path.iterdir() if place.is_dir()}
+    gitfile = out.read_bytes() if out.name == ".git" else None
+    line = hostile.one_line_error(cli(*command(repo, state, shas, out)))
+    assert f"{out}: " in line and "git's" in line, line
+    assert {place: hostile.tree_listing(place) for place in before} == before
+    assert gitfile is None or out.read_bytes() == gitfile
+
+
+@pytest.mark.parametrize("repo_given", [None, "another"], ids=["no --repo", "--repo another repository"])
+def test_report_checks_its_output_against_the_recorded_runs_repository(copied, tmp_path, make_repo, cli,
+                                                                       hostile, repo_given):
+    """Attack round three: `report -o` checked git's directory of --repo (default ".") only, so `report 1
+    --state-dir S -o <the recorded repository>/.git/config` from elsewhere overwrote that config."""
+    repo, state, _ = copied
+    other = make_repo("another").path
+    before = hostile.tree_listing(repo / ".git")
+    given = ("--repo", str(other)) if repo_given else ()
+    out = repo / ".git" / "config"
+    line = hostile.one_line_error(cli("report", "1", *given, "--state-dir", str(state), "-o", str(out),
+                                      cwd=tmp_path))
+    assert f"{out}: would write into git's directory" in line, line
+    assert hostile.tree_listing(repo / ".git") == before
+
+
+@pytest.mark.parametrize("second", [
+    lambda first: (os.link(first, first.with_name("hard.md")), first.with_name("hard.md"))[-1],
+    lambda first: (first.parent.with_name("alias").symlink_to(first.parent), first.parent.with_name("alias")
+                   / first.name)[-1],
+], ids=["a hard link of --json", "--json through a symlinked folder"])
+def test_two_outputs_on_one_file_by_other_names_are_refused(copied, tmp_path, cli, hostile, second):
+    """Attack round three: two outputs were told apart by their resolved paths, so a hard link of --json given
+    as --markdown was written twice (the JSON lost)."""
+    repo, state, shas = copied
+    (tmp_path / "out").mkdir()
+    first = tmp_path / "out" / "run.json"
+    first.write_text("the user's\n")
+    markdown = second(first)
+    before = hostile.tree_listing(state)
+    line = hostile.one_line_error(cli(*_bisect(repo, shas, "--state-dir", str(state), "--json", str(first),
+                                               "--markdown", str(markdown))))
+    assert f"--markdown {markdown}: --json writes that file too" in line, line
+    assert hostile.tree_listing(state) == before and first.read_text() == "the user's\n"
+
+
+@pytest.mark.parametrize("out, said", [
+    (lambda tmp: tmp / ("x" * 256 + ".json"), "longer than 255 bytes"),
+    (lambda tmp: tmp / ("é" * 128 + ".json"), "longer than 255 bytes"),  # 128 letters, 256 bytes
+    (lambda tmp: tmp.joinpath(*["d" * 200] * 21, "run.json"), "longer than 4095 bytes"),
+], ids=["a 261-byte name", "a name of 128 two-byte letters", "a 4200-byte path"])
+@pytest.mark.parametrize("name, command", OUTPUT_COMMANDS, ids=[name for name, _ in OUTPUT_COMMANDS])
+def test_an_output_name_too_long_for_the_file_system_is_refused_in_one_line(copied, tmp_path, cli, hostile, name,
+                                                                           command, out, said):
+    """Attack round three: a name over NAME_MAX (255 bytes) or a path over PATH_MAX gave an OSError
+    traceback (File name too long)."""
+    repo, state, shas = copied
+    path = out(tmp_path)
+    before = hostile.tree_listing(state)
+    line = hostile.one_line_error(cli(*command(repo, state, shas, path)))
+    assert line.startswith(f"bisector: error: {SAID[name]} {path}: ") and said in line, line
+    assert hostile.tree_listing(state) == before
+
+
+def test_per_value_report_names_are_cut_to_fit_the_file_system(copied, tmp_path, cli):
+    """Attack round three: each value's report name (--json's name with its value name inside) had no total
+    cap: a --json of 200 characters made names over 255 bytes, and the run failed. A name that would be too
+    long keeps what fits and ends its value part with 8 hex digits of the whole name: still distinct."""
+    repo, state, shas = copied
+    json_file = tmp_path / "out" / ("r" * 200 + ".json")
+    proc = cli("run", "--repo", str(repo), "--good", shas[0], "--bad", shas[-1], "--state-dir", str(state),
+               "--scenario", "aiter-mla-probe", "--option", f"aiter_repo={'a' * 40},{'b' * 40}",
+               "--json", str(json_file))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # the toy repository has no MLA backend: both runs stop at their ends
+    names = sorted(path.name for path in (tmp_path / "out").iterdir())
+    assert len(names) == 2 and all(len(name.encode()) <= 255 for name in names), names
+    assert all(name.startswith("r" * 200 + ".aiter_repo=") and name.endswith(".json") for name in names), names
+    reports = [json.loads((tmp_path / "out" / name).read_text()) for name in names]
+    assert sorted(report["run_id"] for report in reports) == [2, 3]
+
+
+@pytest.mark.parametrize("name, command", OUTPUT_COMMANDS, ids=[name for name, _ in OUTPUT_COMMANDS])
+def test_the_null_device_stays_an_output_that_throws_the_report_away(copied, cli, name, command):
+    """`--json /dev/null` is a habit (run for the exit code only): the null device is the one device taken."""
+    repo, state, shas = copied
+    proc = cli(*command(repo, state, shas, Path(os.devnull)))
+    assert proc.returncode != 2 and "bisector: error" not in proc.stderr, proc.stderr  # the command's own answer
