@@ -3,7 +3,7 @@
 Every test module says what it is with a module-level `pytestmark`: `unit` (pure logic, in-process) or
 `integration` (real git repositories, subprocesses, the CLI); `gpu_plan` (GPU placement and launch plans,
 checked without a GPU) and `slow` (seconds or more each) come on top. A test without `unit` or
-`integration` fails at collection.
+`integration` fails at collection, and a `unit` test that starts a process fails (the marker says the truth).
 """
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ def pytest_collection_modifyitems(config, items):
     unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(kind) for kind in _KINDS)]
     if unmarked:
         raise pytest.UsageError(f"tests without a 'unit' or 'integration' marker: {', '.join(unmarked)}")
+
+
+class _NoProcessInUnitTests(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        raise AssertionError(f"a unit test starts no process (mark it integration): {args!r}"[:300])
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request, monkeypatch):
+    """A `unit` test is pure logic in-process: every subprocess it would start (git through GitPython too) fails it."""
+    if request.node.get_closest_marker("unit") and not request.node.get_closest_marker("integration"):
+        import git.cmd  # GitPython holds its own name for Popen
+        monkeypatch.setattr(subprocess, "Popen", _NoProcessInUnitTests)
+        monkeypatch.setattr(git.cmd, "Popen", _NoProcessInUnitTests)
+        monkeypatch.setattr(git.cmd, "safer_popen", _NoProcessInUnitTests)
 
 
 @pytest.fixture(autouse=True)

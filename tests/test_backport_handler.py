@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # a fresh interpreter tells what a handler import loads
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """

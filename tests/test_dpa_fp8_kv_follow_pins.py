@@ -1,5 +1,5 @@
 """`run --follow-pins` with dpa-fp8-kv-graph-capture: the GPU scenario's second level. A vLLM-shaped history
-(the fake vLLM package of tests/helpers/fake_vllm.py) moves its AITER pin between two tags of a stand-in AITER
+(the fake vLLM package of tests/fakes/vllm.py) moves its AITER pin between two tags of a stand-in AITER
 package whose graph capture "faults" from a known commit on; the fake vLLM reads that flag from the AITER it
 imports. Both levels run the real child against a fake /dev, /sys tree and a fake ROCm torch, each AITER commit
 built into a wheel and installed into a layer for real (bisector.world.aiter, as `--aiter pinned` does)."""
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from dpa_fp8_kv_records import FAULT, ROCM_SELECTED
-from fake_docker import FakeDocker, image_key
+from fakes.containers import FakeDocker, image_key
+from fakes.machine import mi300x_machine
+from fakes.vllm import ROCM_TORCH_FILES, write_files
+from fakes.vllm import fake_vllm as fake_vllm_package
 from follow_pins_world import killed_when_blocked, stand_in_aiter
-from helpers.fake_machine import mi300x_machine
-from helpers.fake_vllm import ROCM_TORCH_FILES, write_files
-from helpers.fake_vllm import fake_vllm as fake_vllm_package
 
 from bisector import builds
 from bisector.builds import BuildSettings, parse_size

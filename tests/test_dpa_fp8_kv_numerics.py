@@ -1,6 +1,6 @@
 """check=numerics and the shared compile cache, end to end with the real child.py and real processes.
 
-vLLM is replaced by a fake package in the checkout (tests/helpers/fake_vllm.py) that behaves as the real one does
+vLLM is replaced by a fake package in the checkout (tests/fakes/vllm.py) that behaves as the real one does
 where the scenario depends on it: it logs the backend it selected and its compile-cache lines (keyed, like vLLM's,
 by the model path, under VLLM_CACHE_ROOT), refuses a safetensors load without model.safetensors, and decodes
 greedy tokens with top-k logprobs from the prompts — wrongly on the backend named by FAKE_BUG (the planted
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.fake_machine import h200_machine
-from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
+from fakes.machine import h200_machine
+from fakes.vllm import CUDA_TORCH_FILES, fake_vllm, write_files
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.judge import JudgeSpec

@@ -1,5 +1,5 @@
 """dpa-fp8-kv-graph-capture --option check=perf, end to end with the real child.py against the fake vllm of
-test_dpa_fp8_kv_numerics.py (tests/helpers/fake_vllm.py), whose engine steps here take a planted time (a planted
+test_dpa_fp8_kv_numerics.py (tests/fakes/vllm.py), whose engine steps here take a planted time (a planted
 speed), every spike_every-th step spike_factor times that (planted noise)."""
 import os
 import statistics
@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
+from fakes.vllm import CUDA_TORCH_FILES, fake_vllm, write_files
 from test_dpa_fp8_kv_numerics import FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
 
 from bisector.errors import ScenarioError

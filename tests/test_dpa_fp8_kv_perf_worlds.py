@@ -1,7 +1,7 @@
 """dpa-fp8-kv-graph-capture --option check=perf as a performance hunt (--metric decode_tok_s) in the other worlds
 a step runs in: with --image, the real child.py in each commit's image through the fake container runtime
 (tests/fakes/docker); with --aiter pinned, against each commit's pinned AITER built into a wheel and installed
-for real. The fake vLLM (tests/helpers/fake_vllm.py) has vLLM's step API (add_request/has_unfinished_requests/
+for real. The fake vLLM (tests/fakes/vllm.py) has vLLM's step API (add_request/has_unfinished_requests/
 step) and prints the recorded ROCm lines (dpa_fp8_kv_records); each engine step sleeps a planted time, half as
 long again where the vLLM (in its image) or the AITER it imports is slow. Sleeps under load only lengthen, so the
 planted 1.5x step stands out of a loaded machine's noise."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 from dpa_fp8_kv_records import CAPTURE_47, PREFIX, ROCM_SELECTED
-from fake_docker import FakeDocker, vllm_site
+from fakes.containers import FakeDocker, vllm_site
+from fakes.vllm import ROCM_TORCH_FILES, fake_vllm, write_files
 from follow_pins_world import stand_in_aiter
-from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm, write_files
 from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401
 from test_images_gpu import STACK, TEMPLATE
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from dpa_fp8_kv_records import FAULT, RECORDS
-from helpers.fake_machine import h200_machine, mi300x_machine
-from helpers.fake_vllm import CUDA_TORCH_FILES, ROCM_TORCH_FILES, fake_vllm, write_files
+from fakes.machine import h200_machine, mi300x_machine
+from fakes.vllm import CUDA_TORCH_FILES, ROCM_TORCH_FILES, fake_vllm, write_files
 
 from bisector.process import Cancelled
 from scenarios import create

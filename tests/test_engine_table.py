@@ -2,13 +2,15 @@
 commits, where the change is, commits that skip or fault only sometimes, --find-fix, --jobs, --repeat,
 --flaky) and the answer and cost it must give. Each row runs through the real search policy, the real
 driver loop (RunContext.drive), the real judge's decisions and a real SQLite store; only where a step runs
-is a table (tests/fake_executor.py). In-process and quick: the CLI tests keep the I/O, this keeps the logic.
+is a table (tests/fakes/executor.py). In-process and quick (one probe of the interpreter aside): the CLI tests
+keep the I/O, this keeps the logic.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import pytest
+from fakes.executor import TableExecutor
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import RunContext
@@ -21,9 +23,8 @@ from bisector.search.policies import BisectPolicy, Endpoints, FlakyPolicy, Flaky
 from bisector.signatures import SignatureRule
 from bisector.world.world import WorldSettings
 from scenarios.command import CommandScenario
-from tests.fake_executor import TableExecutor
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # one probe of the interpreter (the verdict key) is a subprocess
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import test_dpa_fp8_kv_scenario as dpa
+from fakes.executor import TableExecutor
 
 from bisector.builds.builder import NoBuild
 from bisector.engine.driver import RunContext
@@ -31,7 +32,6 @@ from bisector.signatures import SignatureRule
 from bisector.world.world import WorldSettings
 from scenarios.base import Verdict
 from scenarios.command import CommandScenario
-from tests.fake_executor import TableExecutor
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu_plan]
 gpu_root, fake_python, records = dpa.gpu_root, dpa.fake_python, dpa.records  # the GPU scenario's fixtures

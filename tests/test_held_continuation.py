@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_docker import FakeDocker
+from fakes.containers import FakeDocker
 from test_dpa_fp8_kv_follow_pins import NAME, TEMPLATE, StandInBuild, world  # noqa: F401 - the fixture
 
 from bisector import builds

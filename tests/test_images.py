@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_docker import RENDER_GID, FakeDocker, vllm_site
+from fakes.containers import RENDER_GID, FakeDocker, vllm_site
 
 from bisector.world.images import (
     ImageIndex,

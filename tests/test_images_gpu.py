@@ -1,5 +1,5 @@
 """The GPU scenario in per-commit images: the real scenario and its real child.py, launched through a fake
-`docker` (tests/fakes/docker) into fake images whose vLLM (tests/helpers/fake_vllm.py) stands in for the engine
+`docker` (tests/fakes/docker) into fake images whose vLLM (tests/fakes/vllm.py) stands in for the engine
 (a GPU memory fault from the culprit on), with a fake /dev/kfd and KFD topology. And a real-runtime test, run only
 where docker and an AMD GPU exist."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_docker import RENDER_GID, FakeDocker, vllm_site
-from helpers.fake_vllm import ROCM_TORCH_FILES, fake_vllm
+from fakes.containers import RENDER_GID, FakeDocker, vllm_site
+from fakes.vllm import ROCM_TORCH_FILES, fake_vllm
 from test_dpa_fp8_kv_scenario import gpu_root  # noqa: F401 - the fixture
 
 from bisector.engine.config import RunConfig

@@ -4,7 +4,7 @@ built and installed for real (test_aiter_pinned's stand-in); and the metric it p
 import json
 
 import pytest
-from fake_docker import FakeDocker
+from fakes.containers import FakeDocker
 from test_aiter_pinned import stand_in  # noqa: F401
 from test_images import TEMPLATE, history, publish, scenario_runs
 

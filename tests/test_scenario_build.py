@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_docker import FakeDocker
+from fakes.containers import FakeDocker
 from test_images import TEMPLATE, history, publish
 
 pytestmark = pytest.mark.integration

@@ -129,7 +129,7 @@ def test_a_failed_build_is_one_line_and_the_worktree_is_removed(make_repo, tmp_p
 
 
 def test_image_runs_the_command_in_the_commits_container_with_the_worktree_mounted(make_repo, tmp_path, cli):
-    from fake_docker import FakeDocker, vllm_site
+    from fakes.containers import FakeDocker, vllm_site
 
     from bisector.world.images import expand
 

@@ -2,7 +2,7 @@
 
 A command run through the real CLI on a real repository (its JSON and `report --format json`), and the GPU
 scenario's own parts timed from the marks its real child.py prints, over the fake vLLM
-(tests/helpers/fake_vllm.py) slowed where vLLM is slow (its import, its engine start).
+(tests/fakes/vllm.py) slowed where vLLM is slow (its import, its engine start).
 """
 import json
 import sys
@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from helpers.fake_vllm import CUDA_TORCH_FILES, fake_vllm, write_files
+from fakes.vllm import CUDA_TORCH_FILES, fake_vllm, write_files
 from test_dpa_fp8_kv_numerics import FAKE_VLLM, NAME, SMALL, nvidia_root  # noqa: F401
 from test_images import bisect, docker, history, publish  # noqa: F401
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_docker import FakeDocker, vllm_site
+from fakes.containers import FakeDocker, vllm_site
 
 from bisector.world.images import REVISION_LABEL, ImageInfo, expand, prove
 

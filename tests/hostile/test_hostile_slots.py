@@ -131,7 +131,7 @@ def test_a_ray_step_push_never_reaches_the_repository(cluster, make_repo, tmp_pa
 @pytest.mark.parametrize("image", [False, True], ids=["host", "image"])
 def test_a_signalled_shell_ends_its_command_group_and_leaves_no_worktree(make_repo, tmp_path, project_root, git_env,
                                                                          wait_for, pid_alive, signum, image):
-    from fake_docker import FakeDocker, vllm_site
+    from fakes.containers import FakeDocker, vllm_site
 
     from bisector.world.images import expand
 

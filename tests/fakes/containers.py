@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-FAKES = Path(__file__).resolve().parent / "fakes"
+FAKES = Path(__file__).resolve().parent  # tests/fakes: the fake docker beside this module
 RENDER_GID = "109"
 RENDER_DEVICES = "--device /dev/dri/renderD128 --device /dev/dri/renderD136"
 

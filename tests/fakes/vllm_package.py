@@ -1,4 +1,4 @@
-"""The fake vLLM's `vllm/__init__.py`: tests/helpers/fake_vllm.py copies this file into a fake package, beside
+"""The fake vLLM's `vllm/__init__.py`: tests/fakes/vllm.py copies this file into a fake package, beside
 the knobs it was given (vllm/fake_knobs.py: a module, as a held vLLM tree keeps only its Python sources). It runs in
 a scenario's child process, never in the tests.
 

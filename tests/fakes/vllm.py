@@ -1,14 +1,14 @@
 """The one fake vLLM of the GPU scenario's tests, and the fake torch beside it.
 
 fake_vllm(...) gives the files of a `vllm` package (relative path -> text) for a checkout, an image's site dir
-or a commit: fake_vllm_package.py as vllm/__init__.py, an EngineArgs with the fields the child asks for, and
+or a commit: vllm_package.py as vllm/__init__.py, an EngineArgs with the fields the child asks for, and
 the knobs below as vllm/fake_knobs.py. write_files puts such files under a directory.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-PACKAGE = Path(__file__).with_name("fake_vllm_package.py")
+PACKAGE = Path(__file__).with_name("vllm_package.py")
 ARG_UTILS = '''from dataclasses import dataclass
 
 
