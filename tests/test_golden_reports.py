@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bisector.record.results import Plan
+from bisector.record.plan import Plan
 from bisector.report import renderers as report
 
 pytestmark = pytest.mark.unit

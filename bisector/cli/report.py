@@ -18,7 +18,7 @@ from bisector.errors import (
     GitError,
     UsageError,
 )
-from bisector.record.results import StoredRun
+from bisector.record.runs import StoredRun
 from bisector.report.formats import FORMATS
 
 SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger

@@ -11,18 +11,10 @@ from functools import wraps
 from typing import Any, Callable, Mapping, Sequence
 
 from bisector.errors import ReportError
-from bisector.record.results import (
-    VERDICTS,
-    BackportResult,
-    BisectResult,
-    BranchEntry,
-    Conflict,
-    Plan,
-    Result,
-    StepRecord,
-    StoredRun,
-    named,
-)
+from bisector.record.backport_results import VERDICTS, BackportResult, BranchEntry, Conflict
+from bisector.record.plan import Plan
+from bisector.record.results import BisectResult, StepRecord, named
+from bisector.record.runs import Result, StoredRun
 from bisector.redact import redact
 from bisector.report import perf as perf_report
 from bisector.report.formats import FORMATS
