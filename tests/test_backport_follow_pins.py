@@ -14,7 +14,9 @@ from follow_pins_world import PinnedState, commit, date, dockerfile, git, init
 
 from bisector.engine.backport import BackportConfig, run_backport
 from bisector.record.store import Store
+from bisector.report import backport as backport_report
 from bisector.report import renderers as report
+from bisector.report import tables
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +88,7 @@ def test_a_branch_that_flips_with_its_aiter_pin_names_the_aiter_commit_and_a_sec
     runs_after, executions_after = stored(tmp_path)
     assert executions_after == executions  # nothing judged again
     assert [row["kind"] for row in runs_after] == [row["kind"] for row in runs] + ["backport"]  # no new level
-    assert f"inside AITER (reused from run {result.run_id}): first good" in report.backport_text(again)
+    assert f"inside AITER (reused from run {result.run_id}): first good" in backport_report.backport_text(again)
 
     fresh = backport(world, tmp_path, no_cache=True)  # --no-cache asks again
     assert not fresh.branches[1].pin_level.reused and fresh.branches[1].pin_level.culprit == world["a"]["a4"]
@@ -156,7 +158,7 @@ def test_plan_with_follow_pins_shows_each_pin_change_and_the_second_levels_cost(
     # a scenario that reads AITER's source itself judges AITER commits as they are: the first level's --aiter
     # pinned installs nothing inside AITER (an AITER commit pins no AITER), so no builds are counted there
     assert plan(follow_pins=True, world=WorldSettings(aiter="pinned")).pin_levels == (line,)
-    assert report.plan_text(plan(follow_pins=True)).splitlines()[-1] == f"follow-pins: {line}"
+    assert tables.plan_text(plan(follow_pins=True)).splitlines()[-1] == f"follow-pins: {line}"
     assert json.loads(json.dumps(plan(follow_pins=True).to_json()))["pin_levels"] == [line]
 
     docs_only = plan_bisection(RunConfig(repo=world["vllm"], good="releases/v1", bad=world["c1"],

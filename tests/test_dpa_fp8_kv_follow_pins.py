@@ -37,7 +37,8 @@ from bisector.repo.refs import GitRepo
 from bisector.report import renderers as report
 from bisector.world.aiter import AiterSettings
 from bisector.world.images import LAYER_REPOSITORY, OWNER_LABEL, REVISION_LABEL, ImageSettings, expand
-from bisector.world.world import StepAt, WorldSettings
+from bisector.world.place import StepAt
+from bisector.world.world import WorldSettings
 from scenarios import create
 from scenarios.base import StepContext, Verdict
 from scenarios.dpa_fp8_kv.scenario import DpaFp8KvScenario

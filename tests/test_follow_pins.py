@@ -26,6 +26,7 @@ from bisector.engine.run import run_bisection
 from bisector.errors import EXIT_ENDPOINT
 from bisector.record.store import Store
 from bisector.report import renderers as report
+from bisector.report import tables
 from bisector.seams import FollowUp
 from scenarios.command import CommandScenario
 
@@ -76,7 +77,7 @@ def test_a_bump_inside_one_history_is_bisected_inside_aiter(tmp_path):
     published = json.loads(report.render(stored[result.run_id], "json"))
     assert published["first_bad"]["sha"] == world.v[3] and published["levels"][1]["first_bad"]["sha"] == \
         world.a["a5"]
-    listed = report.runs_table(list(stored.values())).splitlines()[1:]
+    listed = tables.runs_table(list(stored.values())).splitlines()[1:]
     assert f"level 2 (AITER): first bad commit {world.a['a5'][:12]}" in listed[0]
     assert f"(level 2 of --follow-pins, under run {result.run_id})" in listed[1]
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from bisector.record.results import Plan
+from bisector.record.plan import Plan
 from bisector.report import renderers as report
+from bisector.report import tables
 
 pytestmark = pytest.mark.unit
 
@@ -78,16 +79,16 @@ def test_runs_listing_matches_its_golden_whole_and_within_100_columns(monkeypatc
     time.tzset()
     fixtures = [ROWS[name] for name in sorted(ROWS) if name not in RECORDS]
     try:
-        check("runs.txt", report.runs_table(fixtures) + "\n")
-        check("runs.100.txt", report.runs_table(fixtures, width=100) + "\n")
+        check("runs.txt", tables.runs_table(fixtures) + "\n")
+        check("runs.100.txt", tables.runs_table(fixtures, width=100) + "\n")
     finally:
         monkeypatch.undo()
         time.tzset()
-    assert max(map(len, report.runs_table(fixtures, width=100).splitlines())) <= 100
+    assert max(map(len, tables.runs_table(fixtures, width=100).splitlines())) <= 100
 
 
 def test_plan_matches_its_golden():
-    check("plan.txt", report.plan_text(Plan.from_json(json.loads((FIXTURES / "plan.json").read_text()))) + "\n")
+    check("plan.txt", tables.plan_text(Plan.from_json(json.loads((FIXTURES / "plan.json").read_text()))) + "\n")
 
 
 def test_a_named_commit_reads_as_the_progress_line_has_it_in_every_format():
@@ -97,7 +98,7 @@ def test_a_named_commit_reads_as_the_progress_line_has_it_in_every_format():
     result = json.loads(row["result"])
     doubled = re.compile(r"\((?:%s)\) \(" % "|".join(map(re.escape, result["names"].values())))
     rendered = {fmt: report.render(row, fmt) for fmt in report.FORMATS}
-    rendered["runs"] = report.runs_table([row])
+    rendered["runs"] = tables.runs_table([row])
     assert {fmt: doubled.findall(text) for fmt, text in rendered.items() if doubled.search(text)} == {}
     cases = [case.get("name") for case in ET.fromstring(rendered["junit"]).iter("testcase")]
     assert cases[1] == f"step 1: {result['good'][:12]} (v1.0), endpoint", cases

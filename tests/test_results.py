@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from bisector.errors import EXIT_ABORTED, EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
-from bisector.record.results import RESULT_SCHEMA, RESULTS, BackportResult, BisectResult, StoredRun
+from bisector.record.backport_results import BackportResult
+from bisector.record.results import RESULT_SCHEMA, BisectResult
+from bisector.record.runs import RESULTS, StoredRun
 
 pytestmark = pytest.mark.unit
 

@@ -101,7 +101,7 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     from bisector.cli.backport_progress import BackportProgress
     from bisector.engine.backport import BackportConfig, run_backport
-    from bisector.report import renderers as report
+    from bisector.report import backport as report
     from bisector.world.world import WorldSettings
     from scenarios import create
     from scenarios.command import CommandScenario

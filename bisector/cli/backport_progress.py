@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisector.cli.progress import ProgressHandler, console, escape
-from bisector.record.results import BranchEntry, BranchLevel
+from bisector.record.backport_results import BranchEntry, BranchLevel
 
 
 class BackportProgress:

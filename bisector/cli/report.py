@@ -18,7 +18,7 @@ from bisector.errors import (
     GitError,
     UsageError,
 )
-from bisector.record.results import StoredRun
+from bisector.record.runs import StoredRun
 from bisector.report.formats import FORMATS
 
 SQLITE_MAX_INTEGER = 2**63 - 1  # no run id is larger
@@ -80,7 +80,7 @@ def runs_command(repo, all_repos, state_dir):
 
     A header, then a line per run with when it started and ended; on a terminal each line fits its width (long
     fields end in …; `bisector report ID` shows a run whole), into a file or a pipe lines are whole."""
-    from bisector.report import renderers as report
+    from bisector.report import tables as report
 
     store = open_record(repo, state_dir)
     try:

@@ -182,7 +182,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     from bisector.engine.executor import LocalExecutor, Placement, create_executor
     from bisector.engine.planning import plan_bisection
     from bisector.machine.gpus import refuse_shared_for_timing
-    from bisector.report import renderers as report
+    from bisector.report import tables as report
     from bisector.seams import TimesAlone
     from bisector.world.world import WorldSettings
     from scenarios import create

@@ -75,7 +75,7 @@ def _run_in(judge: Judge, tree: Path, sha: str, argv: list[str], logs: Path) -> 
     from bisector.builds.base import BuildResult
     from bisector.machine.envs import worktree_reader
     from bisector.machine.gpus import gpu_env, visible_gpus
-    from bisector.world.world import StepAt
+    from bisector.world.place import StepAt
 
     logs = logs / f"shell-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)

@@ -33,15 +33,8 @@ from bisector.engine.state import open_builder, open_state
 from bisector.errors import GitError, UsageError
 from bisector.machine.envs import EnvSettings
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
-from bisector.record.results import (
-    BackportBranch,
-    BackportResult,
-    BisectResult,
-    BranchEntry,
-    BranchLevel,
-    FixCheck,
-    PinChange,
-)
+from bisector.record.backport_results import BackportBranch, BackportResult, BranchEntry, BranchLevel, FixCheck
+from bisector.record.results import BisectResult, PinChange
 from bisector.record.steps import Handler
 from bisector.record.store import Execution, Store
 from bisector.repo.picks import Hunk, PickResult, cherry_pick, create_branch, diff_hunks, find_equivalent

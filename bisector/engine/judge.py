@@ -30,7 +30,8 @@ from bisector.seams import (
     Verdict,
 )
 from bisector.signatures import SignatureRule, normalise
-from bisector.world.world import Place, StepAt, World, WorldSettings
+from bisector.world.place import Place, StepAt
+from bisector.world.world import World, WorldSettings
 
 # Variables that change from shell to shell, terminal to terminal or CI run to CI run without changing what a
 # command does: left out of the environment a reused command verdict is keyed on (--reuse-verdicts).

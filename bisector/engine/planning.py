@@ -28,7 +28,8 @@ from bisector.engine.ranges import Range, resolve_range
 from bisector.engine.run import run_key, skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError
-from bisector.record.results import PinChange, Plan, PlannedCommand, PlannedStep
+from bisector.record.plan import Plan, PlannedCommand, PlannedStep
+from bisector.record.results import PinChange
 from bisector.record.store import Store
 from bisector.repo.pins import (
     DEFAULT_AITER_REPO,

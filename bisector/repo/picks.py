@@ -13,7 +13,7 @@ from pathlib import Path
 import git
 
 from bisector.errors import GitError
-from bisector.record.results import Conflict
+from bisector.record.backport_results import Conflict
 from bisector.repo.refs import GitRepo
 from bisector.repo.worktrees import slot_git
 

@@ -13,7 +13,7 @@ count (least recently used removed, never one in use). The base interpreter is n
 
 Inside a vLLM image (a level inside AITER with `--image`) the same source is checked out here and built and
 installed inside a container of the held commit's image (IMAGE_SCRIPT, its python3, its torch and ROCm):
-`AiterImageBuild` is that install, keyed by AITER commit + image digest + arch (+ prebuild); bisector.world.world
+`AiterImageBuild` is that install, keyed by AITER commit + image digest + arch (+ prebuild); bisector.world.containers
 commits the container into the tool's own image (bisector.world.images) and remembers a failed build here, under
 aiter/images/<key>/.
 """
