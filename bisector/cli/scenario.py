@@ -179,7 +179,7 @@ def scenario_classify(name, options, log_file, exit_code, as_json):
     outcome = judged.classify_log(read_bounded("--log", log_file, SAVED_LOG_MOST, errors="replace"), exit_code)
     if as_json:
         click.echo(json.dumps({"verdict": outcome.verdict.value, "reason": outcome.reason,
-                               "details": outcome.details}, indent=2))
+                               "details": outcome.shown_details()}, indent=2))
     else:
         click.echo(f"{outcome.verdict.value}: {outcome.reason}")
         for line in outcome.details.get("matched", []):
