@@ -83,7 +83,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     from bisector.engine.run import JudgeOne, judge_one
     from bisector.world.world import WorldSettings
     check_outputs(repo, state_dir, [("--json", json_file)])
-    scenario = _scenario_asked(name, options, command, bool(world["image"]))
+    scenario = _scenario_asked(name, options, command, bool(world.image))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
@@ -123,7 +123,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     from bisector.engine.run import calibrate
     from bisector.world.world import WorldSettings
     check_outputs(repo, state_dir, [("--json", json_file)])
-    scenario = _scenario_asked(name, options, command, bool(world["image"]))
+    scenario = _scenario_asked(name, options, command, bool(world.image))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
