@@ -59,7 +59,7 @@ def hunt(commits: int, culprit: int, q: float, p: float, learn: bool, seed: int)
                 batch = None
     except (EndpointError, InconsistentVerdicts):
         return "inconclusive", runs
-    named = policy.answer()[0].first_new
+    named = policy.answer().first_new
     return ("inconclusive" if named is None else "right" if named == shas[culprit] else "wrong"), runs
 
 

@@ -102,7 +102,7 @@ def hunt(bench: Bench, max_samples: int, known: int = 0) -> tuple[PerfPolicy, st
                 batch = None
     except EndpointError as stopped:
         return policy, None, str(stopped)
-    return policy, policy.answer()[0].first_new, None
+    return policy, policy.answer().first_new, None
 
 
 def replay(bench: Bench, max_samples: int) -> None:

@@ -43,7 +43,8 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a scenario says of one run on one commit."""
+    """What a scenario says of one run on one commit: what the engine decides on is typed; `details` is for
+    people (shown_details: as reports and the record show them)."""
 
     verdict: Verdict
     reason: str
@@ -53,6 +54,16 @@ class Outcome:
     # a torch of another flavour), "external-signal" (killed from outside); None: the commit's own outcome
     cause: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # measurements of this run (bisector.metrics)
+    timed_out: bool = False  # a skip for the step's timeout: it counts only while the timeout is not larger
+    phases: Mapping[str, float] | None = None  # seconds per part of the run, in order; None: one part "scenario"
+    signature: str | None = None  # a failure's signature (bisector.signatures.failure_signature): --signature's
+    masked: str | None = None  # a good run with the bug present but hidden: what hides it (a backport: "masked")
+
+    def shown_details(self) -> dict:
+        """The details as people read them: the signature and what masks the bug (when given) first, then the
+        scenario's own."""
+        return {**({"signature": self.signature} if self.signature else {}),
+                **({"masked": self.masked} if self.masked else {}), **self.details}
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,11 @@ class CommandScenario(BaseScenario):
         log = str(ctx.log_path)
         code = result.returncode
         if result.timed_out or code is None:  # no exit status: killed for the timeout
-            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, {"timed_out": True})
+            return Outcome(Verdict.SKIP, f"timed out after {ctx.timeout:g}s", log, timed_out=True)
         faults = fault_lines("\n".join(result.marked))
-        failed = {"signature": failure_signature(result.output + "\n" + "\n".join(result.marked), code)}
+        signature = failure_signature(result.output + "\n" + "\n".join(result.marked), code)
         if result.signal_name:
-            return _killed(result.signal_name, faults, log, failed)
+            return _killed(result.signal_name, faults, log, signature)
         if code == 0:
             try:
                 metrics = {**parse_output(result.output), **read_file(metric_file)}
@@ -98,20 +98,20 @@ class CommandScenario(BaseScenario):
             return Outcome(Verdict.SKIP, f"exit {code}: {no_room_line.strip()} (a full disk, a quota or a file size "
                            f"limit), no verdict", log, cause="machine")
         if code < 128:
-            return Outcome(Verdict.BAD, f"exit {code}" + (f": {faults[0]}" if faults else ""), log, failed)
+            return Outcome(Verdict.BAD, f"exit {code}" + (f": {faults[0]}" if faults else ""), log, signature=signature)
         if faults:
-            return Outcome(Verdict.BAD, f"exit {code}: {faults[0]}", log, failed)
+            return Outcome(Verdict.BAD, f"exit {code}: {faults[0]}", log, signature=signature)
         raise ScenarioAbort(f"command exited {code} (>= 128, not a signal): aborting as git bisect run "
                             f"does; see {log}")
 
 
-def _killed(signal_name: str, faults: list[str], log: str, failed: dict) -> Outcome:
+def _killed(signal_name: str, faults: list[str], log: str, signature: str) -> Outcome:
     """A command killed by a signal: a crash (or a GPU fault line) is bad; a kill from outside is no
     verdict and not cached (cause "external-signal"), as a file size limit's is (cause "machine"); any other
     signal is no evidence either."""
     reason = f"killed by {signal_name}"
     if signal_name in CRASH_SIGNALS or faults:
-        return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, failed)
+        return Outcome(Verdict.BAD, reason + (f": {faults[0]}" if faults else ""), log, signature=signature)
     if signal_name in OUTSIDE_SIGNALS:
         cause = " (OOM killer?)" if signal_name == "SIGKILL" else ""
         return Outcome(Verdict.SKIP, f"{reason} from outside{cause}: no verdict", log, {"signal": signal_name},

@@ -282,8 +282,8 @@ def test_timeout_is_a_skip_like_the_command_scenario(tmp_path):
     ctx = StepContext(checkout=demo_tree(tmp_path, "buggy"), log_path=tmp_path / "probe.log", python=str(python),
                       timeout=0.5)
     outcome = AiterMLAProbe().run(ctx)
-    assert (outcome.verdict, outcome.reason, outcome.details) == (Verdict.SKIP, "timed out after 0.5s",
-                                                                  {"timed_out": True})
+    assert (outcome.verdict, outcome.reason, outcome.details, outcome.timed_out) == \
+        (Verdict.SKIP, "timed out after 0.5s", {}, True)
 
 
 def test_cancel_stops_the_child(tmp_path, pid_alive, wait_for):

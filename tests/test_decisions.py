@@ -123,8 +123,8 @@ def test_bisect_policy_checks_the_ends_then_probes_to_the_culprit():
     steps = drive(policy, lambda sha: "bad" if shas.index(sha) >= 21 else "good")
     assert [(s.sha, s.role, s.round) for s in steps[:2]] == [("c0", "endpoint", 0), ("c32", "endpoint", 0)]
     assert {s.role for s in steps[2:]} == {"probe"} and len(steps) - 2 == policy.rounds <= 6
-    answer, found = policy.answer()
-    assert answer.first_new == "c21" and found == {"merge_bases": (), "warnings": ()}
+    answer = policy.answer()
+    assert answer.first_new == "c21" and (answer.merge_bases, answer.warnings) == ((), ())
 
 
 def test_an_endpoint_that_tests_otherwise_stops_the_run():
@@ -138,9 +138,9 @@ def test_a_skipped_merge_base_warns_and_a_new_one_is_a_wrong_range():
     commits, shas = chain(9)
     skipped = BisectPolicy(Bisection(commits, shas[-1]), ends(shas, merge_bases=("c2",)), 1, lambda sha: 1.0)
     drive(skipped, lambda sha: "skip" if sha == "c2" else "bad" if shas.index(sha) >= 5 else "good")
-    answer, found = skipped.answer()
-    assert answer.first_new == "c5" and found["merge_bases"] == (MergeBase(sha="c2", verdict="skip"),)
-    assert found["warnings"][0].startswith("the merge base between c8 and [c0] had to be skipped")
+    answer = skipped.answer()
+    assert answer.first_new == "c5" and answer.merge_bases == (MergeBase(sha="c2", verdict="skip"),)
+    assert answer.warnings[0].startswith("the merge base between c8 and [c0] had to be skipped")
     wrong = BisectPolicy(Bisection(commits, shas[-1]), ends(shas, merge_bases=("c2",)), 1, lambda sha: 1.0)
     with pytest.raises(EndpointError, match="the range is wrong: the merge base c2"):
         drive(wrong, lambda sha: "bad" if shas.index(sha) >= 2 else "good")
@@ -151,7 +151,7 @@ def test_a_seed_pair_that_brackets_the_change_settles_it_alone():
     policy = BisectPolicy(Bisection(commits, shas[-1]), ends(shas), 1, lambda sha: 1.0, seed_pair=("c17", "c16"))
     steps = drive(policy, lambda sha: "bad" if shas.index(sha) >= 17 else "good")
     assert [(s.sha, s.role) for s in steps] == [("c17", "seed"), ("c16", "seed")]
-    assert policy.confirmed and policy.answer()[0].first_new == "c17"
+    assert policy.confirmed and policy.answer().first_new == "c17"
 
 
 def test_find_fix_maps_good_to_new():
@@ -165,8 +165,8 @@ def test_flaky_policy_answers_with_typed_confidence_and_evidence():
     policy = FlakyPolicy(commits, ends(shas), FlakySettings(FlakyModel(0.9, 0.95, 20), 1, True),
                          lambda sha: history.get(sha, []))
     drive(policy, lambda sha: "bad" if shas.index(sha) >= 7 else "good", history)
-    answer, found = policy.answer()
-    flaky = found["flaky"]
+    answer = policy.answer()
+    flaky = answer.flaky
     assert isinstance(flaky, FlakyAnswer) and flaky.confidence >= 0.95 and answer.first_new == flaky.best_guess == "c7"
     assert sum(seen.runs for seen in flaky.evidence.values()) == sum(len(runs) for runs in history.values())
     assert flaky.evidence["c11"] == Evidence(runs=1, faults=1)
@@ -177,10 +177,10 @@ def test_calibration_tallies_both_ends_and_advises():
     verdicts = iter(["bad", "good", "good", "good", "bad", "good", "skip", "good"])
     for sha, role in (commit for batch in policy.batches() for commit in batch.commits):
         policy.observe(step(sha, role, policy.rounds, next(verdicts), signature="GPU memory access fault"))
-    found = policy.answer()[1]
-    assert (found["bad"]["runs"], found["bad"]["bad"], found["bad"]["skip"]) == (4, 2, 1)
-    assert found["reproduction_rate"] == round(2 / 3, 4) and found["signature"] == "GPU memory access fault"
-    assert "--flaky --fault-rate 0.67, or --repeat 3" in found["recommendation"]
+    found = policy.reproduction()
+    assert (found.bad["runs"], found.bad["bad"], found.bad["skip"]) == (4, 2, 1)
+    assert found.rate == round(2 / 3, 4) and found.signature == "GPU memory access fault"
+    assert "--flaky --fault-rate 0.67, or --repeat 3" in found.recommendation
 
 
 @pytest.mark.parametrize("bad, good, advice", [
@@ -191,7 +191,7 @@ def test_calibration_tallies_both_ends_and_advises():
 ])
 def test_calibration_advice(bad, good, advice):
     assert advice in calibration({**good, "skip": 0, "signatures": {}},
-                                 {**bad, "signatures": {}})["recommendation"]
+                                 {**bad, "signatures": {}}).recommendation
 
 
 # -- signatures -------------------------------------------------------------------------------------

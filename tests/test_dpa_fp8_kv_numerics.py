@@ -117,7 +117,7 @@ def test_numerics_clean_pair_is_good_with_figures_per_sequence(tmp_path, nvidia_
     assert len(figures["per_sequence"]) == 6 and figures["disagreeing"] == 0
     assert outcome.details["reference"]["attention_backend"] == "FLASHMLA"
     assert outcome.details["model"]["weights"]["scale"] == 0.05
-    assert "signature" not in outcome.details
+    assert outcome.signature is None
 
 
 def test_numerics_planted_bug_is_bad_with_its_own_signature_and_worst_sequences(tmp_path, nvidia_root,
@@ -127,7 +127,7 @@ def test_numerics_planted_bug_is_bad_with_its_own_signature_and_worst_sequences(
     assert outcome.verdict is Verdict.BAD
     assert outcome.reason.startswith("numerics: TRITON_MLA disagrees with FLASHMLA on 3 of 6 sequences "
                                      "(token agreement 0.625")
-    assert outcome.details["signature"] == numerics.SIGNATURE
+    assert outcome.signature == numerics.SIGNATURE
     worst = outcome.details["numerics"]["worst"]
     assert [seq["seq"] for seq in worst[:3]] == [0, 2, 4] and worst[0]["first_difference"] == 1
     log = Path(outcome.log_path).read_text()

@@ -134,7 +134,7 @@ ROWS = {
 def test_the_answer_and_its_cost(history, expected, tmp_path):
     store = Store(tmp_path / "bisector.sqlite")
     ctx, executor, policy = run(history, store)
-    answer, _ = policy.answer()
+    answer = policy.answer()
     assert answer.first_new == expected.first
     if expected.first is None:
         assert tuple(answer.candidates) == expected.candidates
@@ -163,7 +163,7 @@ def test_an_interrupted_run_resumes_from_its_verdicts(history, expected, tmp_pat
     first, _, _ = run(history, store, interrupt_at=served)
     assert sorted(step.role for step in first.steps) == ["endpoint", "endpoint"] + ["probe"] * (served - 2)
     again, executor, policy = run(history, store)
-    assert policy.answer()[0].first_new == expected.first
+    assert policy.answer().first_new == expected.first
     assert [step.cached for step in again.steps] == [True] * served + [False] * (expected.steps - served)
     assert first.executions + again.executions == expected.executions
     assert sorted(executor.asked) == sorted(step.sha for step in again.steps[served:])
@@ -188,8 +188,8 @@ FLAKY = {
 @pytest.mark.parametrize("history, first, clean_end_runs, executions", FLAKY.values(), ids=FLAKY.keys())
 def test_the_flaky_search(history, first, clean_end_runs, executions, tmp_path):
     ctx, executor, policy = run(history, Store(tmp_path / "bisector.sqlite"))
-    answer, found = policy.answer()
-    assert answer.first_new == found["flaky"].best_guess == first and found["flaky"].confidence >= 0.95
+    answer = policy.answer()
+    assert answer.first_new == answer.flaky.best_guess == first and answer.flaky.confidence >= 0.95
     assert executor.runs["c0"] == clean_end_runs and executor.runs["c3"] >= 2  # the culprit's parent, tried
     assert ctx.executions == len(ctx.steps) == executions  # one run a step, every one recorded
 

@@ -44,13 +44,13 @@ def test_a_slowdown_from_a_pin_bump_is_hunted_inside_aiter(tmp_path):
     result = run_bisection(RunConfig(repo=world.vllm, good=world.v[0], bad=world.v[-1], state_dir=tmp_path / "state",
                                      scenario=PinnedSpeed({"aiter_repo": str(world.aiter)}), follow_pins=True,
                                      perf=PerfSettings("tok_s", Direction.HIGHER)))
-    assert result.culprit.sha == world.v[3] and result.perf["change"]["relative"] < -0.04
+    assert result.culprit.sha == world.v[3] and result.perf.change.relative < -0.04
     assert result.pin_change.continuation.endswith(  # the same hunt, by hand
         " --metric tok_s --higher-is-better --min-change 1 --warmup 0 --max-samples 20")
     [inside] = result.levels
     assert inside.culprit.sha == world.a["a5"], inside.stopped
-    assert inside.perf["metric"] == "tok_s" and inside.perf["change"]["relative"] < -0.04
-    assert all(len(entry["samples"]) >= 3 for entry in inside.perf["commits"])
+    assert inside.perf.settings.metric == "tok_s" and inside.perf.change.relative < -0.04
+    assert all(len(entry.samples) >= 3 for entry in inside.perf.commits)
     assert result.exit_code == 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bisector.report.perf import change_text
+from bisector.search.perf import Change
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +34,8 @@ def hunted(tmp_path_factory, repo_builder, cli):
 
 
 def test_the_change_is_stated_as_the_issue_writes_it():
-    said = change_text("decode tok/s", {"before": 10340, "after": 9410, "relative": -0.09,
-                                        "ci": [-0.101, -0.078], "confidence": 0.95, "p_value": 2e-6})
+    said = change_text("decode tok/s", Change(before=10340, after=9410, relative=-0.09, low=-0.101, high=-0.078,
+                                              p_value=2e-6))
     assert said == "decode tok/s 10,340 → 9,410 (−9.0 %, 95 % CI −10.1 … −7.8 %, p = 2e-6)"
 
 

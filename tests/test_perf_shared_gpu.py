@@ -71,7 +71,7 @@ def test_two_steps_on_one_shared_gpu_start_engines_side_by_side_and_never_measur
         assert outcomes[name].verdict is Verdict.GOOD, outcomes[name].reason
         found = marks((tmp_path / name / "logs" / f"{name}.log").read_text())
         assert {"import", "timing_gate", "engine", "measure_gate", "measure"} <= set(found)
-        assert outcomes[name].details["phases"]["measure_gate"] >= 0
+        assert outcomes[name].phases["measure_gate"] >= 0
         starts[name] = (found["timing_gate"], found["engine"])  # gate taken shared .. engine up
         measurements[name] = (found["measure_gate"], found["measure"])  # gate taken alone .. measured
 
@@ -88,7 +88,7 @@ def test_a_gpu_of_its_own_takes_no_timing_gate(tmp_path, nvidia_root):  # noqa: 
     alone = measured(tmp_path, nvidia_root, 0.002, "alone", env={"CUDA_VISIBLE_DEVICES": "0"})
     assert alone.verdict is Verdict.GOOD, alone.reason
     assert "timing_gate" not in marks((tmp_path / "logs" / "alone.log").read_text())
-    assert "timing_gate" not in alone.details["phases"]
+    assert "timing_gate" not in alone.phases
 
 
 def test_a_perf_hunt_of_the_scenario_may_share_a_gpu_a_command_may_not(cli, repo_builder, tmp_path):

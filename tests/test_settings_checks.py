@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from bisector.builds import BuildSettings
-from bisector.cli.options import WORLD_PARAMETERS, one_aiter_repo
+from bisector.cli.options import one_aiter_repo
 from bisector.errors import UsageError
-from bisector.world.world import WorldSettings
+from bisector.world.world import WorldOptions, WorldSettings
 from scenarios.aiter_mla_probe import AiterMLAProbe
 from scenarios.dpa_fp8_kv import DpaFp8KvScenario
 
 pytestmark = pytest.mark.unit
 
 
-def world(configured: tuple[str, ...] = (), **given) -> dict:
-    return {**dict.fromkeys(WORLD_PARAMETERS), **given, "configured": frozenset(configured)}
+def world(configured: tuple[str, ...] = (), **given) -> WorldOptions:
+    return WorldOptions(**given, configured=frozenset(configured))
 
 
 @pytest.mark.parametrize("given, message", [
@@ -46,10 +46,10 @@ def test_a_configured_aiter_repo_is_a_default_not_a_mistake():
 
 def test_one_aiter_repo_feeds_both_readers():
     pairs, fed = one_aiter_repo(("arch=gfx950",), "aiter-mla-probe", world(aiter_repo="/src/aiter"))
-    assert pairs == ("arch=gfx950", "aiter_repo=/src/aiter") and fed["aiter_repo"] == "/src/aiter"
+    assert pairs == ("arch=gfx950", "aiter_repo=/src/aiter") and fed.aiter_repo == "/src/aiter"
     pairs, fed = one_aiter_repo(("aiter_repo=/src/aiter",), "dpa-fp8-kv-graph-capture",
                                 world(("aiter_repo",), aiter_repo="/configured", aiter="pinned"))
-    assert pairs == () and fed["aiter_repo"] == "/src/aiter" and not fed["configured"]
+    assert pairs == () and fed.aiter_repo == "/src/aiter" and not fed.configured
     with pytest.raises(UsageError, match="name AITER's one repository twice"):
         one_aiter_repo(("aiter_repo=/a",), "aiter-mla-probe", world(aiter_repo="/b"))
 

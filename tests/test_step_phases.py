@@ -95,7 +95,7 @@ def test_gpu_scenario_times_its_child_from_the_marks_it_prints(tmp_path, nvidia_
                            "BISECTOR_CACHE_DIR": str(tmp_path / "cache")})
     outcome = scenario.run(ctx)
     assert outcome.verdict is Verdict.GOOD, outcome.reason
-    phases = outcome.details["phases"]
+    phases = outcome.phases
     assert [name for name in phases if name != "start_gate"] == \
         ["probe", "prepare", "child_start", "import_torch", "import", "engine", work, "shutdown"], phases
     assert phases["import"] >= PAUSE and phases["engine"] >= PAUSE, phases  # where the fake vLLM slept

@@ -221,8 +221,8 @@ def flaky_hunt(q: float, p: float, seed: int, commits: int = 30, culprit: int = 
                 batch = None
     except EndpointError:
         return None, 0.0
-    answer, found = policy.answer()
-    return answer.first_new, found["flaky"].confidence
+    answer = policy.answer()
+    return answer.first_new, answer.flaky.confidence
 
 
 @pytest.mark.unit

@@ -116,10 +116,10 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     values = [(label, create(scenario_name, each)) for label, each in option_values(options)] \
         if scenario_name else []
     scenario = values[0][1] if values \
-        else CommandScenario(list(command), in_image=bool(world["image"])) if command else None
+        else CommandScenario(list(command), in_image=bool(world.image)) if command else None
     if follow_pins and scenario is None:
         raise UsageError("--follow-pins judges AITER commits with the scenario: give --scenario NAME")
-    if world["image"] and scenario is None:
+    if world.image and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
     world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch,
                                               follow_pins=follow_pins)

@@ -1,12 +1,14 @@
 """The options commands share, and the checks that turn them into settings (one UsageError line each)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 import stat
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -22,6 +24,9 @@ from bisector.machine.envs import DEFAULT_ENV_CACHE_SIZE, MODES
 from bisector.redact import redact_all
 from bisector.registry import Registry
 from bisector.repo.pins import unsafe_git_source
+
+if TYPE_CHECKING:
+    from bisector.world.world import WorldOptions
 
 
 class RegistryChoice(click.Choice):
@@ -284,11 +289,11 @@ WORLD_PARAMETERS = ("image", "image_fallback", "container_runtime", "container_n
 
 def world_options(command):
     """--image and its options, --aiter and its options (`run`, `backport`, `scenario run|calibrate`); the
-    command receives them as one `world` mapping (see WorldSettings.from_options), with the names of those
-    that came from configuration under "configured" (defaults: applied, never refused for being there)."""
+    command receives them as one `world` value (bisector.world.world.WorldOptions), with the names of those
+    that came from configuration (defaults: applied, never refused for being there)."""
     from bisector.world.aiter import DEFAULT_AITER_CACHE_SIZE
     from bisector.world.images import DEFAULT_IMAGE_CACHE_SIZE, FALLBACKS, RUNTIMES
-    from bisector.world.world import AITER_MODES
+    from bisector.world.world import AITER_MODES, WorldOptions
 
     options = [
         click.option("--image", metavar="TEMPLATE",
@@ -319,9 +324,9 @@ def world_options(command):
     @functools.wraps(command)
     def with_world(*args, **kwargs):
         ctx = click.get_current_context()
-        world = {name: kwargs.pop(name) for name in WORLD_PARAMETERS}
-        world["configured"] = frozenset(name for name in WORLD_PARAMETERS
-                                        if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP)
+        world = WorldOptions(**{name: kwargs.pop(name) for name in WORLD_PARAMETERS},
+                             configured=frozenset(name for name in WORLD_PARAMETERS
+                                                  if ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP))
         if "options" in kwargs:
             scenario_name = kwargs.get("scenario_name", kwargs.get("name"))
             kwargs["options"], world = one_aiter_repo(kwargs["options"], scenario_name, world)
@@ -333,13 +338,14 @@ def world_options(command):
     return with_world
 
 
-def one_aiter_repo(pairs: tuple[str, ...], scenario_name: str | None, world: dict) -> tuple[tuple[str, ...], dict]:
+def one_aiter_repo(pairs: tuple[str, ...], scenario_name: str | None,
+                   world: WorldOptions) -> tuple[tuple[str, ...], WorldOptions]:
     """AITER's repository has one name, aiter_repo: `--option aiter_repo=X` (the spelling documented),
     `--aiter-repo X` (an alias fed the same value) or the configured aiter_repo. Returns the --option pairs
     and the world options with that one value in both places that read it: the scenario's own option (when
     the scenario takes one) and the repository --aiter pinned clones."""
     given = [value for key, _, value in (pair.partition("=") for pair in pairs) if key == "aiter_repo"]
-    alias = None if "aiter_repo" in world["configured"] else world["aiter_repo"]
+    alias = None if "aiter_repo" in world.configured else world.aiter_repo
     if given and alias is not None and given[-1] != alias:
         raise UsageError(f"--aiter-repo {alias} and --option aiter_repo={given[-1]} name AITER's one repository "
                          "twice: give it once, as --option aiter_repo=PATH|URL")
@@ -348,11 +354,11 @@ def one_aiter_repo(pairs: tuple[str, ...], scenario_name: str | None, world: dic
         problem = unsafe_git_source(given[-1])
         if problem and not takes:
             raise UsageError(f"--option aiter_repo={given[-1]!r}: {problem}")
-        world = {**world, "aiter_repo": given[-1], "configured": world["configured"] - {"aiter_repo"}}
-        if not takes and world["aiter"] == "pinned":
+        world = dataclasses.replace(world, aiter_repo=given[-1], configured=world.configured - {"aiter_repo"})
+        if not takes and world.aiter == "pinned":
             pairs = tuple(pair for pair in pairs if pair.partition("=")[0] != "aiter_repo")
-    elif world["aiter_repo"] is not None and takes:
-        pairs = (*pairs, f"aiter_repo={world['aiter_repo']}")
+    elif world.aiter_repo is not None and takes:
+        pairs = (*pairs, f"aiter_repo={world.aiter_repo}")
     return pairs, world
 
 

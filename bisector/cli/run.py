@@ -210,7 +210,7 @@ def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, 
     exit_codes = []
     for (label, scenario_options), (_, each_json, each_markdown) in zip(runs, outputs):
         scenario = create(scenario_name, scenario_options) if scenario_name \
-            else CommandScenario(list(command), in_image=bool(world["image"]))
+            else CommandScenario(list(command), in_image=bool(world.image))
         world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch, executor_kind,
                                                   follow_pins)
         step_executor = create_executor(executor_kind, Placement(

@@ -83,7 +83,7 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
     from bisector.engine.run import JudgeOne, judge_one
     from bisector.world.world import WorldSettings
     check_outputs(repo, state_dir, [("--json", json_file)])
-    scenario = _scenario_asked(name, options, command, bool(world["image"]))
+    scenario = _scenario_asked(name, options, command, bool(world.image))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
@@ -123,7 +123,7 @@ def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir,
     from bisector.engine.run import calibrate
     from bisector.world.world import WorldSettings
     check_outputs(repo, state_dir, [("--json", json_file)])
-    scenario = _scenario_asked(name, options, command, bool(world["image"]))
+    scenario = _scenario_asked(name, options, command, bool(world.image))
     builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
                                         command)
     judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
@@ -179,7 +179,7 @@ def scenario_classify(name, options, log_file, exit_code, as_json):
     outcome = judged.classify_log(read_bounded("--log", log_file, SAVED_LOG_MOST, errors="replace"), exit_code)
     if as_json:
         click.echo(json.dumps({"verdict": outcome.verdict.value, "reason": outcome.reason,
-                               "details": outcome.details}, indent=2))
+                               "details": outcome.shown_details()}, indent=2))
     else:
         click.echo(f"{outcome.verdict.value}: {outcome.reason}")
         for line in outcome.details.get("matched", []):

@@ -54,7 +54,7 @@ def shell_command(ref, repo, state_dir, python, build, rocm_arch, wheels, allow_
     argv = list(command) or [os.environ.get("SHELL") or "/bin/sh"]
     checked = GitRepo(Path(repo))
     sha = checked.resolve(ref)  # a bad REV stops here: nothing made yet
-    scenario = CommandScenario(argv, in_image=bool(world["image"]))  # what a step runs a command with
+    scenario = CommandScenario(argv, in_image=bool(world.image))  # what a step runs a command with
     settings = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, tuple(command)) \
         .allowing_install(allow_install_into_python)
     places = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)

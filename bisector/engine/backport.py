@@ -448,7 +448,7 @@ class _BranchChecker:
         parent = self._judge(parents[0], "fix-parent")
         fixed = self._judge(self.fix, "fix") if parent.verdict.value == "bad" else None
         return FixCheck(options=options, parent=parents[0], parent_verdict=parent.verdict.value,
-                        parent_reason=parent.reason, parent_masked=_masked(parent),
+                        parent_reason=parent.reason, parent_masked=parent.masked,
                         fix_verdict=fixed.verdict.value if fixed else None, fix_reason=fixed.reason if fixed else "")
 
     def check(self, name: str, tip: str, exercised: bool = True) -> BranchEntry:
@@ -465,7 +465,7 @@ class _BranchChecker:
                                reason=f"{sha[:12]} carries the fix ({how})", options=self.label)
         present = target_present(self.fix_hunks, lambda path: self.repo.file_text(tip, path))
         before = self._judge(tip, "before") if self.ctx else None
-        masked = _masked(before) if before else None
+        masked = before.masked if before else None
         if before and before.verdict.value == "good" and not exercised:
             return self._not_exercised(name, tip, before, masked, present)
         pick, pick_cached = self.picks.pick(self.pool, tip)
@@ -548,10 +548,6 @@ class _BranchChecker:
         return BackportBranch(name=branch, state="exists" if same else "exists at another commit, left alone")
 
 
-def _masked(execution: Execution) -> str | None:
-    """What hides the bug on a good commit, when the scenario says so (its outcome's details["masked"])."""
-    masked = execution.details.get("masked") if execution.verdict.value == "good" else None
-    return str(masked) if masked else None
 
 
 def _options_given(scenario: Scenario | None) -> str:

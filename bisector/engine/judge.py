@@ -237,7 +237,7 @@ class Judge:
               environment: Environment, place: Place, clock: PhaseClock) -> list[Execution]:
         """Build in environment (unless the image holds the build), then scenario runs with template's
         settings until the verdict is decided; each run's phases its scenario's own (a scenario may time its
-        parts in details["phases"]), else the one part "scenario"."""
+        parts: Outcome.phases), else the one part "scenario"."""
         fresh: list[Execution] = []
         worktree, logs = template.checkout, template.log_path
         unfit = None
@@ -265,25 +265,27 @@ class Judge:
                     build.log_path, "build"
                 details: dict = {}
                 metrics: dict[str, float] = {}
+                parts: Mapping[str, float] | None = None
+                signature: str | None = None
             else:
                 ctx = dataclasses.replace(template, log_path=log_path, env={**build.env, **template.env})
                 outcome = self.scenario.run(ctx)
                 outcome_verdict, reason, log, cause = outcome.verdict, outcome.reason, outcome.log_path, \
                     outcome.cause if outcome.verdict == Verdict.SKIP else None
-                details = dict(outcome.details)
+                details = outcome.shown_details()
                 metrics = dict(outcome.metrics)
-                if details.pop("timed_out", False):
+                parts, signature = outcome.phases, outcome.signature
+                if outcome.timed_out:
                     timed_out_after = details["timed_out_after"] = self.spec.timeout
             if outcome_verdict == Verdict.SKIP:  # a good or bad ran its process, which wrote the log
                 log = _reason_log(log, log_path, f"skip: {reason}")
             if log != str(log_path) and log_path.is_file() and not log_path.stat().st_size:
                 log_path.unlink()  # claimed, never written: the run's log is another (a remembered failure's)
             seconds = time.monotonic() - start
-            parts = details.pop(PHASES, None)
             run = Execution(sha, outcome_verdict, reason, log, seconds, summary, {**place.details, **details},
-                            signature=details.get("signature"), timed_out_after=timed_out_after,
+                            signature=signature, timed_out_after=timed_out_after,
                             image_digest=place.image_digest, metrics=metrics)
-            if not isinstance(parts, dict):  # a build that failed ran nothing: its instant is "other"
+            if parts is None:  # a build that failed ran nothing: its instant is "other"
                 parts = {"scenario": seconds} if build.ok else {}
             fresh.append(_no_verdict(with_phases(run, parts), cause))
         return fresh

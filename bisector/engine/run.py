@@ -32,6 +32,7 @@ from bisector.search.policies import (
     FlakyPolicy,
     FlakySettings,
     PerfPolicy,
+    PolicyAnswer,
     SearchPolicy,
 )
 from bisector.search.seeding import SeedPlan, plan_seeds
@@ -160,8 +161,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                 logs = run_logs(state_dir, run.id)
                 ctx = RunContext(store, judge, executor, run.id, handler, CacheUse(cfg.no_cache, cfg.reuse_verdicts))
                 policy: SearchPolicy | None = None
-                answer, outcome, stopped = None, "", None
-                found: dict = {}
+                answer, outcome, stopped = PolicyAnswer(), "", None
                 try:
                     executor.start(pool, logs)
                     handler.started(run.id, len(asked.commits), run.resumed_from, logs)
@@ -169,21 +169,20 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
                                      [*world.untestable([sha for sha, _ in asked.commits]), *skipped])
                     ctx.drive(policy)
-                    answer, found = policy.answer()
+                    answer = policy.answer()
                 except (EndpointError, AbortError, KeyboardInterrupt) as exc:
                     outcome, stopped = _stopped(cfg, ends, ctx, exc)
                     if isinstance(policy, PerfPolicy):  # the ends' samples, and the probes' so far
-                        found["perf"] = policy.record()
-                note = None if answer is None or answer.first_new else \
+                        answer = PolicyAnswer(perf=policy.record())
+                note = None if stopped is not None or answer.first_new else \
                     world.range_note(answer.candidates, dict(asked.commits))
-                if note:
-                    found["warnings"] = (*found.get("warnings", ()), note)
-                first = answer.first_new if answer else None
+                first = answer.first_new
                 result = BisectResult(
                     run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
                     good=asked.good, bad=asked.bad,
                     culprit=repo.commit_info(first, implicated_paths(cfg.scenario)) if first else None,
-                    candidates=tuple(answer.candidates) if answer else (),
+                    candidates=answer.candidates, merge_bases=answer.merge_bases,
+                    warnings=(*answer.warnings, *((note,) if note else ())), flaky=answer.flaky, perf=answer.perf,
                     range=(*ends.olds, *(sha for sha, _ in asked.commits)),
                     steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions,
                     rounds=policy.rounds if policy else 0,
@@ -192,7 +191,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
                     prefilter=prefilter,
                     seeded=seeds.record(policy.confirmed) if seeds and policy else None,
                     pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
-                    skipped_by_user=skipped, outcome=outcome, stopped=stopped, **found)
+                    skipped_by_user=skipped, outcome=outcome, stopped=stopped)
                 result = result.with_names(names)
                 run.result = result.to_json()
                 _close(result)
@@ -346,5 +345,8 @@ def calibrate(repo_path: Path, ends: tuple[str, str], spec: JudgeSpec, runs: int
         ctx.drive(policy)
     learned = spec.scenario.calibrated_options([step.details for step in ctx.steps if step.sha == good_sha]) \
         if isinstance(spec.scenario, LearnsOptions) else {}  # e.g. numerics bounds from the good end
-    return Calibration(scenario=ctx.judge.key, runs=runs, **policy.answer()[1], options=learned,
+    found = policy.reproduction()
+    return Calibration(scenario=ctx.judge.key, runs=runs, good=found.good, bad=found.bad,
+                       reproduction_rate=found.rate, signature=found.signature,
+                       recommendation=found.recommendation, options=learned,
                        steps=tuple(step.record() for step in ctx.steps))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Mapping, Sequence
 
 from bisector.errors import EXIT_ABORTED, EXIT_ENDPOINT, EXIT_FOUND, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED
+from bisector.search.perf import PerfRecord
 
 # Version of the result records (`"schema"` in every stored result and --json): 2 adds command_line,
 # repo, cache_key (run and per step), step details for every verdict, merge_bases and warnings.
@@ -368,7 +369,7 @@ class BisectResult:
     follow_notes: tuple[str, ...] = ()     # --follow-pins: why no further level ran, or where they ended
     skipped_by_user: tuple[str, ...] = ()  # --skip/--skip-file: commits of the range never tested
     names: Mapping[str, str] = field(default_factory=dict)  # sha -> the tag or branch naming it (refs.names)
-    perf: Mapping | None = None      # --metric: settings, the ends' change, each tested commit's samples (PerfPolicy)
+    perf: PerfRecord | None = None   # --metric: settings, the ends' change, each tested commit's samples (PerfPolicy)
 
     def __post_init__(self) -> None:
         if not self.outcome:
@@ -462,7 +463,7 @@ class BisectResult:
         if self.flaky:
             record.update(self.flaky.to_json())
         if self.perf:
-            record["perf"] = self.perf
+            record["perf"] = self.perf.to_json()
         if self.seeded:
             record["seeded"] = self.seeded.to_json()
         if self.pin_change:
@@ -503,7 +504,8 @@ class BisectResult:
             merge_bases=tuple(MergeBase(sha=base["sha"], verdict=base["verdict"])
                               for base in data.get("merge_bases", ())),
             warnings=tuple(data.get("warnings", ())), skipped_by_user=tuple(data.get("skipped_by_user", ())),
-            flaky=FlakyAnswer.from_json(data) if "confidence" in data else None, perf=data.get("perf"),
+            flaky=FlakyAnswer.from_json(data) if "confidence" in data else None,
+            perf=PerfRecord.from_json(data["perf"]) if data.get("perf") else None,
             seeded=SeedRecord.from_json(data["seeded"]) if data.get("seeded") else None,
             pin_change=PinChange.from_json(data) if data.get("pin_change") else None,
             level=PinLevel.from_json(data["level"]) if data.get("level") else None,

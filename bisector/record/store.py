@@ -246,6 +246,12 @@ class Execution:
         """Whether it judged the commit (and is kept in the verdict cache)."""
         return self.cause is None
 
+    @property
+    def masked(self) -> str | None:
+        """What hides the bug on a good run, when its scenario says so (Outcome.masked, kept in details)."""
+        masked = self.details.get("masked") if self.verdict is Verdict.GOOD else None
+        return str(masked) if masked else None
+
 
 @dataclass(frozen=True)
 class BuildRecord:

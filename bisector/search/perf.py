@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
     import numpy as np
@@ -151,11 +151,20 @@ class Change:
         """The largest change of the median, in the metric's units, that the interval allows."""
         return max(abs(self.low), abs(self.high)) * (1.0 if self.relative is None else abs(self.before))
 
+    def rounded(self) -> Change:
+        """This change as results keep it: relative and its interval to six places."""
+        return Change(self.before, self.after, None if self.relative is None else round(self.relative, 6),
+                      round(self.low, 6), round(self.high, 6), self.p_value)
+
     def to_json(self) -> dict:
-        return {"before": self.before, "after": self.after,
-                "relative": None if self.relative is None else round(self.relative, 6),
-                "absolute": self.absolute, "ci": [round(self.low, 6), round(self.high, 6)],
-                "confidence": CONFIDENCE, "p_value": self.p_value}
+        return {"before": self.before, "after": self.after, "relative": self.relative, "absolute": self.absolute,
+                "ci": [self.low, self.high], "confidence": CONFIDENCE, "p_value": self.p_value}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Change:
+        """Also reads records from before the absolute change was kept (it is after - before)."""
+        low, high = data["ci"]
+        return cls(data["before"], data["after"], data["relative"], low, high, data["p_value"])
 
 
 def change(before: Sequence[float], after: Sequence[float]) -> Change:
@@ -478,6 +487,12 @@ class PerfSettings:
         return {"metric": self.metric, "direction": str(self.direction), "min_change": self.min_change,
                 "warmup": self.warmup, "max_samples": self.max_samples}
 
+    @classmethod
+    def from_json(cls, data: Mapping) -> PerfSettings:
+        """The settings a result keeps (how many runs went side by side is not kept: parallel reads 1)."""
+        return cls(data["metric"], Direction(data["direction"]), data["min_change"], data["warmup"],
+                   data["max_samples"])
+
     def plan(self, testable: int) -> tuple[int, int]:
         """Runs a hunt over `testable` commits takes: (fewest, most)."""
         probes = math.ceil(math.log2(testable + 1)) if testable else 0
@@ -485,3 +500,67 @@ class PerfSettings:
                   + probes // self.ENDPOINT_REPEAT_EVERY)
         most = 2 * (self.warmup + self.max_samples) + probes * (self.warmup + 2 * self.max_samples)
         return fewest, most
+
+
+@dataclass(frozen=True)
+class PerfCommit:
+    """A commit of a performance hunt as its result keeps it: its runs, its samples (after the warm-up) with
+    their median and quartiles, its change from the old end, and the verdict the hunt gave it."""
+
+    sha: str
+    role: str                      # endpoint | probe
+    runs: int
+    samples: tuple[float, ...]
+    verdict: str                   # an end: its name; a probe: the name of the end it is like, skip or undecided
+    median: float | None = None    # None: no samples
+    q1: float | None = None
+    q3: float | None = None
+    change: Change | None = None   # from the old end, with two samples or more
+    reason: str | None = None      # a probe: why its verdict
+    p_old: float | None = None     # a probe: the p-values of its samples against the old end's, the new end's
+    p_new: float | None = None
+
+    def to_json(self) -> dict:
+        entry: dict[str, Any] = {"sha": self.sha, "role": self.role, "runs": self.runs, "samples": list(self.samples)}
+        if self.median is not None:
+            entry.update(median=self.median, q1=self.q1, q3=self.q3)
+        if self.change is not None:
+            entry["change"] = self.change.to_json()
+        entry["verdict"] = self.verdict
+        if self.reason is not None:
+            entry["reason"] = self.reason
+        if self.p_old is not None:
+            entry["p_old"], entry["p_new"] = self.p_old, self.p_new
+        return entry
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> PerfCommit:
+        return cls(data["sha"], data["role"], data["runs"], tuple(data["samples"]), data["verdict"],
+                   data.get("median"), data.get("q1"), data.get("q3"),
+                   Change.from_json(data["change"]) if data.get("change") else None, data.get("reason"),
+                   data.get("p_old"), data.get("p_new"))
+
+
+@dataclass(frozen=True)
+class PerfRecord:
+    """What a result keeps of a performance hunt (policies.PerfPolicy.record): the settings, the ends' names and
+    change, and every tested commit, in history order."""
+
+    settings: PerfSettings
+    old_name: str
+    new_name: str
+    commits: tuple[PerfCommit, ...]
+    change: Change | None = None  # from the old end to the new; None: an end has no samples
+
+    def to_json(self) -> dict:
+        record: dict[str, Any] = {**self.settings.to_json(), "old_name": self.old_name, "new_name": self.new_name,
+                                  "commits": [commit.to_json() for commit in self.commits]}
+        if self.change is not None:
+            record["change"] = self.change.to_json()
+        return record
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> PerfRecord:
+        return cls(PerfSettings.from_json(data), data["old_name"], data["new_name"],
+                   tuple(PerfCommit.from_json(commit) for commit in data["commits"]),
+                   Change.from_json(data["change"]) if data.get("change") else None)

@@ -14,10 +14,12 @@ from typing import Any, Callable, Generator, Mapping, NoReturn, Protocol, Sequen
 from bisector.errors import EndpointError, MergeBaseError, UsageError
 from bisector.record.results import FlakyAnswer, MergeBase
 from bisector.record.steps import Step
-from bisector.search.dag import Answer, Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
+from bisector.search.dag import Bisection, FlakyBisection, FlakyModel, InconsistentVerdicts, Term
 from bisector.search.perf import (
     Comparison,
     Direction,
+    PerfCommit,
+    PerfRecord,
     PerfSettings,
     Result,
     change,
@@ -101,6 +103,19 @@ class Endpoints:
         return None
 
 
+@dataclass(frozen=True)
+class PolicyAnswer:
+    """What a search found: the first new commit (None: not found) and the candidates left, with what the
+    policy adds for the result: the merge bases tested, warnings, --flaky's confidence, --metric's hunt."""
+
+    first_new: str | None = None
+    candidates: tuple[str, ...] = ()
+    merge_bases: tuple[MergeBase, ...] = ()
+    warnings: tuple[str, ...] = ()
+    flaky: FlakyAnswer | None = None
+    perf: PerfRecord | None = None
+
+
 class SearchPolicy(Protocol):
     rerun: bool       # True: each step is one more execution, cached verdicts or not
     rounds: int       # rounds after the endpoint round so far
@@ -114,7 +129,7 @@ class SearchPolicy(Protocol):
     def observe(self, step: Step) -> None: ...
     def wants(self, sha: str) -> bool: ...
     def progress(self) -> tuple[int, int]: ...  # (commits left, steps left)
-    def answer(self) -> tuple[Answer, dict]: ...  # the answer, and what the result adds for it (its fields)
+    def answer(self) -> PolicyAnswer: ...
 
 
 class BisectPolicy:
@@ -208,9 +223,10 @@ class BisectPolicy:
     def progress(self) -> tuple[int, int]:
         return self.search.testable_mask.bit_count(), self.search.steps_left()
 
-    def answer(self) -> tuple[Answer, dict]:
+    def answer(self) -> PolicyAnswer:
+        found = self.search.answer()
         bases = tuple(MergeBase(sha=sha, verdict=self.merge_bases.get(sha)) for sha in self.ends.merge_bases)
-        return self.search.answer(), {"merge_bases": bases, "warnings": tuple(self.warnings)}
+        return PolicyAnswer(found.first_new, tuple(found.candidates), bases, tuple(self.warnings))
 
 
 @dataclass(frozen=True)
@@ -300,7 +316,7 @@ class FlakyPolicy:
     def progress(self) -> tuple[int, int]:
         return len(self.shas), 0
 
-    def answer(self) -> tuple[Answer, dict]:
+    def answer(self) -> PolicyAnswer:
         best, confidence = self.search.best()
         posterior = self.search.posterior()
         ranked = sorted(posterior, key=lambda sha: -posterior[sha])
@@ -310,9 +326,9 @@ class FlakyPolicy:
         warnings = (f"false failures: the clean end faulted in {clean.faults} of {clean.runs} runs; about "
                     f"{self.search.false_failure_rate():.0%} of runs fault where the fault is not (the "
                     f"confidence counts them)",) if clean and clean.faults else ()
-        return Answer(best if found else None, tuple(ranked[:10])), {"warnings": warnings, "flaky": FlakyAnswer(
+        return PolicyAnswer(best if found else None, tuple(ranked[:10]), warnings=warnings, flaky=FlakyAnswer(
             confidence=round(confidence, 6), best_guess=best,
-            posterior={sha: round(posterior[sha], 6) for sha in ranked[:10]}, evidence=evidence)}
+            posterior={sha: round(posterior[sha], 6) for sha in ranked[:10]}, evidence=evidence))
 
 
 class PerfPolicy:
@@ -564,10 +580,11 @@ class PerfPolicy:
         runs = ends_due + probes * per_probe - min(sampled, per_probe - 1) + probes // settings.ENDPOINT_REPEAT_EVERY
         return self.search.testable_mask.bit_count(), max(runs, probes)
 
-    def answer(self) -> tuple[Answer, dict]:
-        return self.search.answer(), {"perf": self.record()}
+    def answer(self) -> PolicyAnswer:
+        found = self.search.answer()
+        return PolicyAnswer(found.first_new, tuple(found.candidates), perf=self.record())
 
-    def record(self) -> dict:
+    def record(self) -> PerfRecord:
         """What the result keeps of the hunt: the settings, the ends' change, every tested commit's samples,
         medians, p-values against both ends and change from the old end with its interval, and verdict; a
         probe still being sampled when the hunt stopped (interrupted) as "undecided", with why so far."""
@@ -581,25 +598,19 @@ class PerfPolicy:
         commits = []
         for sha in (ends.old, *sorted(shown, key=self.search.index.__getitem__), ends.new):
             samples = self.samples(sha)
-            role = "endpoint" if sha in (ends.old, ends.new) else "probe"
-            entry: dict[str, Any] = {"sha": sha, "role": role, "runs": self.runs(sha), "samples": samples}
-            if samples:
-                q1, median, q3 = median_spread(samples)
-                entry.update(median=median, q1=q1, q3=q3)
-                if before and len(samples) > 1:
-                    entry["change"] = change(before, samples).to_json()
-            if role == "endpoint":
-                entry["verdict"] = ends.old_name if sha == ends.old else ends.new_name
-            else:
-                entry["verdict"], entry["reason"] = shown[sha]
-                if samples and before and after:
-                    entry["p_old"], entry["p_new"] = compare(samples, before).p_value, compare(samples, after).p_value
-            commits.append(entry)
-        record: dict[str, Any] = {**self.settings.to_json(), "old_name": ends.old_name, "new_name": ends.new_name,
-                                  "commits": commits}
-        if before and after:
-            record["change"] = change(before, after).to_json()
-        return record
+            q1, median, q3 = median_spread(samples) if samples else (None, None, None)
+            moved = change(before, samples).rounded() if samples and before and len(samples) > 1 else None
+            if sha in (ends.old, ends.new):
+                commits.append(PerfCommit(sha, "endpoint", self.runs(sha), tuple(samples),
+                                          ends.old_name if sha == ends.old else ends.new_name, median, q1, q3, moved))
+                continue
+            verdict, reason = shown[sha]
+            p_old, p_new = (compare(samples, before).p_value, compare(samples, after).p_value) \
+                if samples and before and after else (None, None)
+            commits.append(PerfCommit(sha, "probe", self.runs(sha), tuple(samples), verdict, median, q1, q3, moved,
+                                      reason, p_old, p_new))
+        return PerfRecord(self.settings, ends.old_name, ends.new_name, tuple(commits),
+                          change(before, after).rounded() if before and after else None)
 
 
 def _interleaved(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -649,11 +660,26 @@ class CalibratePolicy:
     def progress(self) -> tuple[int, int]:
         return 2, 2 * (self.runs - self.rounds)
 
-    def answer(self) -> tuple[Answer, dict]:
-        return Answer(None, ()), calibration(self.tally[self.good], self.tally[self.bad])
+    def answer(self) -> PolicyAnswer:
+        return PolicyAnswer()  # no commit to find: the ends' tallies say how well the fault reproduces
+
+    def reproduction(self) -> Reproduction:
+        return calibration(self.tally[self.good], self.tally[self.bad])
 
 
-def calibration(good: dict, bad: dict) -> dict:
+@dataclass(frozen=True)
+class Reproduction:
+    """`scenario calibrate`: each end's tally (sha, runs, bad, skip, signatures), the reproduction rate at the
+    bad end, its most frequent failure signature, and the settings they call for."""
+
+    good: dict
+    bad: dict
+    rate: float
+    signature: str | None
+    recommendation: str
+
+
+def calibration(good: dict, bad: dict) -> Reproduction:
     """Reproduction rate at the bad end, false alarms at the good end, and the settings they call for."""
     judged = bad["runs"] - bad["skip"]
     rate = bad["bad"] / judged if judged else 0.0
@@ -671,5 +697,4 @@ def calibration(good: dict, bad: dict) -> dict:
         repeat = math.ceil(math.log(0.05) / math.log(1 - rate))
         advice = (f"reproduces {rate:.0%} of runs: --flaky --fault-rate {rate:.2f}, or --repeat {repeat} "
                   f"(a clean commit then passes {repeat} runs; a faulty one escapes with p <= 0.05)")
-    return {"good": good, "bad": bad, "reproduction_rate": round(rate, 4), "signature": signature,
-            "recommendation": advice}
+    return Reproduction(good, bad, round(rate, 4), signature, advice)

@@ -64,6 +64,23 @@ BUILD_MINUTES = {"source": (30, 60), "precompiled": (2, 2)}  # the same figures,
 
 
 @dataclass(frozen=True)
+class WorldOptions:
+    """The world options as given (bisector.cli.options.world_options; None: not given), and the names of those
+    that came from configuration (defaults: applied, never refused for being there)."""
+
+    image: str | None = None
+    image_fallback: str | None = None
+    container_runtime: str | None = None
+    container_network: str | None = None
+    image_cache_size: str | None = None
+    aiter: str | None = None
+    aiter_cache_size: int | None = None
+    aiter_prebuild: bool | None = None
+    aiter_repo: str | None = None
+    configured: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class WorldSettings:
     """--image (and its options), --aiter (and its options): opened on a repository and state dir."""
 
@@ -93,51 +110,47 @@ class WorldSettings:
         return parts
 
     @classmethod
-    def from_options(cls, world: Mapping, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
+    def from_options(cls, world: WorldOptions, scenario: Scenario | None, env_mode: str, rocm_arch: str | None = None,
                      executor: str = "local", follow_pins: bool = False) -> "WorldSettings":
-        """The settings of the world options as bisector.cli.options.world_options hands them over (None: not
-        given; "configured": those that came from configuration), checked against the scenario (None:
-        `backport` without one) and the other options: UsageError in one line for a combination that
-        cannot work."""
-        configured = world.get("configured", frozenset())
+        """The settings of the world options, checked against the scenario (None: `backport` without one) and
+        the other options: UsageError in one line for a combination that cannot work."""
         image_only = ("image_fallback", "container_runtime", "container_network", "image_cache_size")
-        given = [name for name in image_only if world[name] is not None]
-        if given and not world["image"]:
+        given = [name for name in image_only if getattr(world, name) is not None]
+        if given and not world.image:
             raise UsageError(f"--{given[0].replace('_', '-')} needs --image")
         aiter_sensitive = scenario is not None and scenario.aiter_sensitive
         # AITER is cloned from --aiter-repo by --aiter pinned, and by --follow-pins for a level that installs
         # each AITER commit (a scenario whose verdict depends on the AITER installed)
         takes_aiter_repo = "aiter_repo" in getattr(scenario, "option_defaults", {}) or (follow_pins and aiter_sensitive)
         pinned_only = [name for name in ("aiter_cache_size", "aiter_prebuild", "aiter_repo")
-                       if world[name] is not None and name not in configured
+                       if getattr(world, name) is not None and name not in world.configured
                        and not (name == "aiter_repo" and takes_aiter_repo)]
-        if pinned_only and world["aiter"] != "pinned":
+        if pinned_only and world.aiter != "pinned":
             name = pinned_only[0]
             raise UsageError(f"--{name.replace('_', '-')} needs --aiter pinned" + (
                 " (or a scenario that clones AITER itself, as aiter-mla-probe does, or --follow-pins with a scenario "
                 "that judges AITER commits)" if name == "aiter_repo" else ""))
         image = None
-        if world["image"]:
-            if world["aiter"]:
+        if world.image:
+            if world.aiter:
                 raise UsageError("--image brings each commit's own AITER (the one its image was built with): "
                                  "--aiter is for bare metal")
             try:
-                cache = parse_size(world["image_cache_size"] or DEFAULT_IMAGE_CACHE_SIZE)
+                cache = parse_size(world.image_cache_size or DEFAULT_IMAGE_CACHE_SIZE)
             except ValueError as exc:
                 raise UsageError(f"--image-cache-size: {exc}") from None
-            image = ImageSettings(check_template(world["image"]), world["container_runtime"] or "docker",
-                                  world["image_fallback"] or "skip", world["container_network"] or DEFAULT_NETWORK,
-                                  cache)
-        aiter = world["aiter"] or ("installed" if aiter_sensitive and not image else "any")
-        repo = world["aiter_repo"] if aiter == "pinned" or (follow_pins and aiter_sensitive) else None
-        settings = cls(image, aiter, AiterSettings(world["aiter_cache_size"] or DEFAULT_AITER_CACHE_SIZE,
-                                                   bool(world["aiter_prebuild"]), repo, rocm_arch))
+            image = ImageSettings(check_template(world.image), world.container_runtime or "docker",
+                                  world.image_fallback or "skip", world.container_network or DEFAULT_NETWORK, cache)
+        aiter = world.aiter or ("installed" if aiter_sensitive and not image else "any")
+        repo = world.aiter_repo if aiter == "pinned" or (follow_pins and aiter_sensitive) else None
+        settings = cls(image, aiter, AiterSettings(world.aiter_cache_size or DEFAULT_AITER_CACHE_SIZE,
+                                                   bool(world.aiter_prebuild), repo, rocm_arch))
         settings.check(scenario, env_mode, executor)
         held = _held_vllm_ref(scenario) if scenario is not None and aiter_sensitive else None
         if held is None:
             return settings
         assert scenario is not None
-        if world["aiter"] not in (None, "pinned"):
+        if world.aiter not in (None, "pinned"):
             raise UsageError(f"scenario {scenario.name} holding vLLM at vllm_ref judges AITER commits: each step "
                              f"installs the one it checks out (--aiter pinned, or --image: inside the held image)")
         return settings.for_level(scenario, held)  # a level inside AITER, run by hand (cli_args)

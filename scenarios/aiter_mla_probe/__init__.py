@@ -95,14 +95,15 @@ class AiterMLAProbe(BaseScenario):
             return Outcome(Verdict.SKIP, f"cannot start {python}: {exc.strerror}", log,
                            cause="machine" if no_room(exc) else None)
         if result.timed_out:
-            return Outcome(Verdict.SKIP, f"timed out after {timeout:g}s", log, {"timed_out": True})
+            return Outcome(Verdict.SKIP, f"timed out after {timeout:g}s", log, timed_out=True)
         reported = [line for line in result.output.splitlines() if line.startswith(RESULT_PREFIX)]
         if not reported:
             last = result.output.strip().splitlines()[-1:] or ["no output"]
             return Outcome(Verdict.SKIP, f"probe exited {result.returncode} without a result: {last[0]}", log)
         found = json.loads(reported[-1][len(RESULT_PREFIX):])
         details = {**found["details"], "seconds": round(result.seconds, 3)}
-        return Outcome(Verdict(found["verdict"]), found["reason"], log, details)
+        masked = details.pop("masked", None)  # the probe's note that this AITER hides the bug (contract.judge)
+        return Outcome(Verdict(found["verdict"]), found["reason"], log, details, masked=masked)
 
     def _sources(self, checkout: Path) -> tuple[Path, sources.AiterSource]:
         """(vLLM tree, AITER): the checkout and its pinned AITER, or, with vllm_repo/vllm_ref, the held vLLM

@@ -238,22 +238,23 @@ class DpaFp8KvScenario(BaseScenario):
         timed_out = verdict is Verdict.SKIP and any(result.timed_out for result in tested)
         failed = next((result for result, (judged_verdict, _) in zip(tested, judged)
                        if judged_verdict is Verdict.BAD), None)
-        signature = {"signature": failure_signature(failed.output, failed.returncode)} if failed else {}
-        found = {**signature, "platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
+        signature = failure_signature(failed.output, failed.returncode) if failed else None
+        found = {"platform": platform, "attention_backend": backend, "gpu_targets": list(probe.targets),
                  "heads_per_rank": settings.heads_per_rank, "torch": versions["torch"],
                  **({"gpu_share": share} if share < 1 else {}),
                  **(self._aiter_details(ctx.checkout, versions.get("aiter")) if platform == "rocm" else {}),
-                 "seconds": round(tested[0].seconds, 1), "ranks": ranks, "timed_out": timed_out,
+                 "seconds": round(tested[0].seconds, 1), "ranks": ranks,
                  **details(tested[0].output, (backend,)), "check": settings.check, "model": model.as_details(),
                  "compile": {"cache": str(root / "compile") if settings.compile_cache else "off",
-                             **compile_details(tested[0].output)},
-                 "phases": {"probe": fitted - began, "prepare": launched - fitted,
-                            **child_phases(tested[0].output, launched, ended)}}
+                             **compile_details(tested[0].output)}}
+        phases = {"probe": fitted - began, "prepare": launched - fitted,
+                  **child_phases(tested[0].output, launched, ended)}
         log = _merged_log(launches + references, results)
         if compared and verdict is Verdict.GOOD:
             verdict, reason, extra, lines = _numerics_verdict(settings, backend, reference, reference_name,
                                                               platform, reference_results[0], tested[0])
             found.update(extra)
+            signature = numerics.SIGNATURE if verdict is Verdict.BAD else None
             log += "\n" + "\n".join(lines) + "\n"
         elif compared:
             found["reference"] = {"name": reference_name, "not_compared": "the run under test did not finish"}
@@ -265,7 +266,8 @@ class DpaFp8KvScenario(BaseScenario):
                 verdict, reason = Verdict.SKIP, "perf: the engine printed no measurement"
         _write_log(ctx.log_path, log)
         cause = skip_cause(judged) if verdict is Verdict.SKIP else None
-        return Outcome(verdict, reason, str(ctx.log_path), found, cause, metrics=measured)
+        return Outcome(verdict, reason, str(ctx.log_path), found, cause, metrics=measured, timed_out=timed_out,
+                       phases=phases, signature=signature)
 
     def calibrated_options(self, good_details: list[dict]) -> dict[str, str]:
         """check=numerics: the bounds the good end's clean pairs call for (`scenario calibrate`)."""
@@ -317,11 +319,10 @@ class DpaFp8KvScenario(BaseScenario):
         backends = tuple(dict.fromkeys(self.settings.backend_for(platform) for platform in platforms))
         result = ProcessResult(returncode, False, 0.0, output)
         verdict, reason = classify(result, platforms, backends)
-        signature = {"signature": failure_signature(output, returncode)} if verdict is Verdict.BAD else {}
-        return Outcome(verdict, reason, None, {**signature, "platforms": list(platforms),
-                                               "attention_backends": list(backends),
+        signature = failure_signature(output, returncode) if verdict is Verdict.BAD else None
+        return Outcome(verdict, reason, None, {"platforms": list(platforms), "attention_backends": list(backends),
                                                "matched": matched_lines(output, platforms, backends),
-                                               **details(output, backends)})
+                                               **details(output, backends)}, signature=signature)
 
     def resolve_platform(self, versions: dict) -> tuple[str, GpuProbe]:
         """The platform to run on and its GPUs; the probe's problem says why none is usable.
@@ -382,8 +383,6 @@ def _numerics_verdict(settings, backend: str, reference, reference_name: str, pl
                      "min_topk_overlap": settings.min_topk_overlap,
                      "disagreeing": len(comparison.disagreeing(settings.min_topk_overlap)),
                      "worst": comparison.worst(), "per_sequence": comparison.sequences}}
-    if not agrees:
-        extra["signature"] = numerics.SIGNATURE
     return (Verdict.GOOD if agrees else Verdict.BAD), reason, extra, \
         numerics.report_lines(comparison, backend, reference_name)
 

@@ -244,7 +244,7 @@ def test_every_policy_with_a_mark_on_a_commit_resumed_ends(kind, sha, verdict, f
             assert kind == "flaky"  # a fault that never comes at its max runs: an honest stop, no loop
         record.result = {}
     assert sum(step.execution.manual for step in ctx.steps) <= 1  # the mark is used once at most
-    answer, _ = policy.answer()
+    answer = policy.answer()
     if first is not None:
         assert answer.first_new == first
     if kind == "perf" and verdict == "skip":
@@ -355,7 +355,7 @@ def test_relative_change_is_of_the_baselines_magnitude_and_absolute_from_zero(be
     change; from a baseline of 0 the absolute change, and its interval, in the metric's units; the words say
     which (bisector.report.perf.change_text)."""
     from bisector.report.perf import MINUS, change_text
-    from bisector.search.perf import change
+    from bisector.search.perf import Change, change
 
     moved = change(_samples(before), _samples(after))
     assert moved.absolute == pytest.approx(after - before)
@@ -366,7 +366,7 @@ def test_relative_change_is_of_the_baselines_magnitude_and_absolute_from_zero(be
         assert moved.relative == pytest.approx(relative)
         assert moved.low <= moved.relative <= moved.high
         assert math.copysign(1, moved.low) == math.copysign(1, moved.high) == math.copysign(1, relative)
-    said = change_text("logprob", json.loads(json.dumps(moved.to_json())))  # as a stored result holds it
+    said = change_text("logprob", Change.from_json(json.loads(json.dumps(moved.rounded().to_json()))))  # as stored
     sign = "+" if after > before else MINUS
     if relative is None:
         assert f"({sign}5.00 absolute, from 0;" in said, said

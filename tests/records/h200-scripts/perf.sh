@@ -127,9 +127,10 @@ report)
   python3 -c "
 import json, sys; sys.path.insert(0, '$SRC')
 from bisector.report.perf import svg
+from bisector.search.perf import PerfRecord
 data = json.load(open('$OUT/perf-hunt.json'))
 culprit = (data.get('first_bad') or {}).get('sha')
-open('$OUT/perf-hunt.svg', 'w').write(svg(data['perf'], data['range'], culprit))
+open('$OUT/perf-hunt.svg', 'w').write(svg(PerfRecord.from_json(data['perf']), data['range'], culprit))
 print('culprit', culprit, 'planted', json.load(open('/tmp/perf-history.json'))[5]['sha'])"
   head -20 $OUT/perf-hunt.txt
   python3 -c "
