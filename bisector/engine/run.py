@@ -88,6 +88,15 @@ def implicated_paths(scenario: Scenario) -> tuple[str, ...]:
     return scenario.implicated_paths() if isinstance(scenario, ImplicatesPaths) else ()
 
 
+def bisection_spec(cfg: RunConfig) -> JudgeSpec:
+    """How a bisection's steps are judged: one run at a time for --flaky and --metric (they repeat runs
+    themselves), bad runs counted by --signature (default: the scenario's), keyed on the environment of a
+    scenario whose inputs are not known."""
+    return keyed_on_environment(JudgeSpec.for_run(
+        cfg, cfg.scenario, 1 if cfg.flaky or cfg.perf else cfg.repeat,
+        signature_rule(cfg.signature or cfg.scenario.default_signature), cfg.perf.key_parts if cfg.perf else None))
+
+
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
             cost: Callable[[str], float], untestable: Sequence[str] = ()) -> SearchPolicy:
     """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists).
@@ -132,12 +141,7 @@ def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResul
             held_by_hand(cfg, state_dir, handler) as cfg:  # a level inside AITER run by hand: the held build
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
-        spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python,
-                                              # --flaky and --metric ask for one run at a time
-                                              1 if cfg.flaky or cfg.perf else cfg.repeat,
-                                              signature_rule(cfg.signature or cfg.scenario.default_signature),
-                                              cfg.envs, cfg.world, measures=cfg.perf.key_parts if cfg.perf else None))
-        judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
+        judge = Judge(bisection_spec(cfg), builder, cfg.envs.open(state_dir), world)
         world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
         executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
         params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
