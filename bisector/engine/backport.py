@@ -23,10 +23,9 @@ import git
 
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import CacheUse, RunContext
-from bisector.engine.executor import LocalExecutor
 from bisector.engine.follow import follow_branch_pin, levels_answer, scenario_follow_up
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
-from bisector.engine.run import run_bisection, run_logs
+from bisector.engine.run import Steps, run_bisection, run_logs, steps_here
 from bisector.engine.settings import SharedConfig
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import GitError, UsageError
@@ -193,8 +192,10 @@ def _remote_tracking(repo: GitRepo) -> dict[str, tuple[str, str]]:
     return branches
 
 
-def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> BackportResult:
-    """Validate, then check every matching branch; returns the result (its record is stored in the run's row)."""
+def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None,
+                 steps: Steps = steps_here) -> BackportResult:
+    """Validate, then check every matching branch; returns the result (its record is stored in the run's row).
+    steps: where the branches' steps go (a test's table executor: engine.run.Steps)."""
     handler = handler or _Silent()
     if not cfg.branches:
         raise UsageError("give at least one --branches GLOB")
@@ -213,7 +214,7 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         else:
             judges = []
         judge = judges[0][1] if judges else None
-        executor = LocalExecutor([{}])
+        executor = steps(cfg)
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
                   "create_branches": cfg.create_branches, "repeat": cfg.repeat,
