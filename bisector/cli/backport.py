@@ -6,17 +6,15 @@ from pathlib import Path
 
 import click
 
-from bisector.builds import BuildSettings
+from bisector.cli.judging import JudgingOptions, RecordOptions, fields_of, gathered, shared_config
 from bisector.cli.options import (
     MOST_SECONDS,
     FiniteFloat,
     build_options,
-    command_line,
     env_options,
     log_limit_option,
     not_an_option,
     option_values,
-    parse_log_limit,
     python_option,
     reuse_verdicts_option,
     state_dir_option,
@@ -35,7 +33,6 @@ from bisector.errors import (
     EXIT_USAGE,
     UsageError,
 )
-from bisector.machine.envs import EnvSettings
 
 # `backport --help`: its options in sections (bisector.cli.sections), then examples and exit codes (README's
 # table says each in full).
@@ -94,21 +91,19 @@ BACKPORT_EXIT_CODES = (
 @reuse_verdicts_option
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def backport(repo, fix, globs, scenario_name, options, create_branches, timeout, follow_pins, state_dir, json_file,
-             markdown_file, junit_file, python, build, rocm_arch, wheels, allow_install_into_python, cache_size,
-             log_limit, env_mode,
-             env_cache_size, no_cache, reuse_verdicts, world, command):
+@gathered(record=RecordOptions, judging=JudgingOptions)
+def backport(fix, globs, scenario_name, options, create_branches, follow_pins, json_file, markdown_file, junit_file,
+             record, judging, command):
     """Check a fix on every branch matching --branches; verify with --scenario NAME or -- CMD."""
     from bisector.cli.backport_progress import BackportProgress
     from bisector.engine.backport import BackportConfig, run_backport
-    from bisector.report import backport as report
-    from bisector.world.world import WorldSettings
+    from bisector.report import renderers as report
     from scenarios import create
     from scenarios.command import CommandScenario
 
     outputs = (("--json", json_file, report.backport_json), ("--markdown", markdown_file, report.backport_markdown),
                ("--junit", junit_file, report.backport_junit))
-    check_outputs(repo, state_dir, [(option, path) for option, path, _ in outputs])
+    check_outputs(record.repo, record.state_dir, [(option, path) for option, path, _ in outputs])
     if scenario_name and command:
         raise UsageError("give at most one of --scenario NAME or -- CMD [ARGS...]")
     if options and not scenario_name:
@@ -116,23 +111,14 @@ def backport(repo, fix, globs, scenario_name, options, create_branches, timeout,
     values = [(label, create(scenario_name, each)) for label, each in option_values(options)] \
         if scenario_name else []
     scenario = values[0][1] if values \
-        else CommandScenario(list(command), in_image=bool(world.image)) if command else None
+        else CommandScenario(list(command), in_image=bool(judging.world.image)) if command else None
     if follow_pins and scenario is None:
         raise UsageError("--follow-pins judges AITER commits with the scenario: give --scenario NAME")
-    if world.image and scenario is None:
+    if judging.world.image and scenario is None:
         raise UsageError("--image runs a scenario: give --scenario NAME or -- CMD")
-    world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch,
-                                              follow_pins=follow_pins)
-    builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
-        .allowing_install(allow_install_into_python)
-    cfg = BackportConfig(repo=Path(repo), fix=fix, branches=globs, scenario=scenario,
-                         option_values=values if len(values) > 1 else (),
-                         create_branches=create_branches, timeout=timeout, state_dir=state_dir,
-                         python=python, builder=builder,
-                         log_limit=parse_log_limit(log_limit), no_cache=no_cache, reuse_verdicts=reuse_verdicts,
-                         command_line=command_line(),
-                         envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                         follow_pins=follow_pins)
+    cfg = BackportConfig(**fields_of(shared_config(record, judging, scenario, command, follow_pins=follow_pins)),
+                         fix=fix, branches=globs, scenario=scenario, option_values=values if len(values) > 1 else (),
+                         create_branches=create_branches)
     result = run_backport(cfg, BackportProgress())
     click.echo(report.backport_text(result))
     for option, path, render in outputs:

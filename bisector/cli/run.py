@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from bisector.builds import BuildSettings
+from bisector.cli.judging import JudgingOptions, RecordOptions, fields_of, gathered, shared_config
 from bisector.cli.options import (
     MOST_AT_ONCE,
     MOST_PERCENT,
@@ -16,12 +18,10 @@ from bisector.cli.options import (
     FiniteFloat,
     RegistryChoice,
     build_options,
-    command_line,
     env_options,
     log_limit_option,
     not_an_option,
     option_values,
-    parse_log_limit,
     parse_options,
     pr_links,
     pr_url_template_option,
@@ -36,7 +36,7 @@ from bisector.cli.options import (
 from bisector.cli.outputs import check_outputs, labelled, plot_beside, value_names
 from bisector.cli.progress import ProgressHandler, console, escape, resume_hint
 from bisector.cli.sections import BUILD_AND_ENVIRONMENT, IMAGES, RECORD_AND_CACHE, SectionedCommand
-from bisector.engine.executor import EXECUTORS
+from bisector.engine.executor import DEFAULT_BUILD_AHEAD, EXECUTORS
 from bisector.errors import (
     EXIT_ABORTED,
     EXIT_ENDPOINT,
@@ -48,8 +48,14 @@ from bisector.errors import (
     EXIT_USAGE,
     UsageError,
 )
-from bisector.machine.envs import EnvSettings
 from bisector.redact import redact
+
+if TYPE_CHECKING:
+    from bisector.engine.config import RunConfig
+    from bisector.engine.executor import Executor
+    from bisector.seams import Scenario
+    from bisector.search.perf import PerfSettings
+    from bisector.world.world import WorldOptions
 
 SKIP_FILE_MOST = 16 * 1024**2  # bytes of a --skip-file read at most: some 400,000 shas
 DEFAULT_BUILD_NOTE = ("build: none (the command builds for itself, as with git bisect run; "
@@ -86,6 +92,178 @@ RUN_EXIT_CODES = (
     (EXIT_RECORD, "the record file (bisector.sqlite) cannot be used"),
     (EXIT_INTERRUPTED, "interrupted; verdicts so far are kept, the same command resumes"),
 )
+
+
+@dataclass(frozen=True)
+class RangeOptions:
+    """The range asked: --good, --bad, --find-fix, what is skipped or followed, and the seeds (--fix, --culprit)."""
+
+    good: tuple[str, ...]
+    bad: tuple[str, ...]
+    find_fix: bool = False
+    skip: tuple[str, ...] = ()
+    skip_file: Path | None = None
+    first_parent: bool = False
+    paths: tuple[str, ...] = ()
+    fix: str | None = None
+    culprit: str | None = None
+    no_verify_endpoints: bool = False
+
+    def skipped(self, repo: str) -> tuple[str, ...]:
+        """--skip's REVs, then --skip-file's (each checked: _skip_file_revs)."""
+        return (*self.skip, *_skip_file_revs(self.skip_file, repo)) if self.skip_file else self.skip
+
+
+@dataclass(frozen=True)
+class ScenarioOptions:
+    """What judges a commit: --scenario and its --option values (or -- CMD), --signature, --prefilter."""
+
+    scenario_name: str | None = None
+    options: tuple[str, ...] = ()
+    signature: str | None = None
+    prefilter_name: str | None = None
+    prefilter_options: tuple[str, ...] = ()
+
+    def check(self, command: tuple[str, ...]) -> None:
+        """UsageError for a scenario asked twice or not at all, or an option of one not asked."""
+        if bool(self.scenario_name) == bool(command):
+            raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
+        if self.options and not self.scenario_name:
+            raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
+        if self.prefilter_options and not self.prefilter_name:
+            raise UsageError("--prefilter-option needs --prefilter")
+
+    def judged(self, options: dict[str, str], command: tuple[str, ...], world: WorldOptions) -> Scenario:
+        """The scenario at one value of its --option lists, or the -- CMD."""
+        from scenarios import create
+        from scenarios.command import CommandScenario
+
+        return create(self.scenario_name, options) if self.scenario_name \
+            else CommandScenario(list(command), in_image=bool(world.image))
+
+
+@dataclass(frozen=True)
+class FlakyOptions:
+    """--flaky and its settings."""
+
+    flaky: bool = False
+    confidence: float = 0.95
+    fault_rate: float | None = None
+    max_runs_per_commit: int = 20
+
+
+@dataclass(frozen=True)
+class PerfOptions:
+    """--metric and its settings."""
+
+    metric: str | None = None
+    direction: str | None = None
+    min_change: float = 1.0
+    warmup: int = 0
+    max_samples: int = 20
+
+    def settings(self, flaky: bool, repeat: int, no_verify_endpoints: bool, jobs: int) -> PerfSettings | None:
+        """These options as PerfSettings (None without --metric), or UsageError."""
+        from bisector.metrics import NAME
+        from bisector.search.perf import Direction, PerfSettings, scipy_missing
+
+        asked = [name for name, given in (("--lower-is-better/--higher-is-better", self.direction),
+                                          ("--warmup", self.warmup)) if given]
+        if self.metric is None:
+            if asked:
+                raise UsageError(f"{asked[0]} needs --metric NAME")
+            return None
+        if not NAME.fullmatch(self.metric):
+            raise UsageError(f"--metric {self.metric!r}: a name of letters, digits, _ . : / - (not starting with a "
+                             "digit)")
+        for name, given in (("--flaky", flaky), ("--repeat", repeat > 1),
+                            ("--no-verify-endpoints", no_verify_endpoints)):
+            if given:
+                raise UsageError(f"--metric cannot be combined with {name}: a performance hunt repeats runs itself "
+                                 "and must measure both ends")
+        missing = scipy_missing()
+        if missing:
+            raise UsageError(missing)
+        return PerfSettings(self.metric, Direction(self.direction or "any"), self.min_change / 100, self.warmup,
+                            self.max_samples, jobs)
+
+
+@dataclass(frozen=True)
+class StepsOptions:
+    """Where steps run (--executor, --jobs, the executors' options, --gpus-per-run, --isolate) and --follow-pins."""
+
+    executor_kind: str = "local"
+    jobs: int = 1
+    gpus: str | None = None
+    gpus_per_run: int | None = None
+    build_ahead: int = DEFAULT_BUILD_AHEAD
+    ray_address: str | None = None
+    remote: str | None = None
+    isolate: bool = False
+    follow_pins: bool = False
+
+    def executor(self, repo: str, scenario: Scenario, timed: bool) -> Executor:
+        """The executor of one run's steps; timed (--metric): refused on GPUs another slot shares."""
+        from bisector.engine.executor import LocalExecutor, Placement, create_executor
+        from bisector.machine.gpus import refuse_shared_for_timing
+        from bisector.seams import TimesAlone
+
+        executor = create_executor(self.executor_kind, Placement(
+            self.jobs, self.gpus, self.gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()),
+            self.ray_address, self.remote, self.build_ahead))
+        if timed and isinstance(executor, LocalExecutor):
+            refuse_shared_for_timing(executor.slot_envs, isinstance(scenario, TimesAlone) and scenario.times_alone)
+        return executor
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """--plan, --json, --markdown, --pr-url-template."""
+
+    plan: bool = False
+    json_file: Path | None = None
+    markdown_file: Path | None = None
+    pr_url_template: str | None = None
+
+    def files(self, record: RecordOptions, runs: list,
+              perf: PerfSettings | None) -> list[tuple[Path | None, Path | None]]:
+        """(--json, --markdown) of each run (labelled by its value when there are several), checked writable
+        with the plot beside a perf run's JSON."""
+        files = [(labelled(self.json_file, name), labelled(self.markdown_file, name)) for name in value_names(runs)]
+        plots = [("--json", plot_beside(each)) for each, _ in files if each and perf and not self.plan]
+        check_outputs(record.repo, record.state_dir, [(option, path) for each_json, each_markdown in files
+                                                      for option, path in (("--json", each_json),
+                                                                           ("--markdown", each_markdown))], plots)
+        return files
+
+
+@dataclass(frozen=True)
+class RunAsked:
+    """The option groups a run's settings are made of, whatever the scenario."""
+
+    record: RecordOptions
+    judging: JudgingOptions
+    range: RangeOptions
+    flaky: FlakyOptions
+    steps: StepsOptions
+    command: tuple[str, ...]
+
+    def config(self, scenario: Scenario, asked: ScenarioOptions, prefilter: Scenario | None,
+               perf: PerfSettings | None, skip: tuple[str, ...]) -> RunConfig:
+        """The settings of one bisection with scenario (one value of the --option lists)."""
+        from bisector.engine.config import RunConfig
+
+        ends, steps = self.range, self.steps
+        shared = shared_config(self.record, self.judging, scenario, self.command, steps.executor_kind,
+                               steps.follow_pins)
+        flaky = self.flaky
+        return RunConfig(**fields_of(shared), good=_one_or_many(ends.good), bad=_one_or_many(ends.bad),
+                         scenario=scenario, first_parent=ends.first_parent, paths=ends.paths, find_fix=ends.find_fix,
+                         verify_endpoints=not ends.no_verify_endpoints, jobs=steps.jobs,
+                         fix=ends.fix, culprit=ends.culprit, flaky=flaky.flaky, confidence=flaky.confidence,
+                         fault_rate=flaky.fault_rate, max_runs_per_commit=flaky.max_runs_per_commit,
+                         executor=steps.executor(self.record.repo, scenario, perf is not None),
+                         signature=asked.signature, prefilter=prefilter, isolate=steps.isolate, skip=skip, perf=perf)
 
 
 @click.command("run", cls=SectionedCommand, context_settings={"ignore_unknown_options": False},
@@ -170,88 +348,56 @@ RUN_EXIT_CODES = (
 @click.option("--max-samples", type=click.IntRange(6, MOST_RUNS), default=20, show_default=True, metavar="N",
               help="--metric: samples of one commit at most; then it is skipped as not distinguishable.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(repo, good, bad, skip, skip_file, scenario_name, options, first_parent, paths, find_fix, timeout, state_dir,
-        json_file, markdown_file, pr_url_template, no_verify_endpoints, jobs, repeat, python, fix, culprit, flaky,
-        confidence, fault_rate, max_runs_per_commit, build, rocm_arch, wheels, allow_install_into_python, cache_size,
-        signature,
-        prefilter_name, prefilter_options, log_limit, env_mode, env_cache_size, plan, executor_kind, gpus,
-        gpus_per_run, ray_address, remote, no_cache, reuse_verdicts, world, follow_pins, isolate, command,
-        build_ahead, metric, direction, min_change, warmup, max_samples):
+@gathered(record=RecordOptions, judging=JudgingOptions, range_=RangeOptions, scenario=ScenarioOptions,
+          flaky=FlakyOptions, perf=PerfOptions, steps=StepsOptions, outputs=OutputOptions)
+def run(record, judging, range_, scenario, flaky, perf, steps, outputs, command):
     """Bisect good..bad with a named scenario or `-- CMD [ARGS...]` (git bisect run protocol)."""
-    from bisector.engine.config import RunConfig
-    from bisector.engine.executor import LocalExecutor, Placement, create_executor
-    from bisector.engine.planning import plan_bisection
-    from bisector.machine.gpus import refuse_shared_for_timing
-    from bisector.report import tables as report
-    from bisector.seams import TimesAlone
-    from bisector.world.world import WorldSettings
     from scenarios import create
-    from scenarios.command import CommandScenario
 
-    click.get_current_context().meta["no_cache"] = no_cache  # for the interrupt message (bisector.cli)
-    if bool(scenario_name) == bool(command):
-        raise UsageError("give exactly one of --scenario NAME or -- CMD [ARGS...]")
-    if options and not scenario_name:
-        raise UsageError("--option needs --scenario (a -- CMD takes its settings as arguments)")
-    if prefilter_options and not prefilter_name:
-        raise UsageError("--prefilter-option needs --prefilter")
-    perf = _perf_settings(click.get_current_context().params)
-    skip = (*skip, *_skip_file_revs(skip_file, repo)) if skip_file else skip
-    runs = option_values(options) if scenario_name else [("", {})]
-    outputs = [(label, labelled(json_file, name), labelled(markdown_file, name))
-               for (label, _), name in zip(runs, value_names(runs))]
-    plots = [("--json", plot_beside(each)) for _, each, _ in outputs if each and perf and not plan]
-    check_outputs(repo, state_dir, [(option, path) for _, each_json, each_markdown in outputs
-                                    for option, path in (("--json", each_json), ("--markdown", each_markdown))], plots)
-    prefilter = create(prefilter_name, parse_options(prefilter_options)) if prefilter_name else None
-    pr_url_template = pr_links(repo, pr_url_template)
-    builder = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, command) \
-        .allowing_install(allow_install_into_python)
+    click.get_current_context().meta["no_cache"] = record.no_cache  # for the interrupt message (bisector.cli)
+    scenario.check(command)
+    asked = RunAsked(record, judging, range_, flaky, steps, command)
+    hunt = perf.settings(flaky.flaky, judging.repeat, range_.no_verify_endpoints, steps.jobs)
+    skip = range_.skipped(record.repo)
+    runs = option_values(scenario.options) if scenario.scenario_name else [("", {})]
+    files = outputs.files(record, runs, hunt)
+    prefilter = create(scenario.prefilter_name, parse_options(scenario.prefilter_options)) \
+        if scenario.prefilter_name else None
+    pr_url_template = pr_links(record.repo, outputs.pr_url_template)
     exit_codes = []
-    for (label, scenario_options), (_, each_json, each_markdown) in zip(runs, outputs):
-        scenario = create(scenario_name, scenario_options) if scenario_name \
-            else CommandScenario(list(command), in_image=bool(world.image))
-        world_asked = WorldSettings.from_options(world, scenario, env_mode, rocm_arch, executor_kind,
-                                                  follow_pins)
-        step_executor = create_executor(executor_kind, Placement(
-            jobs, gpus, gpus_per_run, scenario.gpus_per_run, str(Path(repo).resolve()), ray_address, remote,
-            build_ahead))
-        if perf is not None and isinstance(step_executor, LocalExecutor):
-            refuse_shared_for_timing(step_executor.slot_envs,
-                                     isinstance(scenario, TimesAlone) and scenario.times_alone)
-        cfg = RunConfig(repo=Path(repo), good=_one_or_many(good), bad=_one_or_many(bad), scenario=scenario,
-                        first_parent=first_parent, no_cache=no_cache, reuse_verdicts=reuse_verdicts,
-                        command_line=command_line(),
-                        paths=paths, find_fix=find_fix, timeout=timeout, state_dir=state_dir,
-                        verify_endpoints=not no_verify_endpoints, jobs=jobs, repeat=repeat, python=python,
-                        fix=fix, culprit=culprit, flaky=flaky, confidence=confidence, fault_rate=fault_rate,
-                        max_runs_per_commit=max_runs_per_commit, builder=builder, executor=step_executor,
-                        signature=signature, prefilter=prefilter, log_limit=parse_log_limit(log_limit),
-                        envs=EnvSettings(env_mode, python, env_cache_size), world=world_asked,
-                        follow_pins=follow_pins, isolate=isolate, skip=skip, perf=perf)
+    for (label, scenario_options), (each_json, each_markdown) in zip(runs, files):
+        cfg = asked.config(scenario.judged(scenario_options, command, judging.world), scenario, prefilter, hunt, skip)
         if label:
             click.echo(f"== {label}")
-        if plan:
-            step_executor.shutdown()
-            planned = plan_bisection(cfg)
-            click.echo(report.plan_text(planned))
-            if perf:
-                from bisector.report import perf as perf_report
-
-                testable = planned.commits - planned.skipped_by_user - 1
-                fewest, most = perf.plan(testable)
-                click.echo(perf_report.plan_text(perf.metric, fewest, most, testable, timeout,
-                                                 step_executor.size))
-            if each_json:
-                write_output("--json", each_json, json.dumps(planned.to_json(), indent=2) + "\n")
-            exit_codes.append(EXIT_OK)
+        if outputs.plan:
+            exit_codes.append(_plan(cfg, judging.timeout, each_json))
             continue
-        code = _bisect(cfg, DEFAULT_BUILD_NOTE if command and build is None else None, each_json, each_markdown,
-                       pr_url_template)
-        exit_codes.append(code)
-        if code == EXIT_INTERRUPTED:
+        exit_codes.append(_bisect(cfg, DEFAULT_BUILD_NOTE if command and judging.build is None else None, each_json,
+                                  each_markdown, pr_url_template))
+        if exit_codes[-1] == EXIT_INTERRUPTED:
             break
     sys.exit(EXIT_INTERRUPTED if EXIT_INTERRUPTED in exit_codes else max(exit_codes))
+
+
+def _plan(cfg: RunConfig, timeout: float | None, json_file: Path | None) -> int:
+    """`run --plan`: the plan printed (and written), nothing run."""
+    from bisector.engine.planning import plan_bisection
+    from bisector.report import tables as report
+
+    assert cfg.executor is not None
+    slots = cfg.executor.size
+    cfg.executor.shutdown()
+    planned = plan_bisection(cfg)
+    click.echo(report.plan_text(planned))
+    if cfg.perf:
+        from bisector.report import perf as perf_report
+
+        testable = planned.commits - planned.skipped_by_user - 1
+        fewest, most = cfg.perf.plan(testable)
+        click.echo(perf_report.plan_text(cfg.perf.metric, fewest, most, testable, timeout, slots))
+    if json_file:
+        write_output("--json", json_file, json.dumps(planned.to_json(), indent=2) + "\n")
+    return EXIT_OK
 
 
 def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: Path | None,
@@ -281,32 +427,6 @@ def _bisect(cfg, build_note: str | None, json_file: Path | None, markdown_file: 
         aborted = "aborted: " if last.outcome == "aborted" else ""
         click.echo(f"bisector: error: {aborted}{redact(last.stopped)}", err=True)
     return result.exit_code
-
-
-def _perf_settings(params: dict):
-    """--metric and its options (the command's params) as PerfSettings (None without --metric), or UsageError."""
-    from bisector.metrics import NAME
-    from bisector.search.perf import Direction, PerfSettings, scipy_missing
-
-    metric = params["metric"]
-    asked = [name for name, given in (("--lower-is-better/--higher-is-better", params["direction"]),
-                                      ("--warmup", params["warmup"])) if given]
-    if metric is None:
-        if asked:
-            raise UsageError(f"{asked[0]} needs --metric NAME")
-        return None
-    if not NAME.fullmatch(metric):
-        raise UsageError(f"--metric {metric!r}: a name of letters, digits, _ . : / - (not starting with a digit)")
-    for name, given in (("--flaky", params["flaky"]), ("--repeat", params["repeat"] > 1),
-                        ("--no-verify-endpoints", params["no_verify_endpoints"])):
-        if given:
-            raise UsageError(f"--metric cannot be combined with {name}: a performance hunt repeats runs itself "
-                             "and must measure both ends")
-    missing = scipy_missing()
-    if missing:
-        raise UsageError(missing)
-    return PerfSettings(metric, Direction(params["direction"] or "any"), params["min_change"] / 100,
-                        params["warmup"], params["max_samples"], params["jobs"])
 
 
 def _skip_file_revs(path: Path, repo: str) -> list[str]:

@@ -1,13 +1,14 @@
 """`bisector scenario list|run|calibrate|classify`: one scenario, one commit (or a saved log)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import click
 
-from bisector.builds import BuildSettings
+from bisector.cli.judging import JudgingOptions, RecordOptions, gathered, shared_config
 from bisector.cli.options import (
     MOST_RUNS,
     MOST_SECONDS,
@@ -16,7 +17,6 @@ from bisector.cli.options import (
     env_options,
     log_limit_option,
     not_an_option,
-    parse_log_limit,
     parse_options,
     python_option,
     read_bounded,
@@ -32,7 +32,6 @@ from bisector.errors import (
     EXIT_SKIP,
     UsageError,
 )
-from bisector.machine.envs import EnvSettings
 from bisector.seams import Scenario
 
 # `scenario run` and `scenario classify` answer with git bisect run's exit protocol.
@@ -74,23 +73,17 @@ def scenario_list() -> None:
 @world_options
 @reuse_verdicts_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python, build, wheels, rocm_arch,
-                 allow_install_into_python, cache_size, log_limit, env_mode, env_cache_size, world, reuse_verdicts,
-                 command):
+@gathered(record=RecordOptions, judging=JudgingOptions)
+def scenario_run(name, ref, options, json_file, record, judging, command):
     """Judge one commit with scenario NAME; exit 0 good, 1 bad, 125 skip (git bisect's protocol)."""
     from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import JudgeOne, judge_one
-    from bisector.world.world import WorldSettings
-    check_outputs(repo, state_dir, [("--json", json_file)])
-    scenario = _scenario_asked(name, options, command, bool(world.image))
-    builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
-                                        command)
-    judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
-                      envs=EnvSettings(env_mode, python, env_cache_size),
-                      world=WorldSettings.from_options(world, scenario, env_mode, rocm_arch))
-    outcome = judge_one(Path(repo), ref, judge, state_dir, JudgeOne(parse_log_limit(log_limit), reuse_verdicts),
-                        ProgressHandler()).to_json()
+    check_outputs(record.repo, record.state_dir, [("--json", json_file)])
+    scenario = _scenario_asked(name, options, command, bool(judging.world.image))
+    shared = shared_config(record, _build_asked(judging), scenario, command)
+    outcome = judge_one(shared.repo, ref, JudgeSpec.for_run(shared, scenario), shared.state_dir,
+                        JudgeOne(shared.log_limit, shared.reuse_verdicts), ProgressHandler()).to_json()
     click.echo(f"{outcome['sha'][:12]} {outcome['verdict']}: {outcome['reason']}")
     if outcome["log"]:
         click.echo(f"log: {outcome['log']}")
@@ -113,22 +106,19 @@ def scenario_run(name, repo, ref, options, timeout, state_dir, json_file, python
 @build_options
 @world_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def scenario_calibrate(name, repo, good, bad, runs, options, timeout, state_dir, json_file, python, build,
-                       rocm_arch, wheels, allow_install_into_python, cache_size, world, command):
+@gathered(record=RecordOptions, judging=JudgingOptions)
+def scenario_calibrate(name, good, bad, runs, options, json_file, record, judging, command):
     """Run both ends N times: reproduction rate, signature, and the --repeat/--flaky settings to use.
 
     NAME is a scenario, or `command` followed by `-- CMD [ARGS...]`."""
     from bisector.cli.progress import ProgressHandler
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.run import calibrate
-    from bisector.world.world import WorldSettings
-    check_outputs(repo, state_dir, [("--json", json_file)])
-    scenario = _scenario_asked(name, options, command, bool(world.image))
-    builds = BuildSettings.from_options(_build_asked(build, wheels), python, rocm_arch, wheels, cache_size,
-                                        command)
-    judge = JudgeSpec(scenario, builds.allowing_install(allow_install_into_python), timeout, python,
-                      world=WorldSettings.from_options(world, scenario, "shared", rocm_arch))
-    result = calibrate(Path(repo), (good, bad), judge, runs, state_dir, ProgressHandler()).to_json()
+    check_outputs(record.repo, record.state_dir, [("--json", json_file)])
+    scenario = _scenario_asked(name, options, command, bool(judging.world.image))
+    shared = shared_config(record, _build_asked(judging), scenario, command)
+    result = calibrate(shared.repo, (good, bad), JudgeSpec.for_run(shared, scenario), runs, shared.state_dir,
+                       ProgressHandler()).to_json()
     if json_file:
         write_output("--json", json_file, json.dumps(result, indent=2) + "\n")
     for end in ("bad", "good"):
@@ -151,12 +141,12 @@ def _scenario_asked(name: str, options: tuple[str, ...], command: tuple[str, ...
     return CommandScenario(list(command), in_image=in_image) if command else create(name, parse_options(options))
 
 
-def _build_asked(build: str | None, wheels: str | None) -> str | None:
-    """--build as given; without it, --wheels asks for a build (auto), for a -- CMD too, which otherwise
-    builds for itself as with `run` (BuildSettings.from_options)."""
-    if wheels and build == "none":
+def _build_asked(judging: JudgingOptions) -> JudgingOptions:
+    """judging with --build as given; without it, --wheels asks for a build (auto), for a -- CMD too, which
+    otherwise builds for itself as with `run` (BuildSettings.from_options)."""
+    if judging.wheels and judging.build == "none":
         raise UsageError("--wheels asks for a build: drop --build none (or the wheels)")
-    return "auto" if wheels and build is None else build
+    return dataclasses.replace(judging, build="auto") if judging.wheels and judging.build is None else judging
 
 
 @scenario.command("classify")

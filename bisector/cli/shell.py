@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from bisector.builds import BuildSettings
+from bisector.cli.judging import JudgingOptions, RecordOptions, gathered, shared_config
 from bisector.cli.options import (
     build_options,
     env_options,
@@ -37,30 +37,25 @@ if TYPE_CHECKING:
 @world_options
 @click.option("--keep", is_flag=True, help="Keep the worktree when the shell exits (its path is printed).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def shell_command(ref, repo, state_dir, python, build, rocm_arch, wheels, allow_install_into_python, cache_size,
-                  env_mode, env_cache_size, world, keep, command):
+@gathered(record=RecordOptions, judging=JudgingOptions)
+def shell_command(ref, record, judging, keep, command):
     """Open REV built as a step would build it, in $SHELL or running `-- CMD` (exit code: the command's).
 
     The worktree is the tool's own, in the step's environment (--python first on PATH, the GPU variables,
     the commit's image with --image), removed on exit unless --keep."""
     from bisector.engine.judge import JudgeSpec
     from bisector.engine.state import choose_state_dir, prepare_state_dir
-    from bisector.machine.envs import EnvSettings
     from bisector.repo.refs import GitRepo
     from bisector.repo.worktrees import OwnWorktree
-    from bisector.world.world import WorldSettings
     from scenarios.command import CommandScenario
 
     argv = list(command) or [os.environ.get("SHELL") or "/bin/sh"]
-    checked = GitRepo(Path(repo))
+    checked = GitRepo(Path(record.repo))
     sha = checked.resolve(ref)  # a bad REV stops here: nothing made yet
-    scenario = CommandScenario(argv, in_image=bool(world.image))  # what a step runs a command with
-    settings = BuildSettings.from_options(build, python, rocm_arch, wheels, cache_size, tuple(command)) \
-        .allowing_install(allow_install_into_python)
-    places = WorldSettings.from_options(world, scenario, env_mode, rocm_arch)
-    directory = prepare_state_dir(choose_state_dir(checked, state_dir))
-    judge = JudgeSpec(scenario, settings, None, python, envs=EnvSettings(env_mode, python, env_cache_size),
-                      world=places).open(checked, directory)
+    scenario = CommandScenario(argv, in_image=bool(judging.world.image))  # what a step runs a command with
+    shared = shared_config(record, judging, scenario, tuple(command))
+    directory = prepare_state_dir(choose_state_dir(checked, shared.state_dir))
+    judge = JudgeSpec.for_run(shared, scenario).open(checked, directory)
     judge.world.resolve([sha])
     with OwnWorktree(checked, directory / "shells", sha, keep) as tree:  # kept only once the command ran
         code = _run_in(judge, tree, sha, argv, directory / "logs")

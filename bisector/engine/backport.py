@@ -15,24 +15,21 @@ import fnmatch
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import git
 
-from bisector.builds.base import BuildConfig
-from bisector.builds.builder import NoBuild
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import CacheUse, RunContext
-from bisector.engine.executor import LocalExecutor
 from bisector.engine.follow import follow_branch_pin, levels_answer, scenario_follow_up
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment
-from bisector.engine.run import run_bisection, run_logs
+from bisector.engine.run import Steps, run_bisection, run_logs, steps_here
+from bisector.engine.settings import SharedConfig
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import GitError, UsageError
-from bisector.machine.envs import EnvSettings
-from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
+from bisector.process import GROUPS
 from bisector.record.backport_results import BackportBranch, BackportResult, BranchEntry, BranchLevel, FixCheck
 from bisector.record.results import BisectResult, PinChange
 from bisector.record.steps import Handler
@@ -41,17 +38,15 @@ from bisector.repo.picks import Hunk, PickResult, cherry_pick, create_branch, di
 from bisector.repo.pins import pin_change, pins_at
 from bisector.repo.refs import GitRepo
 from bisector.repo.worktrees import WorktreePool
-from bisector.seams import DEFAULT_PYTHON, Scenario
-from bisector.world.world import WorldSettings
+from bisector.seams import Scenario
 
 MIN_ANCHOR_CHARS = 12  # a context block with fewer letters/digits is too generic to locate code
 
 
 @dataclass(kw_only=True)
-class BackportConfig:
-    """The settings of one backport check (the options of `bisector backport`)."""
+class BackportConfig(SharedConfig):
+    """The settings of one backport check (the options of `bisector backport`; those run shares: SharedConfig)."""
 
-    repo: Path
     fix: str
     branches: Sequence[str]  # globs over local and remote-tracking branch names
     scenario: Scenario | None = None
@@ -59,18 +54,6 @@ class BackportConfig:
     # one column each; empty: `scenario` alone.
     option_values: Sequence[tuple[str, Scenario]] = ()
     create_branches: bool = False
-    timeout: float | None = None
-    state_dir: Path | None = None
-    python: str = DEFAULT_PYTHON
-    repeat: int = 1
-    builder: BuildConfig = field(default_factory=NoBuild)
-    log_limit: int = DEFAULT_LOG_LIMIT  # bytes kept of each step's log (head and tail)
-    no_cache: bool = False
-    reuse_verdicts: bool = False  # serve a command's verdicts of earlier runs too
-    command_line: Sequence[str] = ()
-    envs: EnvSettings = field(default_factory=EnvSettings)  # --env shared | per-commit
-    world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter
-    follow_pins: bool = False  # name the AITER commit where a branch's verdict flips with its neighbour's pin
 
 
 @runtime_checkable
@@ -202,8 +185,10 @@ def _remote_tracking(repo: GitRepo) -> dict[str, tuple[str, str]]:
     return branches
 
 
-def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) -> BackportResult:
-    """Validate, then check every matching branch; returns the result (its record is stored in the run's row)."""
+def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None,
+                 steps: Steps = steps_here) -> BackportResult:
+    """Validate, then check every matching branch; returns the result (its record is stored in the run's row).
+    steps: where the branches' steps go (a test's table executor: engine.run.Steps)."""
     handler = handler or _Silent()
     if not cfg.branches:
         raise UsageError("give at least one --branches GLOB")
@@ -217,14 +202,12 @@ def run_backport(cfg: BackportConfig, handler: BackportHandler | None = None) ->
         if cfg.scenario:
             builder, envs, world = (open_builder(cfg, repo, state_dir), cfg.envs.open(state_dir),
                                     cfg.world.open(repo, state_dir))
-            judges = [(label, Judge(keyed_on_environment(JudgeSpec(scenario, cfg.builder, cfg.timeout, cfg.python,
-                                                                   cfg.repeat, envs=cfg.envs, world=cfg.world)),
-                                    builder, envs, world))
+            judges = [(label, Judge(keyed_on_environment(JudgeSpec.for_run(cfg, scenario)), builder, envs, world))
                       for label, scenario in values if scenario]
         else:
             judges = []
         judge = judges[0][1] if judges else None
-        executor = LocalExecutor([{}])
+        executor = steps(cfg)
         params = {"repo": str(repo.root), "fix": fix, "fix_ref": cfg.fix, "globs": list(cfg.branches),
                   "branches": dict(branches), "scenario": judge.key if judge else None,
                   "create_branches": cfg.create_branches, "repeat": cfg.repeat,
@@ -345,8 +328,7 @@ def _answered_levels(base: RunConfig, change: PinChange, held: str) -> tuple[int
     if follow is None or follow.hold is None:
         return None
     root = str(GitRepo(base.repo).root)
-    key = keyed_on_environment(JudgeSpec(follow.hold(root, held), NoBuild(), base.timeout, base.python, base.repeat,
-                                         envs=EnvSettings(python=base.python), world=base.world)).key
+    key = keyed_on_environment(JudgeSpec.for_run(base, follow.hold(root, held))).key  # a level builds nothing
     with Store(base.state_dir / "bisector.sqlite") as store:
         rows = [(json.loads(row["params"]), BisectResult.from_json(json.loads(row["result"])))
                 for row in store.runs() if row["kind"] == "bisect" and row["status"] == "finished" and row["result"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from bisector.builds.base import Build, BuildConfig, BuildResult
+from bisector.engine.settings import SharedConfig
 from bisector.engine.state import open_builder
 from bisector.errors import UsageError
 from bisector.machine.envs import DEFAULT_VERSIONS, Environment, Environments, EnvSettings, worktree_reader
@@ -81,6 +82,15 @@ class JudgeSpec:
     world: WorldSettings = field(default_factory=WorldSettings)  # --image, --aiter (bisector.world.world)
     environment: str | None = None  # inputs not known: environment_hash of the driver's (keyed_on_environment)
     measures: Mapping[str, str] | None = None  # --metric: what the samples are of (PerfSettings.key_parts)
+
+    @classmethod
+    def for_run(cls, cfg: SharedConfig, scenario: Scenario, repeat: int | None = None,
+                signature: SignatureRule | None = None, measures: Mapping[str, str] | None = None) -> JudgeSpec:
+        """The one way from a command's settings to its judge: scenario judged as cfg asks (its build, timeout,
+        --python, environments and world), runs of a commit `repeat` (default cfg.repeat), bad runs counted by
+        signature (default: any), measures for --metric."""
+        return cls(scenario, cfg.builder, cfg.timeout, cfg.python, cfg.repeat if repeat is None else repeat,
+                   signature or SignatureRule(), cfg.envs, cfg.world, measures=measures)
 
     def open(self, repo: GitRepo, state_dir: Path) -> Judge:
         """The judge that tests with these settings on repo, its artifacts and environments under state_dir."""

@@ -23,9 +23,9 @@ from bisector.engine.follow import (
     plan_level,
     scenario_follow_up,
 )
-from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment, signature_rule
+from bisector.engine.judge import Judge
 from bisector.engine.ranges import Range, resolve_range
-from bisector.engine.run import run_key, skipped_by_user
+from bisector.engine.run import bisection_spec, run_key, skipped_by_user
 from bisector.engine.state import choose_state_dir, open_builder, prepare_state_dir
 from bisector.errors import GitError
 from bisector.record.plan import Plan, PlannedCommand, PlannedStep
@@ -136,10 +136,7 @@ def plan_bisection(cfg: RunConfig) -> Plan:
 
 def _step_judge(cfg: RunConfig, builder: Build, world: World, state_dir: Path) -> Judge:
     """The judge the run's steps would use, as RunContext opens it (its verdict cache key)."""
-    spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python, cfg.repeat,
-                                          signature_rule(cfg.signature or cfg.scenario.default_signature),
-                                          cfg.envs, cfg.world))
-    return Judge(spec, builder, cfg.envs.open(state_dir), world)
+    return Judge(bisection_spec(cfg), builder, cfg.envs.open(state_dir), world)
 
 
 def cached_verdicts(cfg: RunConfig, asked: Range, judge: Judge, path: Path, skipped: Sequence[str],

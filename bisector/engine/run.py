@@ -5,24 +5,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from bisector.engine.config import RunConfig
 from bisector.engine.driver import AS_ASKED, CacheUse, RunContext
-from bisector.engine.executor import LocalExecutor
+from bisector.engine.executor import Executor, LocalExecutor
 from bisector.engine.follow import follow_pins, held_by_hand, pin_follow_up, stopped_level
 from bisector.engine.judge import Judge, JudgeSpec, keyed_on_environment, signature_rule
 from bisector.engine.ranges import Range, resolve_range
+from bisector.engine.settings import SharedConfig
 from bisector.engine.state import open_builder, open_state
 from bisector.errors import AbortError, EndpointError, GitError, MergeBaseError, UsageError
 from bisector.process import DEFAULT_LOG_LIMIT, GROUPS
 from bisector.record.results import ANSWERED, BisectResult, Calibration, JudgedCommit, PrefilterRecord, end_json
 from bisector.record.steps import Handler
+from bisector.record.store import Store
 from bisector.repo.blame import blame_fix, blame_reverse
 from bisector.repo.refs import GitRepo
+from bisector.repo.worktrees import WorktreePool
 from bisector.seams import ImplicatesPaths, LearnsOptions, Scenario
 from bisector.search.dag import Bisection, FlakyModel, Term
 from bisector.search.policies import (
@@ -89,6 +94,15 @@ def implicated_paths(scenario: Scenario) -> tuple[str, ...]:
     return scenario.implicated_paths() if isinstance(scenario, ImplicatesPaths) else ()
 
 
+def bisection_spec(cfg: RunConfig) -> JudgeSpec:
+    """How a bisection's steps are judged: one run at a time for --flaky and --metric (they repeat runs
+    themselves), bad runs counted by --signature (default: the scenario's), keyed on the environment of a
+    scenario whose inputs are not known."""
+    return keyed_on_environment(JudgeSpec.for_run(
+        cfg, cfg.scenario, 1 if cfg.flaky or cfg.perf else cfg.repeat,
+        signature_rule(cfg.signature or cfg.scenario.default_signature), cfg.perf.key_parts if cfg.perf else None))
+
+
 def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContext,
             cost: Callable[[str], float], untestable: Sequence[str] = ()) -> SearchPolicy:
     """The search the options ask for: flaky, else deterministic (seeded when a seed plan exists).
@@ -116,92 +130,153 @@ def _policy(cfg: RunConfig, asked: Range, seeds: SeedPlan | None, ctx: RunContex
                         cfg.verify_endpoints)
 
 
-def run_bisection(cfg: RunConfig, handler: Handler | None = None) -> BisectResult:
-    """Validate, then bisect; returns the result (its record is stored in the run's row)."""
+Steps = Callable[[SharedConfig], Executor]  # the executor a run's (or a backport's) steps go to
+
+
+def steps_here(cfg: SharedConfig) -> Executor:
+    """A run's executor (--executor, --gpus), else its --jobs CPU slots on this machine; a backport's one slot."""
+    if isinstance(cfg, RunConfig):
+        return cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
+    return LocalExecutor([{}])
+
+
+def run_bisection(cfg: RunConfig, handler: Handler | None = None, steps: Steps = steps_here) -> BisectResult:
+    """Validate, then bisect; returns the result (its record is stored in the run's row). steps: where the
+    steps of this run, its cheap prefilter run and its --follow-pins levels go (a test's table executor: the
+    seam syzkaller's runImpl is)."""
     handler = handler or Handler()
     asked = resolve_range(cfg)
-    repo, ends = asked.repo, asked.ends
     skipped = skipped_by_user(cfg, asked)
-    prefilter = None
+    seeded = _seeded(cfg, asked, handler, steps)
+    if isinstance(seeded, BisectResult):  # the cheap prefilter run stopped the command: its result says why
+        return seeded
+    with opened(cfg, asked, handler, steps) as (cfg, run_on):
+        result = bisect_on(cfg, asked, Seeded(*seeded, skipped), run_on, handler)
+    if cfg.follow_pins and result.outcome in ANSWERED:
+        return follow_pins(cfg, result, run_on.state_dir, handler, functools.partial(run_bisection, steps=steps))
+    return result
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """What a run starts from besides its range: the seed plan (--fix, --culprit, --prefilter), the cheap run's
+    record (--prefilter) and the commits --skip names."""
+
+    seeds: SeedPlan | None
+    prefilter: PrefilterRecord | None
+    skipped: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A run's collaborators, opened: its state dir, worktree pool and record store, the judge (its build,
+    environments and world) and the executor."""
+
+    state_dir: Path
+    pool: WorktreePool
+    store: Store
+    judge: Judge
+    executor: Executor
+
+
+def _seeded(cfg: RunConfig, asked: Range, handler: Handler,
+            steps: Steps) -> tuple[SeedPlan | None, PrefilterRecord | None] | BisectResult:
+    """The seed plan and the prefilter's record, or the cheap run's result when it stopped the command."""
     if cfg.prefilter:
-        seeds, prefilter, cheap = _prefilter_seeds(cfg, cfg.prefilter, asked, handler)
-        if cheap.outcome in ("aborted", "interrupted"):  # the cheap run stopped the command: its result says why
-            return cheap
-    else:
-        seeds = _plan_seeds(repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None
+        seeds, prefilter, cheap = _prefilter_seeds(cfg, cfg.prefilter, asked, handler, steps)
+        return cheap if cheap.outcome in ("aborted", "interrupted") else (seeds, prefilter)
+    ends = asked.ends
+    return (_plan_seeds(asked.repo, cfg, asked.commits, ends.old, ends.new) if cfg.fix or cfg.culprit else None), None
+
+
+@contextlib.contextmanager
+def opened(cfg: RunConfig, asked: Range, handler: Handler, steps: Steps) -> Iterator[tuple[RunConfig, Opened]]:
+    """The run's collaborators opened on asked's repository, with cfg as the run goes on (a level inside AITER
+    run by hand: the held build); builds and scenarios still running die when the block ends."""
+    repo, ends = asked.repo, asked.ends
     with open_state(repo, cfg.state_dir, handler.waiting, cfg.log_limit, cfg.isolate) as (state_dir, pool, store), \
-            held_by_hand(cfg, state_dir, handler) as cfg:  # a level inside AITER run by hand: the held build
+            held_by_hand(cfg, state_dir, handler) as cfg:
         builder = open_builder(cfg, repo, state_dir)
         world = cfg.world.open(repo, state_dir)
-        spec = keyed_on_environment(JudgeSpec(cfg.scenario, cfg.builder, cfg.timeout, cfg.python,
-                                              # --flaky and --metric ask for one run at a time
-                                              1 if cfg.flaky or cfg.perf else cfg.repeat,
-                                              signature_rule(cfg.signature or cfg.scenario.default_signature),
-                                              cfg.envs, cfg.world, measures=cfg.perf.key_parts if cfg.perf else None))
-        judge = Judge(spec, builder, cfg.envs.open(state_dir), world)
+        judge = Judge(bisection_spec(cfg), builder, cfg.envs.open(state_dir), world)
         world.resolve([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases])
-        executor = cfg.executor or LocalExecutor([{} for _ in range(cfg.jobs)])
-        params = {"repo": str(repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
-                  "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": judge.key, "scenario_name": cfg.scenario.name,
-                  "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
-                  "reuse_verdicts": cfg.reuse_verdicts,
-                  "first_parent": cfg.first_parent,
-                  "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
-                  "slots": executor.size,  # steps at once: --jobs, or every slot --gpus ID:N names
-                  "repeat": cfg.repeat, "flaky": cfg.flaky,
-                  **({"perf": cfg.perf.to_json()} if cfg.perf else {}),
-                  **{kind: seeds.origin if seeds and seeds.kind == kind else None
-                     for kind in ("fix", "culprit", "prefilter")},
-                  **({"skip": list(cfg.skip), "skipped_by_user": list(skipped)} if skipped else {}),
-                  **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
-        names = repo.names([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases,
-                            *((seeds.origin,) if seeds else ())])
+        executor = steps(cfg)
         try:
-            with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key, skipped), params) as run:
-                logs = run_logs(state_dir, run.id)
-                ctx = RunContext(store, judge, executor, run.id, handler, CacheUse(cfg.no_cache, cfg.reuse_verdicts))
-                policy: SearchPolicy | None = None
-                answer, outcome, stopped = PolicyAnswer(), "", None
-                try:
-                    executor.start(pool, logs)
-                    handler.started(run.id, len(asked.commits), run.resumed_from, logs)
-                    handler.named(names)
-                    policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
-                                     [*world.untestable([sha for sha, _ in asked.commits]), *skipped])
-                    ctx.drive(policy)
-                    answer = policy.answer()
-                except (EndpointError, AbortError, KeyboardInterrupt) as exc:
-                    outcome, stopped = _stopped(cfg, ends, ctx, exc)
-                    if isinstance(policy, PerfPolicy):  # the ends' samples, and the probes' so far
-                        answer = PolicyAnswer(perf=policy.record())
-                note = None if stopped is not None or answer.first_new else \
-                    world.range_note(answer.candidates, dict(asked.commits))
-                first = answer.first_new
-                result = BisectResult(
-                    run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
-                    good=asked.good, bad=asked.bad,
-                    culprit=repo.commit_info(first, implicated_paths(cfg.scenario)) if first else None,
-                    candidates=answer.candidates, merge_bases=answer.merge_bases,
-                    warnings=(*answer.warnings, *((note,) if note else ())), flaky=answer.flaky, perf=answer.perf,
-                    range=(*ends.olds, *(sha for sha, _ in asked.commits)),
-                    steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions,
-                    rounds=policy.rounds if policy else 0,
-                    scenario=judge.key, signature=judge.signature.record(), cache_key=judge.key_parts,
-                    command_line=tuple(cfg.command_line), repo=str(repo.root), resumed_from=run.resumed_from,
-                    prefilter=prefilter,
-                    seeded=seeds.record(policy.confirmed) if seeds and policy else None,
-                    pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
-                    skipped_by_user=skipped, outcome=outcome, stopped=stopped)
-                result = result.with_names(names)
-                run.result = result.to_json()
-                _close(result)
-        except (StoppedRun, InterruptedRun) as stop:
-            result = stop.result
+            yield cfg, Opened(state_dir, pool, store, judge, executor)
         finally:
             GROUPS.stop()  # builds and scenarios still running die now, not when they finish
             executor.shutdown()
-    if cfg.follow_pins and result.outcome in ANSWERED:
-        return follow_pins(cfg, result, state_dir, handler, run_bisection)
+
+
+def _params(cfg: RunConfig, asked: Range, seeded: Seeded, run_on: Opened) -> dict:
+    """What the run's row keeps of what was asked."""
+    seeds, skipped = seeded.seeds, seeded.skipped
+    return {"repo": str(asked.repo.root), "good": end_json(asked.good), "bad": end_json(asked.bad),
+            "good_ref": cfg.good, "bad_ref": cfg.bad, "scenario": run_on.judge.key, "scenario_name": cfg.scenario.name,
+            "command_line": list(cfg.command_line), "no_cache": cfg.no_cache,
+            "reuse_verdicts": cfg.reuse_verdicts,
+            "first_parent": cfg.first_parent,
+            "paths": list(cfg.paths), "find_fix": cfg.find_fix, "jobs": cfg.jobs,
+            "slots": run_on.executor.size,  # steps at once: --jobs, or every slot --gpus ID:N names
+            "repeat": cfg.repeat, "flaky": cfg.flaky,
+            **({"perf": cfg.perf.to_json()} if cfg.perf else {}),
+            **{kind: seeds.origin if seeds and seeds.kind == kind else None
+               for kind in ("fix", "culprit", "prefilter")},
+            **({"skip": list(cfg.skip), "skipped_by_user": list(skipped)} if skipped else {}),
+            **({"parent_run": cfg.level.parent_run, "level": cfg.level.number} if cfg.level else {})}
+
+
+def bisect_on(cfg: RunConfig, asked: Range, seeded: Seeded, run_on: Opened, handler: Handler) -> BisectResult:
+    """Drive the search on the opened collaborators and record its result in the run's row (a stopped run's
+    too: the row then says how it stopped)."""
+    repo, ends = asked.repo, asked.ends
+    state_dir, store, judge, executor = run_on.state_dir, run_on.store, run_on.judge, run_on.executor
+    seeds, prefilter, skipped = seeded.seeds, seeded.prefilter, seeded.skipped
+    builder, world = judge.builder, judge.world
+    names = repo.names([*ends.olds, *(sha for sha, _ in asked.commits), *ends.merge_bases,
+                        *((seeds.origin,) if seeds else ())])
+    try:
+        with store.recording("bisect", run_key(cfg, ends.olds, ends.new, judge.key, skipped),
+                             _params(cfg, asked, seeded, run_on)) as run:
+            logs = run_logs(state_dir, run.id)
+            ctx = RunContext(store, judge, executor, run.id, handler, CacheUse(cfg.no_cache, cfg.reuse_verdicts))
+            policy: SearchPolicy | None = None
+            answer, outcome, stopped = PolicyAnswer(), "", None
+            try:
+                executor.start(run_on.pool, logs)
+                handler.started(run.id, len(asked.commits), run.resumed_from, logs)
+                handler.named(names)
+                policy = _policy(cfg, asked, seeds, ctx, lambda sha: world.cost(sha, builder.cost(sha)),
+                                 [*world.untestable([sha for sha, _ in asked.commits]), *skipped])
+                ctx.drive(policy)
+                answer = policy.answer()
+            except (EndpointError, AbortError, KeyboardInterrupt) as exc:
+                outcome, stopped = _stopped(cfg, ends, ctx, exc)
+                if isinstance(policy, PerfPolicy):  # the ends' samples, and the probes' so far
+                    answer = PolicyAnswer(perf=policy.record())
+            note = None if stopped is not None or answer.first_new else \
+                world.range_note(answer.candidates, dict(asked.commits))
+            first = answer.first_new
+            result = BisectResult(
+                run_id=run.id, mode="find-fix" if cfg.find_fix else "regression",
+                good=asked.good, bad=asked.bad,
+                culprit=repo.commit_info(first, implicated_paths(cfg.scenario)) if first else None,
+                candidates=answer.candidates, merge_bases=answer.merge_bases,
+                warnings=(*answer.warnings, *((note,) if note else ())), flaky=answer.flaky, perf=answer.perf,
+                range=(*ends.olds, *(sha for sha, _ in asked.commits)),
+                steps=tuple(step.record() for step in ctx.steps), executions=ctx.executions,
+                rounds=policy.rounds if policy else 0,
+                scenario=judge.key, signature=judge.signature.record(), cache_key=judge.key_parts,
+                command_line=tuple(cfg.command_line), repo=str(repo.root), resumed_from=run.resumed_from,
+                prefilter=prefilter,
+                seeded=seeds.record(policy.confirmed) if seeds and policy else None,
+                pin_change=pin_follow_up(repo, first, cfg) if first else None, level=cfg.level,
+                skipped_by_user=skipped, outcome=outcome, stopped=stopped)
+            result = result.with_names(names)
+            run.result = result.to_json()
+            _close(result)
+    except (StoppedRun, InterruptedRun) as stop:
+        result = stop.result
     return result
 
 
@@ -247,8 +322,8 @@ def _stopped(cfg: RunConfig, ends: Endpoints, ctx: RunContext,
 
 
 
-def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
-                     handler: Handler) -> tuple[SeedPlan | None, PrefilterRecord, BisectResult]:
+def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range, handler: Handler,
+                     steps: Steps) -> tuple[SeedPlan | None, PrefilterRecord, BisectResult]:
     """Bisect with the cheap prefilter scenario; its culprit and that commit's parent become the seed
     pair the expensive scenario tests first (2 executions when both tiers agree), and its culprit holds
     half the prior mass when they do not. Also returns the cheap run's result."""
@@ -256,7 +331,7 @@ def _prefilter_seeds(cfg: RunConfig, cheap_scenario: Scenario, asked: Range,
         raise UsageError("--prefilter seeds the search itself: give it without --fix/--culprit")
     cheap = dataclasses.replace(cfg, scenario=cheap_scenario, prefilter=None, executor=None, signature=None,
                                 flaky=False, repeat=1, follow_pins=False)
-    result = run_bisection(cheap, handler)
+    result = run_bisection(cheap, handler, steps)
     if result.outcome not in ANSWERED:  # e.g. the cheap tier cannot tell these ends apart: it predicts nothing
         return None, PrefilterRecord(scenario=cheap.scenario.name, error=result.stopped), result
     culprit = result.culprit.sha if result.culprit else None

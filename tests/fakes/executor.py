@@ -7,6 +7,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import git
+
 from bisector.record.store import Execution
 from bisector.seams import Verdict
 
@@ -50,3 +52,18 @@ class TableExecutor:
 
     def shutdown(self) -> None:
         self.stopped = True
+
+
+class StateExecutor(TableExecutor):
+    """Judges a commit by its `state` file (as `grep -q good state` would), read from the repository's objects
+    in-process: picked commits (a backport's) are judged as the commits a table names."""
+
+    def __init__(self, repo: Path, size: int = 1):
+        super().__init__({}, "skip", size)
+        self.repo = git.Repo(repo)
+
+    def _execute(self, sha: str) -> Execution:
+        self.runs[sha] += 1
+        state = (self.repo.commit(sha).tree / "state").data_stream.read().decode()
+        verdict = Verdict.GOOD if "good" in state else Verdict.BAD
+        return Execution(sha, verdict, f"state: {state.strip()}", None, 1.0, None, {})
