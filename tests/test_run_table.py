@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from tests.fake_executor import StateExecutor
+from fakes.executor import StateExecutor
 
 from bisector.engine.backport import BackportConfig, run_backport
 from bisector.engine.config import RunConfig
