@@ -87,10 +87,14 @@ NAME_MAX = 255  # bytes of one name in a path, the most Linux file systems take
 PATH_MAX = 4096  # bytes of a path the kernel takes, its closing NUL included
 
 
-def _null_device(path: Path) -> bool:
-    """Whether path is the null device (`--json /dev/null`: the output thrown away, as asked)."""
-    found, null = path.stat(), os.stat(os.devnull)
-    return stat.S_ISCHR(found.st_mode) and found.st_rdev == null.st_rdev
+def _null_device(found: os.stat_result) -> bool:
+    """Whether found (a path's stat) is the null device (`--json /dev/null`: the output thrown away, as asked)."""
+    return stat.S_ISCHR(found.st_mode) and found.st_rdev == os.stat(os.devnull).st_rdev
+
+
+def _no_file(option: str, path: Path, mode: int) -> UsageError:
+    """The one line refusing a path that is no regular file (a FIFO, a device, a socket)."""
+    return UsageError(f"{option} {path}: {'a FIFO' if stat.S_ISFIFO(mode) else 'not a regular file'}; give a file")
 
 
 def check_writable(option: str, path: Path | None) -> None:
@@ -105,19 +109,18 @@ def check_writable(option: str, path: Path | None) -> None:
         raise UsageError(f"{option} {path}: a name in it is longer than {NAME_MAX} bytes, the most a file "
                          "system takes")
     try:
-        mode: int | None = path.stat().st_mode
+        found: os.stat_result | None = path.stat()
     except (FileNotFoundError, NotADirectoryError):
-        mode = None
+        found = None
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror}") from None
-    if mode is None and path.is_symlink():
+    if found is None and path.is_symlink():
         raise UsageError(f"{option} {path}: a symlink to {os.readlink(path)}, which does not exist; give a file")
-    if mode is not None:
-        if stat.S_ISDIR(mode):
+    if found is not None:
+        if stat.S_ISDIR(found.st_mode):
             raise UsageError(f"{option} {path}: is a directory")
-        if not stat.S_ISREG(mode) and not _null_device(path):
-            raise UsageError(f"{option} {path}: {'a FIFO' if stat.S_ISFIFO(mode) else 'not a regular file'}; "
-                             "give a file")
+        if not stat.S_ISREG(found.st_mode) and not _null_device(found):
+            raise _no_file(option, path, found.st_mode)
         if not os.access(path, os.W_OK):
             raise UsageError(f"{option} {path}: not writable")
         return
@@ -159,8 +162,7 @@ def read_bounded(option: str, path: Path, most: int, errors: str = "strict") -> 
     with file:
         mode = os.fstat(file.fileno()).st_mode
         if not stat.S_ISREG(mode):
-            raise UsageError(f"{option} {path}: {'a FIFO' if stat.S_ISFIFO(mode) else 'not a regular file'}; "
-                             "give a file")
+            raise _no_file(option, path, mode)
         data = file.read(most + 1)
     if len(data) > most:
         raise UsageError(f"{option} {path}: larger than {most // 1024**2}M, more than this option reads")
